@@ -1,0 +1,107 @@
+"""Per-episode overhead of trivial tasks, and episodes per second, with -n 1 and -n 2.
+
+Generates N trivial tasks (prebuilt image, one-line solve.sh and test.sh), runs them
+through the oracle with pytest-xdist, and prints, per worker count: the median
+per-episode wall time (sandbox start to verifier done, from rollouts.jsonl; removal runs in
+the background), the median of each phase, episodes per second over the whole pytest run
+(start-up included), and the wall time per episode that start-up aside.
+
+    .venv/bin/python bench/episode_overhead.py [--tasks 40] [--workers 1 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+IMAGE = "debian:bookworm-slim"
+
+
+def make_dataset(root: Path, count: int) -> Path:
+    dataset = root / "trivial"
+    for index in range(count):
+        task = dataset / f"task-{index:03d}"
+        (task / "tests").mkdir(parents=True)
+        (task / "solution").mkdir()
+        (task / "task.toml").write_text(
+            textwrap.dedent(
+                f"""\
+                [environment]
+                docker_image = "{IMAGE}"
+
+                [verifier]
+                timeout_sec = 60
+                """
+            )
+        )
+        (task / "instruction.md").write_text("Write 1 to /tmp/answer.\n")
+        (task / "solution" / "solve.sh").write_text("echo 1 > /tmp/answer\n")
+        (task / "tests" / "test.sh").write_text("cp /tmp/answer /logs/verifier/reward.txt\n")
+    return dataset
+
+
+def run(dataset: Path, workers: int, results: Path) -> dict[str, float]:
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        f"--harbor-dataset={dataset}",
+        f"--harbor-results-dir={results}",
+        "-n",
+        str(workers),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+    ]
+    started = time.monotonic()
+    completed = subprocess.run(command, capture_output=True, text=True, cwd=dataset.parent)
+    wall = time.monotonic() - started
+    if completed.returncode != 0:
+        sys.exit(f"pytest failed ({completed.returncode}):\n{completed.stdout}\n{completed.stderr}")
+    rows_file = results / "harbor" / "validation" / dataset.name / "rollouts.jsonl"
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    timings = [row["timings"] for row in rows]
+
+    def median(key: str) -> float:
+        return statistics.median(t[key] for t in timings if t.get(key) is not None)
+
+    return {
+        "episodes": len(rows),
+        "wall_s": wall,
+        "episodes_per_s": len(rows) / wall,
+        "median_episode_s": median("total_s"),
+        "median_seed_s": median("seed_s"),
+        "median_agent_s": median("agent_s"),
+        "median_verify_s": median("verify_s"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=40)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="harbor-bench-") as scratch:
+        root = Path(scratch)
+        dataset = make_dataset(root, args.tasks)
+        print(f"{args.tasks} trivial episodes on {IMAGE}")
+        for workers in args.workers:
+            numbers = run(dataset, workers, root / f"results-n{workers}")
+            print(
+                f"-n {workers}: {numbers['episodes_per_s']:.2f} episodes/s "
+                f"({numbers['episodes']} in {numbers['wall_s']:.1f} s, start-up included); "
+                f"median episode {numbers['median_episode_s']:.3f} s "
+                f"(seed {numbers['median_seed_s']:.3f}, agent {numbers['median_agent_s']:.3f}, "
+                f"verify {numbers['median_verify_s']:.3f})"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""The one place an episode result becomes a test outcome."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pytest_harbor.engine.results import EpisodeResult
+
+__all__ = ["Outcome", "decide_outcome"]
+
+Status = Literal["passed", "failed", "error", "skipped"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: Status
+    headline: str
+
+
+def decide_outcome(result: EpisodeResult, *, validation: bool, pass_reward: float) -> Outcome:
+    """Map a scored episode to passed / failed / error / skipped.
+
+    Validation (oracle) runs pass when the reward is exactly 1 and solve.sh exited 0; a
+    masked sample is an error. Agent runs pass when the reward reaches `pass_reward`; a
+    masked sample is skipped, since it is out of the score.
+    """
+    headline = _headline(result)
+    if result.mask_sample:
+        return Outcome("error" if validation else "skipped", f"masked: {headline}")
+    if validation:
+        passed = result.reward == 1.0 and result.solution_exit_code == 0
+    else:
+        passed = result.reward >= pass_reward
+    return Outcome("passed" if passed else "failed", headline)
+
+
+def _headline(result: EpisodeResult) -> str:
+    text = f"reward {result.reward:g}"
+    if result.failure_kind:
+        text += f" ({result.failure_kind})"
+    if result.failure_reason:
+        text += f": {result.failure_reason}"
+    return text

@@ -1,0 +1,76 @@
+"""What an episode produces; plain data that crosses process boundaries as JSON."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["EpisodeResult", "PhaseTimings", "TurnResult"]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PhaseTimings(_Record):
+    """Seconds spent in each phase; `build_s` is outside the episode's own clock."""
+
+    build_s: float | None = None
+    seed_s: float | None = None
+    agent_s: float | None = None
+    verify_s: float | None = None
+    cleanup_s: float | None = None
+    total_s: float | None = None
+
+
+class TurnResult(_Record):
+    """One turn: the agent's work on one instruction and its verification."""
+
+    step: str
+    reward: float
+    verifier_rewards: dict[str, float] | None = None
+    mask_sample: bool = False
+    failure_kind: str | None = None
+    failure_reason: str | None = None
+    reward_file: str | None = None
+    agent_exit_code: int | None = None
+    agent_timed_out: bool = False
+    verifier_exit_code: int | None = None
+    verifier_timed_out: bool = False
+    agent_log_tail: str = ""
+    timings: PhaseTimings = PhaseTimings()
+
+
+class EpisodeResult(_Record):
+    """One task and repeat, scored: the fields of a rollouts.jsonl row."""
+
+    task_id: str
+    taskset: str
+    repeat: int
+    agent: str
+    reward: float
+    verifier_rewards: dict[str, float] | None = None
+    mask_sample: bool = False
+    failure_kind: str | None = None
+    failure_reason: str | None = None
+    verifier_mode: str = "shared"
+    verifier_logs_dir: str | None = None
+    solution_exit_code: int | None = None
+    response: str | None = None
+    timings: PhaseTimings = PhaseTimings()
+    turns: list[TurnResult] = []
+
+    @property
+    def episode_id(self) -> str:
+        return episode_id(self.task_id, self.repeat)
+
+    def row(self) -> dict[str, object]:
+        """The rollouts.jsonl row: every field except the per-turn log tails."""
+        data = self.model_dump(mode="json")
+        for turn in data["turns"]:
+            turn.pop("agent_log_tail", None)
+        return data
+
+
+def episode_id(task_id: str, repeat: int) -> str:
+    """The name of an episode's folders: `<task>__r<repeat>`."""
+    return f"{task_id}__r{repeat}"

@@ -1,0 +1,97 @@
+"""The one place reward files are read: reward.json wins over reward.txt."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pytest_harbor.engine.failures import FailureKind
+
+__all__ = ["RewardReading", "read_reward"]
+
+
+@dataclass(frozen=True)
+class RewardReading:
+    """What the verifier's reward files say: a reward, or 0 with a failure kind and reason."""
+
+    reward: float
+    rewards: dict[str, float] | None
+    source: str | None
+    failure_kind: str | None = None
+    failure_reason: str | None = None
+    #: The failure is ours (sandbox, image), not the attempt's: the sample is out of the score.
+    masked: bool = False
+
+    @classmethod
+    def failed(
+        cls, kind: str, reason: str, source: str | None = None, *, masked: bool = False
+    ) -> RewardReading:
+        return cls(
+            reward=0.0,
+            rewards=None,
+            source=source,
+            failure_kind=kind,
+            failure_reason=reason,
+            masked=masked,
+        )
+
+
+def read_reward(files: Mapping[str, bytes]) -> RewardReading:
+    """Read `reward.json`, else `reward.txt`, from the files of /logs/verifier.
+
+    - reward.json must be a JSON object whose values are all finite numbers (not booleans);
+      the episode reward is its `reward` key when present, else the mean of its values.
+    - reward.txt must hold one finite number.
+    - A missing, empty or invalid file gives reward 0 and a failure kind.
+    """
+    if "reward.json" in files:
+        return _read_json(files["reward.json"])
+    if "reward.txt" in files:
+        return _read_text(files["reward.txt"])
+    return RewardReading.failed(
+        FailureKind.REWARD_MISSING,
+        "the verifier wrote neither /logs/verifier/reward.json nor /logs/verifier/reward.txt",
+    )
+
+
+def _invalid(source: str, reason: str) -> RewardReading:
+    return RewardReading.failed(FailureKind.REWARD_INVALID, f"{source} {reason}", source)
+
+
+def _read_json(data: bytes) -> RewardReading:
+    source = "reward.json"
+    if not data.strip():
+        return _invalid(source, "is empty")
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as error:
+        return _invalid(source, f"is not valid JSON: {error}")
+    if not isinstance(value, dict):
+        return _invalid(source, f"must be a JSON object of numbers, got {type(value).__name__}")
+    if not value:
+        return _invalid(source, "is an empty object: it needs at least one numeric key")
+    rewards: dict[str, float] = {}
+    for key, number in value.items():
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            return _invalid(source, f"key {key!r} is not a number: {number!r}")
+        if not math.isfinite(number):
+            return _invalid(source, f"key {key!r} is not a finite number: {number!r}")
+        rewards[key] = float(number)
+    reward = rewards["reward"] if "reward" in rewards else sum(rewards.values()) / len(rewards)
+    return RewardReading(reward=reward, rewards=rewards, source=source)
+
+
+def _read_text(data: bytes) -> RewardReading:
+    source = "reward.txt"
+    text = data.decode("utf-8", errors="replace").strip()
+    if not text:
+        return _invalid(source, "is empty")
+    try:
+        reward = float(text)
+    except ValueError:
+        return _invalid(source, f"does not hold a number: {text[:80]!r}")
+    if not math.isfinite(reward):
+        return _invalid(source, f"does not hold a finite number: {text!r}")
+    return RewardReading(reward=reward, rewards={"reward": reward}, source=source)

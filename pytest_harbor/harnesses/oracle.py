@@ -1,0 +1,43 @@
+"""The oracle: runs the task's reference solution instead of an agent."""
+
+from __future__ import annotations
+
+from pytest_harbor.harnesses.base import AgentRun
+from pytest_harbor.sandboxes.base import Sandbox
+from pytest_harbor.tasks.task import Task, Turn
+
+__all__ = ["OracleHarness"]
+
+SOLUTION_DIR = "/solution"
+ORACLE_LOG = "/logs/agent/oracle.txt"
+_LOG_TAIL_BYTES = 4000
+
+
+class OracleHarness:
+    """Uploads `solution/` to /solution and runs `bash /solution/solve.sh`."""
+
+    name = "oracle"
+    validates = True
+
+    def unavailable_reason(self, task: Task) -> str | None:
+        missing = [turn.name for turn in task.turns if turn.solve_script is None]
+        if not missing:
+            return None
+        return "unvalidated: the task has no solution/solve.sh"
+
+    def run_turn(self, sandbox: Sandbox, turn: Turn, *, workdir: str | None) -> AgentRun:
+        if turn.solution_dir is None:
+            raise ValueError(f"turn {turn.name} has no solution")
+        sandbox.upload(turn.solution_dir, SOLUTION_DIR)
+        result = sandbox.exec(
+            ["bash", "-c", f"bash {SOLUTION_DIR}/solve.sh > {ORACLE_LOG} 2>&1"],
+            user=turn.agent_user,
+            workdir=workdir,
+            env={"DEBIAN_FRONTEND": "noninteractive", **turn.solution_env},
+            timeout=turn.agent_timeout_sec,
+        )
+        log_tail = ""
+        if result.exit_code != 0 or result.timed_out:
+            log = sandbox.download(ORACLE_LOG).get("oracle.txt", b"")
+            log_tail = log[-_LOG_TAIL_BYTES:].decode("utf-8", errors="replace")
+        return AgentRun(exit_code=result.exit_code, timed_out=result.timed_out, log_tail=log_tail)

@@ -1,0 +1,193 @@
+"""The pytest plugin (entry point `pytest11: harbor`): options, targets, node creation."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import warnings
+from collections.abc import Generator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from pytest_harbor.plugin.nodes import HarborTaskset, HarborTaskWarning
+from pytest_harbor.plugin.options import add_options, read_options
+from pytest_harbor.plugin.reporting import (
+    HarborReporter,
+    pytest_report_teststatus,
+    pytest_runtest_makereport,
+)
+from pytest_harbor.plugin.run import (
+    HARBOR_RUN,
+    HarborRun,
+    Target,
+    find_target,
+    new_run_id,
+    owner_of_this_process,
+)
+from pytest_harbor.sandboxes import SandboxError
+from pytest_harbor.tasks import is_task_dir
+
+__all__ = [
+    "pytest_addoption",
+    "pytest_collect_directory",
+    "pytest_configure",
+    "pytest_configure_node",
+    "pytest_ignore_collect",
+    "pytest_load_initial_conftests",
+    "pytest_report_teststatus",
+    "pytest_runtest_makereport",
+    "pytest_sessionfinish",
+    "pytest_unconfigure",
+]
+
+_WORKER_RUN_ID = "harbor_run_id"
+_WORKER_OWNER = "harbor_owner"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> Generator[None, None, None]:
+    """pytest imports conftest.py from each argument folder and its `test*` subfolders
+    (a task's `tests/`!); for a task folder argument, look from its parent instead."""
+    namespace = early_config.known_args_namespace
+    given = list(namespace.file_or_dir or [])
+    invocation_dir = early_config.invocation_params.dir
+    anchors = [_conftest_anchor(invocation_dir, arg) for arg in given]
+    if not given and is_task_dir(invocation_dir):
+        anchors = [str(invocation_dir.parent)]
+    namespace.file_or_dir = anchors
+    try:
+        return (yield)
+    finally:
+        namespace.file_or_dir = given
+
+
+def _conftest_anchor(invocation_dir: Path, arg: str) -> str:
+    path = _absolute(invocation_dir / arg.split("::")[0])
+    return str(path.parent) if is_task_dir(path) else arg
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    options = read_options(config)
+    worker_input: dict[str, Any] | None = getattr(config, "workerinput", None)
+    if options.datasets:
+        # --harbor-dataset replaces the default arguments (testpaths, the current folder)
+        # and adds to arguments given on the command line.
+        dataset_args = [str(path) for path in options.datasets]
+        if config.args_source != pytest.Config.ArgsSource.ARGS:
+            config.args = dataset_args
+        else:
+            config.args += [arg for arg in dataset_args if arg not in config.args]
+    targets = _targets(config, options.datasets)
+    run = HarborRun(
+        options,
+        run_id=(worker_input or {}).get(_WORKER_RUN_ID) or new_run_id(),
+        owner=(worker_input or {}).get(_WORKER_OWNER) or owner_of_this_process(),
+        targets=targets,
+        is_worker=worker_input is not None,
+    )
+    config.stash[HARBOR_RUN] = run
+    if not run.is_worker:
+        config.pluginmanager.register(HarborReporter(run), "harbor-reporter")
+    if targets:
+        _interrupt_on_sigterm()
+
+
+def _targets(config: pytest.Config, datasets: tuple[Path, ...]) -> list[Target]:
+    patterns = config.getini("python_files")
+    targets = [Target(path, is_task=is_task_dir(path)) for path in datasets]
+    for arg in config.args:
+        if "::" in arg:
+            continue
+        target = find_target(_absolute(config.invocation_params.dir / arg), patterns)
+        if target is not None and target.path not in datasets:
+            targets.append(target)
+    by_taskset: dict[str, Path] = {}
+    for target in targets:
+        other = by_taskset.setdefault(target.taskset, target.path)
+        if other != target.path:
+            raise pytest.UsageError(
+                f"two targets share the taskset name {target.taskset!r}: {other} and "
+                f"{target.path} (the folder name is the taskset; rename one)"
+            )
+    return targets
+
+
+def _absolute(path: Path) -> Path:
+    return Path(os.path.abspath(path))
+
+
+def _interrupt_on_sigterm() -> None:
+    """Turn SIGTERM into KeyboardInterrupt, so teardown removes every live sandbox."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:
+        pass  # not the main thread: leave signals alone
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    run = parent.config.stash.get(HARBOR_RUN, None)
+    target = None if run is None else run.targets.get(path)
+    if target is None:
+        return None
+    return HarborTaskset.from_parent(parent, path=path, target=target)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A task folder that is not a target is never walked into: its Python files are for
+    the sandbox."""
+    run = config.stash.get(HARBOR_RUN, None)
+    is_target = run is not None and collection_path in run.targets
+    if not is_target and collection_path.is_dir() and is_task_dir(collection_path):
+        return True
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist: every worker of a run shares the controller's run id and owner."""
+    run = node.config.stash[HARBOR_RUN]
+    node.workerinput[_WORKER_RUN_ID] = run.run_id
+    node.workerinput[_WORKER_OWNER] = run.owner
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """After the last teardown: wait until every sandbox of this process is removed."""
+    run = session.config.stash.get(HARBOR_RUN, None)
+    if run is None:
+        return
+    errors = run.wait_for_cleanup()
+    if errors:
+        warnings.warn(
+            HarborTaskWarning(
+                f"{len(errors)} sandbox(es) could not be removed: {'; '.join(errors)}"
+            ),
+            stacklevel=1,
+        )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    run = config.stash.get(HARBOR_RUN, None)
+    if run is None:
+        return
+    run.wait_for_cleanup()
+    if run.is_worker or not run.targets or config.option.collectonly:
+        return
+    with contextlib.suppress(SandboxError):  # no engine: nothing of this run is left on it
+        run.remove_sandboxes()

@@ -1,0 +1,210 @@
+"""Collection nodes: taskset (folder) -> task -> trial (repeat) -> item per turn."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pluggy
+import pytest
+
+from pytest_harbor.engine import Episode, EpisodeResult, decide_outcome
+from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun, Target
+from pytest_harbor.tasks import Task, TaskLoadError, Turn, discover_task_dirs, load_task
+from pytest_harbor.tasks.loader import MAX_TASK_DEPTH
+
+__all__ = [
+    "HarborEpisodeItem",
+    "HarborTask",
+    "HarborTaskWarning",
+    "HarborTaskset",
+    "HarborTrial",
+]
+
+_TAIL_LINES = 30
+
+
+class HarborTaskWarning(pytest.PytestWarning):
+    """Something in a task folder that is ignored but worth fixing."""
+
+
+def _run(node: pytest.Item | pytest.Collector) -> HarborRun:
+    return node.config.stash[HARBOR_RUN]
+
+
+class _HarborNode:
+    """Hooks of harbor nodes come from outside the task folder, so no conftest.py in a
+    task folder is ever imported."""
+
+    session: pytest.Session
+    _hook_path: Path
+
+    @property
+    def ihook(self) -> pluggy.HookRelay:
+        return self.session.gethookproxy(self._hook_path)
+
+
+class HarborTaskset(_HarborNode, pytest.Directory):
+    """A target folder: one task, or a dataset of task folders up to six levels deep."""
+
+    def __init__(self, *, target: Target, **kwargs: Any) -> None:
+        # Ids name the taskset, not the folder's path: `quickstart/hello::r0::episode`.
+        super().__init__(nodeid=cast(Any, target.taskset), **kwargs)
+        self.target = target
+        self._hook_path = target.hook_path
+
+    def collect(self) -> Iterator[HarborTask]:
+        task_dirs = discover_task_dirs(self.path)
+        if not task_dirs:
+            raise self.CollectError(
+                f"{self.path}: no task folders found (a task folder holds task.toml; "
+                f"searched {MAX_TASK_DEPTH} levels deep, hidden folders skipped)"
+            )
+        seen: dict[str, Path] = {}
+        for task_dir in task_dirs:
+            if task_dir.name in seen:
+                raise self.CollectError(
+                    f"{self.path}: task id {task_dir.name!r} is used twice: "
+                    f"{seen[task_dir.name]} and {task_dir} (task ids are folder names and "
+                    "must be unique in a dataset)"
+                )
+            seen[task_dir.name] = task_dir
+            yield HarborTask.from_parent(
+                self,
+                name=task_dir.name,
+                path=task_dir,
+                nodeid=f"{self.target.taskset}/{task_dir.name}",
+            )
+
+
+class HarborTask(_HarborNode, pytest.Collector):
+    """One task folder; loading task.toml happens here, so a bad one is its own error."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        assert isinstance(self.parent, HarborTaskset)
+        self.taskset = self.parent.target.taskset
+        self._hook_path = self.parent.target.hook_path
+
+    def collect(self) -> Iterator[HarborTrial]:
+        try:
+            task = load_task(self.path)
+        except TaskLoadError as error:
+            raise self.CollectError(str(error)) from None
+        if task.unknown_keys:
+            self.warn(
+                HarborTaskWarning(
+                    f"{task.path / 'task.toml'}: unknown keys ignored: "
+                    + ", ".join(task.unknown_keys)
+                )
+            )
+        run = _run(self)
+        skip_reason = run.harness.unavailable_reason(task)
+        for repeat in range(run.options.repeats):
+            yield HarborTrial.from_parent(
+                self, name=f"r{repeat}", task=task, repeat=repeat, skip_reason=skip_reason
+            )
+
+
+class HarborTrial(_HarborNode, pytest.Collector):
+    """One repeat of a task; its sandbox lives from setup() to teardown()."""
+
+    def __init__(self, *, task: Task, repeat: int, skip_reason: str | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        assert isinstance(self.parent, HarborTask)
+        self.task = task
+        self.repeat = repeat
+        self.taskset = self.parent.taskset
+        self.skip_reason = skip_reason
+        self._hook_path = self.parent._hook_path
+        self.episode: Episode | None = None
+
+    def collect(self) -> Iterator[HarborEpisodeItem]:
+        for turn in self.task.turns:
+            item = HarborEpisodeItem.from_parent(self, name=turn.name, turn=turn)
+            if self.skip_reason is not None:
+                item.add_marker(pytest.mark.skip(reason=self.skip_reason))
+            yield item
+
+    def setup(self) -> None:
+        run = _run(self)
+        self.episode = Episode(
+            self.task,
+            taskset=self.taskset,
+            repeat=self.repeat,
+            harness=run.harness,
+            provider=run.provider,
+            labels=run.labels(task=f"{self.taskset}/{self.task.id}", trial=self.nodeid),
+        )
+        self.episode.prepare()
+        self.episode.seed()
+
+    def teardown(self) -> None:
+        if self.episode is not None:
+            _run(self).release(self.episode)
+
+
+class HarborEpisodeItem(_HarborNode, pytest.Item):
+    """One turn of an episode; the item of the last turn also finishes the episode."""
+
+    def __init__(self, *, turn: Turn, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        assert isinstance(self.parent, HarborTrial)
+        self.trial = self.parent
+        self.turn = turn
+        self._hook_path = self.parent._hook_path
+        #: JSON-ready data for the report of the call phase (see reporting.py).
+        self.harbor_payload: dict[str, Any] | None = None
+
+    def runtest(self) -> None:
+        run = _run(self)
+        episode = self.trial.episode
+        assert episode is not None, "the trial's setup() seeds the episode"
+        output = episode.run_turn(self.turn)
+        result = episode.result()
+        logs_dir = run.layout.verifier_dir(self.trial.taskset, result.episode_id, self.turn.name)
+        result = result.model_copy(update={"verifier_logs_dir": str(logs_dir)})
+        outcome = decide_outcome(
+            result, validation=run.harness.validates, pass_reward=run.options.pass_reward
+        )
+        self.harbor_payload = {
+            "result": result.model_dump(mode="json"),
+            "verifier_files": {
+                self.turn.name: {
+                    name: base64.b64encode(data).decode("ascii")
+                    for name, data in output.verifier_files.items()
+                }
+            },
+            "status": outcome.status,
+        }
+        self.user_properties.append(("reward", result.reward))
+        self.user_properties.append(("failure_kind", result.failure_kind or ""))
+        if outcome.status == "passed":
+            return
+        if outcome.status == "skipped":
+            pytest.skip(outcome.headline)
+        stdout = output.verifier_files.get("test-stdout.txt", b"")
+        pytest.fail(f"{outcome.headline}\n{_details(result, stdout)}", pytrace=False)
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        # Line 0: task.toml has no line for an episode, and skip reports need a number.
+        return self.path / "task.toml", 0, self.nodeid
+
+
+def _details(result: EpisodeResult, test_stdout: bytes) -> str:
+    lines = []
+    if result.verifier_rewards is not None and list(result.verifier_rewards) != ["reward"]:
+        lines.append(f"verifier rewards: {result.verifier_rewards}")
+    if result.solution_exit_code is not None:
+        lines.append(f"solve.sh exit code: {result.solution_exit_code}")
+    lines.append(f"verifier logs: {result.verifier_logs_dir}")
+    tail = test_stdout.decode("utf-8", errors="replace").splitlines()[-_TAIL_LINES:]
+    lines.append("---- last lines of test-stdout.txt ----")
+    lines.extend(tail or ["(empty)"])
+    agent_tail = result.turns[-1].agent_log_tail if result.turns else ""
+    if agent_tail:
+        lines.append("---- last lines of /logs/agent/oracle.txt ----")
+        lines.extend(agent_tail.splitlines()[-_TAIL_LINES:])
+    return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""The state of one pytest run: options, run id, targets, harness, provider, writer."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pytest_harbor.engine import Episode
+from pytest_harbor.harnesses import Harness, UnknownHarness, make_harness
+from pytest_harbor.plugin.options import HarborOptions
+from pytest_harbor.sandboxes import SandboxProvider, UnknownProvider, make_provider
+from pytest_harbor.tasks import is_dataset_dir, is_task_dir
+from pytest_harbor.writers import ResultsLayout, RolloutsWriter
+
+__all__ = [
+    "HARBOR_RUN",
+    "RUN_LABEL",
+    "HarborRun",
+    "Target",
+    "find_target",
+]
+
+RUN_LABEL = "pytest-harbor.run"
+OWNER_LABEL = "pytest-harbor.owner"
+TASK_LABEL = "pytest-harbor.task"
+TRIAL_LABEL = "pytest-harbor.trial"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A folder the run collects: a task folder or a dataset; its name is the taskset."""
+
+    path: Path
+    is_task: bool
+
+    @property
+    def taskset(self) -> str:
+        return self.path.name
+
+    @property
+    def hook_path(self) -> Path:
+        """Where pytest looks for conftest.py for this target's nodes: never inside a task."""
+        return self.path.parent if self.is_task else self.path
+
+
+def find_target(path: Path, test_file_patterns: Iterable[str] = ()) -> Target | None:
+    """The target a folder argument names, or None when it is an ordinary test folder."""
+    if is_task_dir(path):
+        return Target(path, is_task=True)
+    if is_dataset_dir(path, test_file_patterns):
+        return Target(path, is_task=False)
+    return None
+
+
+def new_run_id() -> str:
+    return f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class HarborRun:
+    """Shared by every node of a run in one process (controller or xdist worker)."""
+
+    def __init__(
+        self,
+        options: HarborOptions,
+        *,
+        run_id: str,
+        owner: str,
+        targets: Iterable[Target],
+        is_worker: bool,
+    ) -> None:
+        self.options = options
+        self.run_id = run_id
+        self.owner = owner
+        self.targets = {target.path: target for target in targets}
+        self.is_worker = is_worker
+        try:
+            self.harness: Harness = make_harness(options.agent)
+        except UnknownHarness as error:
+            raise pytest.UsageError(f"--harbor-agent: {error}") from None
+        try:
+            self._provider: SandboxProvider = make_provider(options.sandbox)
+        except UnknownProvider as error:
+            raise pytest.UsageError(f"--harbor-sandbox: {error}") from None
+        self.layout = ResultsLayout(options.results_dir, validation=self.harness.validates)
+        self.writer = None if is_worker else RolloutsWriter(self.layout)
+        self._cleanups: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
+
+    @property
+    def provider(self) -> SandboxProvider:
+        return self._provider
+
+    def release(self, episode: Episode) -> None:
+        """Remove the episode's sandbox in the background, so the next episode can start
+        while the engine removes this one; wait_for_cleanup() collects them all."""
+        if self._cleanups is None:
+            self._cleanups = ThreadPoolExecutor(2, thread_name_prefix="harbor-cleanup")
+        self._pending.append(self._cleanups.submit(episode.cleanup))
+
+    def wait_for_cleanup(self) -> list[str]:
+        """Wait until every released sandbox is gone; return the errors met."""
+        errors = []
+        pending, self._pending = self._pending, []
+        for future in pending:
+            try:
+                future.result()
+            except Exception as error:
+                errors.append(str(error))
+        return errors
+
+    @property
+    def tasksets(self) -> list[str]:
+        return sorted({target.taskset for target in self.targets.values()})
+
+    def labels(self, task: str, trial: str) -> dict[str, str]:
+        return {
+            RUN_LABEL: self.run_id,
+            OWNER_LABEL: self.owner,
+            TASK_LABEL: task,
+            TRIAL_LABEL: trial,
+        }
+
+    def remove_sandboxes(self) -> int:
+        """Remove whatever sandbox of this run is still there (after an interrupt, say)."""
+        return self._provider.remove_labelled({RUN_LABEL: self.run_id})
+
+
+def owner_of_this_process() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+HARBOR_RUN = pytest.StashKey[HarborRun]()

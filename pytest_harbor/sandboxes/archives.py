@@ -1,0 +1,78 @@
+"""In-memory tar streams: one stream per upload, one per download."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+__all__ = [
+    "pack_directories",
+    "pack_files",
+    "pack_folder",
+    "pack_folders",
+    "unpack_files",
+]
+
+
+def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
+
+
+def pack_folder(folder: Path) -> bytes:
+    """The contents of `folder` (not the folder itself), owned by root, modes kept."""
+    return pack_folders([folder])
+
+
+def pack_folders(folders: Iterable[Path]) -> bytes:
+    """Several folders' contents layered into one stream: a later folder's file wins."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for folder in folders:
+            for entry in sorted(os.listdir(folder)):
+                archive.add(folder / entry, arcname=entry, filter=_root_owned)
+    return buffer.getvalue()
+
+
+def pack_files(files: Mapping[str, bytes], mode: int = 0o644) -> bytes:
+    """Named files (relative paths) as a tar stream, owned by root."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in sorted(files.items()):
+            info = _root_owned(tarfile.TarInfo(name))
+            info.size = len(data)
+            info.mode = mode
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def pack_directories(directories: Mapping[str, int]) -> bytes:
+    """Empty directories (absolute path -> mode), owned by root, for extraction at `/`."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for path, mode in sorted(directories.items()):
+            info = _root_owned(tarfile.TarInfo(path.strip("/")))
+            info.type = tarfile.DIRTYPE
+            info.mode = mode
+            archive.addfile(info)
+    return buffer.getvalue()
+
+
+def unpack_files(data: bytes, strip_components: int = 1) -> dict[str, bytes]:
+    """Regular files of a tar stream, keyed by path with the leading components removed."""
+    files: dict[str, bytes] = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as archive:
+        for member in archive:
+            if not member.isreg():
+                continue
+            parts = member.name.split("/")[strip_components:]
+            if not parts or any(part in ("", "..") for part in parts):
+                continue
+            extracted = archive.extractfile(member)
+            if extracted is not None:
+                files["/".join(parts)] = extracted.read()
+    return files

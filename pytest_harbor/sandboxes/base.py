@@ -1,0 +1,122 @@
+"""The sandbox provider protocol: start from a spec, exec, upload, download, stop."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+__all__ = [
+    "ExecResult",
+    "ImageSource",
+    "Sandbox",
+    "SandboxError",
+    "SandboxProvider",
+    "SandboxSpec",
+    "SandboxStartError",
+]
+
+
+class SandboxError(Exception):
+    """The sandbox or its engine failed (not the command run inside it)."""
+
+    __module__ = "pytest_harbor"
+
+
+class SandboxStartError(SandboxError):
+    """The image could not be made or the sandbox did not start."""
+
+    __module__ = "pytest_harbor"
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """Where a task's image comes from: a prebuilt name, or a build context to build."""
+
+    docker_image: str | None
+    context_dir: Path | None
+    build_timeout_sec: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything a provider needs to start one sandbox."""
+
+    image: str
+    workdir: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    cpus: float | None = None
+    memory_mb: int | None = None
+    network: bool = True
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: Directories (absolute path -> mode) that exist, empty or not, once started.
+    directories: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The outcome of one command: a non-zero exit is a value, not an exception."""
+
+    exit_code: int
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
+    timed_out: bool = False
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode("utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode("utf-8", errors="replace")
+
+
+class Sandbox(Protocol):
+    """One running sandbox."""
+
+    @property
+    def id(self) -> str: ...
+
+    def exec(
+        self,
+        command: Sequence[str],
+        *,
+        user: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Run `command` with `stdin` as its input; at `timeout` seconds the process and
+        its children are killed and `timed_out` is set."""
+        ...
+
+    def upload(self, source: Path | Mapping[str, bytes], target: str) -> None:
+        """Copy a folder's contents (or named files) into the existing folder `target`."""
+        ...
+
+    def download(self, source: str) -> dict[str, bytes]:
+        """Every regular file below `source`, keyed by its path relative to `source`."""
+        ...
+
+    def stop(self) -> None:
+        """Remove the sandbox at once; safe to call twice."""
+        ...
+
+
+class SandboxProvider(Protocol):
+    """A kind of sandbox (docker, ...): makes images and starts sandboxes from specs."""
+
+    name: str
+
+    def prepare_image(self, source: ImageSource) -> str:
+        """Return a runnable image reference, building or fetching it when needed."""
+        ...
+
+    def start(self, spec: SandboxSpec) -> Sandbox: ...
+
+    def remove_labelled(self, labels: Mapping[str, str]) -> int:
+        """Remove every sandbox carrying all of `labels`; return how many."""
+        ...

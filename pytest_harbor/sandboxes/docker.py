@@ -1,0 +1,412 @@
+"""The `docker` sandbox provider, on the Docker SDK (never the docker CLI)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from docker.utils.socket import STDERR as _STDERR
+from docker.utils.socket import STDOUT as _STDOUT
+from docker.utils.socket import frames_iter
+
+from pytest_harbor.sandboxes.archives import (
+    pack_directories,
+    pack_files,
+    pack_folder,
+    unpack_files,
+)
+from pytest_harbor.sandboxes.base import (
+    ExecResult,
+    ImageSource,
+    SandboxError,
+    SandboxSpec,
+    SandboxStartError,
+)
+from pytest_harbor.sandboxes.images import build_lock, image_tag_for
+
+__all__ = ["DockerProvider", "DockerSandbox"]
+
+#: Control calls (create, inspect, remove) give up after this long.
+_CONTROL_TIMEOUT_S = 300
+#: After a deadline kill, how long the output stream may take to end.
+_KILL_GRACE_S = 5.0
+#: Keeps the sandbox alive; removal is forceful, so the sleep never needs a signal.
+_KEEPALIVE = ["sleep", "2147483647"]
+#: Prints the shell's pid (the exec'd command keeps it, and leads its process group)
+#: on stderr before anything else, so a deadline can kill the whole group.
+_PID_WRAPPER = 'echo "$$" >&2; exec "$@"'
+
+
+class _Engine:
+    """The per-process connection to the Docker engine."""
+
+    def __init__(self) -> None:
+        try:
+            self.api = docker.APIClient(
+                version="auto", timeout=_CONTROL_TIMEOUT_S, **_client_kwargs()
+            )
+        except docker.errors.DockerException as error:
+            raise SandboxStartError(
+                f"cannot reach the Docker engine ({error}); start it (see the README's set-up)"
+            ) from None
+        self._cpus: int | None = None
+
+    @property
+    def cpus(self) -> int:
+        if self._cpus is None:
+            self._cpus = int(self.api.info().get("NCPU") or os.cpu_count() or 1)
+        return self._cpus
+
+
+def _client_kwargs() -> dict[str, Any]:
+    return docker.utils.kwargs_from_env()  # type: ignore[no-any-return]
+
+
+_engines: dict[int, _Engine] = {}
+
+
+def _engine() -> _Engine:
+    # Keyed by pid: a forked process must not share the parent's connections.
+    pid = os.getpid()
+    if pid not in _engines:
+        _engines[pid] = _Engine()
+    return _engines[pid]
+
+
+class DockerProvider:
+    """Starts one container per sandbox: keep-alive sleep, labels, limits, forceful removal."""
+
+    name = "docker"
+
+    def __init__(self) -> None:
+        self._present: set[str] = set()
+
+    def prepare_image(self, source: ImageSource) -> str:
+        if source.docker_image is not None:
+            return self._prebuilt(source.docker_image)
+        if source.context_dir is None:
+            raise SandboxStartError("the task names neither a docker_image nor a build context")
+        tag = image_tag_for(source.context_dir)
+        if self._has_image(tag):
+            return tag
+        with build_lock(tag):
+            if not self._has_image(tag):
+                self._build(source, tag)
+        return tag
+
+    def _has_image(self, name: str) -> bool:
+        if name in self._present:
+            return True
+        try:
+            _engine().api.inspect_image(name)
+        except docker.errors.ImageNotFound:
+            return False
+        except docker.errors.APIError as error:
+            raise SandboxStartError(f"cannot inspect image {name}: {error}") from None
+        self._present.add(name)
+        return True
+
+    def _prebuilt(self, name: str) -> str:
+        if self._has_image(name):
+            return name
+        try:
+            _engine().api.pull(name)
+        except docker.errors.APIError as error:
+            raise SandboxStartError(
+                f"image {name} is not on this machine and pulling it failed: {_explain(error)}"
+            ) from None
+        self._present.add(name)
+        return name
+
+    def _build(self, source: ImageSource, tag: str) -> None:
+        assert source.context_dir is not None
+        deadline = time.monotonic() + source.build_timeout_sec
+        log: list[str] = []
+        try:
+            events = _engine().api.build(
+                path=str(source.context_dir),
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                labels=dict(source.labels),
+                decode=True,
+                timeout=source.build_timeout_sec,
+            )
+            for event in events:
+                if "stream" in event:
+                    log.extend(str(event["stream"]).splitlines())
+                if "error" in event:
+                    raise SandboxStartError(
+                        f"building {source.context_dir / 'Dockerfile'} failed: "
+                        f"{str(event['error']).strip()}\n{_tail(log)}"
+                    )
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+        except (TimeoutError, OSError) as error:
+            if isinstance(error, OSError) and time.monotonic() <= deadline:
+                raise SandboxStartError(f"building {source.context_dir}: {error}") from None
+            raise SandboxStartError(
+                f"building {source.context_dir / 'Dockerfile'} took longer than "
+                f"[environment].build_timeout_sec = {source.build_timeout_sec:g} s\n{_tail(log)}"
+            ) from None
+        except docker.errors.APIError as error:
+            raise SandboxStartError(
+                f"building {source.context_dir / 'Dockerfile'} failed: {_explain(error)}"
+            ) from None
+        if not self._has_image(tag):
+            raise SandboxStartError(f"building {source.context_dir} produced no image {tag}")
+
+    def start(self, spec: SandboxSpec) -> DockerSandbox:
+        engine = _engine()
+        api = engine.api
+        limits: dict[str, Any] = {}
+        if spec.cpus is not None:
+            # A task may ask for more CPUs than this engine has; it gets them all.
+            limits["nano_cpus"] = int(min(spec.cpus, engine.cpus) * 1e9)
+        if spec.memory_mb is not None:
+            limits["mem_limit"] = limits["memswap_limit"] = f"{spec.memory_mb}m"
+        try:
+            host_config = api.create_host_config(
+                init=True, network_mode=None if spec.network else "none", **limits
+            )
+            created = api.create_container(
+                spec.image,
+                entrypoint=_KEEPALIVE[:1],
+                command=_KEEPALIVE[1:],
+                labels=dict(spec.labels),
+                environment=[f"{key}={value}" for key, value in spec.env.items()],
+                working_dir=spec.workdir,
+                host_config=host_config,
+                detach=True,
+            )
+        except docker.errors.APIError as error:
+            raise SandboxStartError(
+                f"cannot create a sandbox from {spec.image}: {_explain(error)}"
+            ) from None
+        sandbox = DockerSandbox(created["Id"])
+        try:
+            if spec.directories:
+                # Before start, so no exec is needed to make them.
+                api.put_archive(created["Id"], "/", pack_directories(spec.directories))
+            api.start(created["Id"])
+        except docker.errors.APIError as error:
+            sandbox.stop()
+            raise SandboxStartError(
+                f"the sandbox from {spec.image} did not start: {_explain(error)}"
+            ) from None
+        return sandbox
+
+    def remove_labelled(self, labels: Mapping[str, str]) -> int:
+        api = _engine().api
+        wanted = [f"{key}={value}" for key, value in labels.items()]
+        removed = 0
+        for container in api.containers(all=True, filters={"label": wanted}):
+            DockerSandbox(container["Id"]).stop()
+            removed += 1
+        return removed
+
+
+class DockerSandbox:
+    """One container; every call goes through the Docker engine API."""
+
+    def __init__(self, container_id: str) -> None:
+        self._id = container_id
+        self._stopped = False
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    def exec(
+        self,
+        command: Sequence[str],
+        *,
+        user: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        engine = _engine()
+        argv = list(command)
+        if timeout is not None:
+            argv = ["/bin/sh", "-c", _PID_WRAPPER, "sh", *argv]
+        try:
+            exec_id = engine.api.exec_create(
+                self._id,
+                argv,
+                stdout=True,
+                stderr=True,
+                stdin=stdin is not None,
+                user=user or "",
+                workdir=workdir,
+                environment=[f"{key}={value}" for key, value in (env or {}).items()],
+            )["Id"]
+            connection = _Connection(engine.api.exec_start(exec_id, socket=True))
+        except docker.errors.APIError as error:
+            raise SandboxError(f"sandbox {self._id[:12]}: exec failed: {_explain(error)}") from None
+        reader = _OutputReader(connection, reads_pid=timeout is not None)
+        threads = [threading.Thread(target=reader.run, name="harbor-exec-out", daemon=True)]
+        if stdin is not None:
+            threads.append(
+                threading.Thread(
+                    target=connection.send_all, args=(stdin,), name="harbor-exec-in", daemon=True
+                )
+            )
+        for thread in threads:
+            thread.start()
+        timed_out = not _join(threads[0], timeout)
+        if timed_out:
+            self._kill_group(reader.wait_for_pid(_KILL_GRACE_S))
+            if not _join(threads[0], _KILL_GRACE_S):
+                connection.close()
+                _join(threads[0], 1.0)
+        connection.close()
+        try:
+            info = engine.api.exec_inspect(exec_id)
+        except docker.errors.APIError as error:
+            raise SandboxError(f"sandbox {self._id[:12]}: exec lost: {_explain(error)}") from None
+        exit_code = info.get("ExitCode")
+        return ExecResult(
+            exit_code=-1 if exit_code is None or info.get("Running") else int(exit_code),
+            stdout_bytes=bytes(reader.out),
+            stderr_bytes=reader.stderr(),
+            timed_out=timed_out,
+        )
+
+    def _kill_group(self, pid: int | None) -> None:
+        if pid is None:
+            return
+        # Negative pid: the whole process group the command leads.
+        script = f"kill -9 -{pid} 2>/dev/null; kill -9 {pid} 2>/dev/null; true"
+        with contextlib.suppress(SandboxError):
+            self.exec(["/bin/sh", "-c", script], user="root")
+
+    def upload(self, source: Path | Mapping[str, bytes], target: str) -> None:
+        data = pack_folder(source) if isinstance(source, Path) else pack_files(source)
+        try:
+            _engine().api.put_archive(self._id, target, data)
+        except docker.errors.APIError as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: upload to {target} failed: {_explain(error)}"
+            ) from None
+
+    def download(self, source: str) -> dict[str, bytes]:
+        try:
+            chunks, _ = _engine().api.get_archive(self._id, source)
+            data = b"".join(chunks)
+        except docker.errors.NotFound:
+            return {}
+        except docker.errors.APIError as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: download of {source} failed: {_explain(error)}"
+            ) from None
+        return unpack_files(data)
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        try:
+            _engine().api.remove_container(self._id, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as error:
+            if "already in progress" not in str(error):
+                raise SandboxError(
+                    f"sandbox {self._id[:12]}: removal failed: {_explain(error)}"
+                ) from None
+        self._stopped = True
+
+
+def _join(thread: threading.Thread, timeout: float | None) -> bool:
+    """Wait for `thread`; True when it ended in time."""
+    thread.join(None if timeout is None else max(timeout, 0.0))
+    return not thread.is_alive()
+
+
+class _Connection:
+    """The hijacked exec connection: frames out, stdin in, closable from any thread."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        # SocketIO wraps the socket for unix connections; TLS connections are plain.
+        self._raw: socket.socket = getattr(sock, "_sock", sock)
+        self._raw.settimeout(None)
+
+    def frames(self) -> Iterator[tuple[int, bytes]]:
+        yield from frames_iter(self.sock, tty=False)
+
+    def send_all(self, data: bytes) -> None:
+        try:
+            self._raw.sendall(data)
+            self._raw.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the command ended without reading all of its input
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._raw.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self._raw.close()
+
+
+class _OutputReader:
+    """Drains an exec connection; learns the command's pid from the first stderr line."""
+
+    def __init__(self, connection: _Connection, reads_pid: bool) -> None:
+        self._connection = connection
+        self.out = bytearray()
+        self._err = bytearray()
+        self._pid: int | None = None
+        self._pid_known = threading.Event()
+        self._reads_pid = reads_pid
+        if not reads_pid:
+            self._pid_known.set()
+
+    def run(self) -> None:
+        try:
+            for stream, data in self._connection.frames():
+                if stream == _STDOUT:
+                    self.out += data
+                elif stream == _STDERR:
+                    self._err += data
+                    if not self._pid_known.is_set():
+                        self._take_pid()
+        except (OSError, ValueError):
+            pass  # closed under us after a deadline; what was read is kept
+        finally:
+            self._pid_known.set()
+
+    def _take_pid(self) -> None:
+        line, newline, rest = bytes(self._err).partition(b"\n")
+        if not newline:
+            return
+        self._pid = int(line) if line.strip().isdigit() else None
+        self._err = bytearray(rest)
+        self._pid_known.set()
+
+    def wait_for_pid(self, timeout: float) -> int | None:
+        self._pid_known.wait(timeout)
+        return self._pid
+
+    def stderr(self) -> bytes:
+        if self._reads_pid and self._pid is None:
+            self._take_pid()
+        return bytes(self._err)
+
+
+def _explain(error: docker.errors.APIError) -> str:
+    explanation = getattr(error, "explanation", None)
+    return str(explanation or error).strip()
+
+
+def _tail(lines: list[str], count: int = 20) -> str:
+    return "\n".join(lines[-count:])

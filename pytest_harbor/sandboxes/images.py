@@ -1,0 +1,59 @@
+"""Content hashes of build contexts, and a lock so one process builds each hash."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["build_lock", "context_hash", "image_tag_for"]
+
+_IGNORED_NAMES = {"__pycache__", ".DS_Store"}
+_IGNORED_SUFFIXES = (".pyc", ".swp", ".swo", "~")
+
+
+def _ignored(name: str) -> bool:
+    return name in _IGNORED_NAMES or name.endswith(_IGNORED_SUFFIXES)
+
+
+def context_hash(folder: Path) -> str:
+    """SHA-256 over `path NUL mode NUL sha256(content) LF` of every file, sorted by path.
+
+    The executable bit is part of the record because `COPY` keeps it.
+    """
+    records: list[bytes] = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(name for name in dirs if not _ignored(name))
+        for name in files:
+            if _ignored(name):
+                continue
+            path = Path(root) / name
+            relative = path.relative_to(folder).as_posix()
+            mode = "x" if os.access(path, os.X_OK) else "-"
+            content = hashlib.sha256(path.read_bytes()).hexdigest()
+            records.append(f"{relative}\0{mode}\0{content}\n".encode())
+    digest = hashlib.sha256()
+    for record in sorted(records):
+        digest.update(record)
+    return digest.hexdigest()
+
+
+def image_tag_for(folder: Path) -> str:
+    """The tag a built environment gets: Harbor's `hb__<hash>` naming, 32 hex digits."""
+    return f"hb__{context_hash(folder)[:32]}"
+
+
+@contextmanager
+def build_lock(key: str) -> Iterator[None]:
+    """Serialise builds of one image across every process of this machine."""
+    path = Path(tempfile.gettempdir()) / f"pytest-harbor-build-{key}.lock"
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

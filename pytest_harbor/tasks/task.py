@@ -1,0 +1,67 @@
+"""A loaded task folder and the turns an episode runs through."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pytest_harbor.tasks.config import TaskConfig
+
+__all__ = ["SINGLE_STEP_TURN", "Task", "Turn"]
+
+#: The item name of the one turn of a single-step task.
+SINGLE_STEP_TURN = "episode"
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What one turn of an episode needs: instruction, solution, tests, users and budgets."""
+
+    name: str
+    instruction: str
+    solution_dir: Path | None
+    tests_dirs: tuple[Path, ...]
+    agent_timeout_sec: float | None
+    agent_user: str | None
+    verifier_timeout_sec: float
+    verifier_user: str | None
+    verifier_env: dict[str, str] = field(default_factory=dict)
+    solution_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def solve_script(self) -> Path | None:
+        if self.solution_dir is None:
+            return None
+        script = self.solution_dir / "solve.sh"
+        return script if script.is_file() else None
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task folder that loaded: its id, its validated task.toml and its turns."""
+
+    path: Path
+    config: TaskConfig
+    turns: tuple[Turn, ...]
+    unknown_keys: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        """The folder name: unique within a dataset, unlike `[task].name`."""
+        return self.path.name
+
+    @property
+    def environment_dir(self) -> Path:
+        return self.path / "environment"
+
+    @property
+    def dockerfile(self) -> Path | None:
+        """The Dockerfile to build, or None when the task names a prebuilt image."""
+        if self.config.environment.docker_image is not None:
+            return None
+        return self.environment_dir / "Dockerfile"
+
+    @property
+    def is_validatable(self) -> bool:
+        """True when every turn has a reference solution the oracle can run."""
+        return all(turn.solve_script is not None for turn in self.turns)

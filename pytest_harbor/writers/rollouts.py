@@ -1,0 +1,80 @@
+"""The result files of a run: rollouts.jsonl and one verifier/ folder per verification."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_harbor.engine.results import EpisodeResult
+from pytest_harbor.tasks.task import SINGLE_STEP_TURN
+
+__all__ = ["ResultsLayout", "RolloutsWriter"]
+
+ROLLOUTS = "rollouts.jsonl"
+VERIFIER = "verifier"
+
+
+@dataclass(frozen=True)
+class ResultsLayout:
+    """Where files go: `<results>/harbor/<taskset>/`, or `.../harbor/validation/<taskset>/`."""
+
+    results_dir: Path
+    validation: bool
+
+    def taskset_dir(self, taskset: str) -> Path:
+        base = self.results_dir / "harbor"
+        return (base / "validation" if self.validation else base) / taskset
+
+    def rollouts_file(self, taskset: str) -> Path:
+        return self.taskset_dir(taskset) / ROLLOUTS
+
+    def verifier_dir(self, taskset: str, episode_id: str, step: str = SINGLE_STEP_TURN) -> Path:
+        """`verifier/<episode>/` for a single-step task, `verifier/<episode>/<step>/` per turn."""
+        folder = self.taskset_dir(taskset) / VERIFIER / episode_id
+        return folder if step == SINGLE_STEP_TURN else folder / step
+
+
+class RolloutsWriter:
+    """The only writer of a run's result files (the xdist controller, or the sole process)."""
+
+    def __init__(self, layout: ResultsLayout) -> None:
+        self.layout = layout
+        self._started: set[str] = set()
+
+    def start(self, tasksets: Iterable[str]) -> None:
+        """Begin a fresh run: empty each taskset's rollouts.jsonl and verifier/ folder."""
+        for taskset in tasksets:
+            self._start(taskset)
+
+    def _start(self, taskset: str) -> None:
+        if taskset in self._started:
+            return
+        folder = self.layout.taskset_dir(taskset)
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(folder / VERIFIER, ignore_errors=True)
+        (folder / ROLLOUTS).write_text("")
+        self._started.add(taskset)
+
+    def write(
+        self, result: EpisodeResult, verifier_files: Mapping[str, Mapping[str, bytes]]
+    ) -> None:
+        """Write the verifier folders of `result` (by turn) and append its row, flushed."""
+        self._start(result.taskset)
+        for step, files in verifier_files.items():
+            _write_files(self.layout.verifier_dir(result.taskset, result.episode_id, step), files)
+        with self.layout.rollouts_file(result.taskset).open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(result.row(), sort_keys=True) + "\n")
+            handle.flush()
+
+
+def _write_files(folder: Path, files: Mapping[str, bytes]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        target = (folder / name).resolve()
+        if not target.is_relative_to(folder.resolve()):
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)

@@ -1,0 +1,103 @@
+"""Fixtures for pytest-harbor's own tests: task folders on disk and the Docker engine."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+#: The base image .ci/setup makes; every sandbox in the tests uses it.
+BASE_IMAGE = "debian:bookworm-slim"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+QUICKSTART = REPO_ROOT / "example_datasets" / "quickstart"
+
+PASSING_TEST = "echo 'checking'; cat /tmp/answer > /logs/verifier/reward.txt\n"
+PASSING_SOLUTION = "echo 1 > /tmp/answer\n"
+
+
+def write_task(
+    root: Path,
+    name: str,
+    *,
+    toml: str | None = None,
+    test_sh: str = PASSING_TEST,
+    solve_sh: str | None = PASSING_SOLUTION,
+    dockerfile: str | None = None,
+    instruction: str = "Write 1 to /tmp/answer.\n",
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """A task folder under `root`; `toml` defaults to a prebuilt-image task."""
+    task = root / name
+    (task / "tests").mkdir(parents=True)
+    if toml is None:
+        toml = f'[environment]\ndocker_image = "{BASE_IMAGE}"\n'
+    (task / "task.toml").write_text(textwrap.dedent(toml))
+    (task / "instruction.md").write_text(instruction)
+    (task / "tests" / "test.sh").write_text(test_sh)
+    if solve_sh is not None:
+        (task / "solution").mkdir()
+        (task / "solution" / "solve.sh").write_text(solve_sh)
+    if dockerfile is not None:
+        (task / "environment").mkdir()
+        (task / "environment" / "Dockerfile").write_text(dockerfile)
+    for relative, content in (extra_files or {}).items():
+        path = task / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    return task
+
+
+@dataclass
+class Dataset:
+    """A dataset folder in a test's temporary directory, with a name unique to the test
+    (tasksets label their containers, so tests running at once never see each other's)."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def task(self, name: str, **kwargs: object) -> Path:
+        return write_task(self.path, name, **kwargs)  # type: ignore[arg-type]
+
+    def rows(self, results: Path, validation: bool = True) -> list[dict[str, object]]:
+        base = results / "harbor" / ("validation" if validation else "") / self.name
+        rows_file = base / "rollouts.jsonl"
+        return [json.loads(line) for line in rows_file.read_text().splitlines()]
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Dataset:
+    folder = tmp_path / f"ds-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    return Dataset(folder)
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[docker.DockerClient]:
+    """The engine .ci/setup starts; tests that need it fail (not skip) without it."""
+    try:
+        client = docker.from_env(version="auto")
+        client.ping()
+    except docker.errors.DockerException as error:
+        pytest.fail(f"no Docker engine answers ({error}); run .ci/setup first", pytrace=False)
+    try:
+        client.images.get(BASE_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"image {BASE_IMAGE} is missing; run .ci/setup first", pytrace=False)
+    yield client
+    client.close()
+
+
+def containers_of(client: docker.DockerClient, taskset: str, task: str) -> list[object]:
+    """Containers (running or not) that carry the task label of `taskset/task`."""
+    label = f"pytest-harbor.task={taskset}/{task}"
+    return list(client.containers.list(all=True, filters={"label": label}))

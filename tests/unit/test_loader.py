@@ -1,0 +1,211 @@
+"""Discovery and loading of task folders, and the errors that name file and key."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pytest_harbor.tasks import TaskLoadError, discover_task_dirs, is_dataset_dir, load_task
+from pytest_harbor.tasks.loader import strip_canary
+from tests.fixtures import write_task
+
+
+def test_a_task_folder_is_its_own_only_task(tmp_path: Path) -> None:
+    task = write_task(tmp_path, "alone")
+    assert discover_task_dirs(task) == [task]
+
+
+def test_discovery_goes_six_levels_deep_sorted(tmp_path: Path) -> None:
+    deep = tmp_path / "a" / "b" / "c" / "d" / "e"
+    write_task(deep, "sixth")  # tmp_path/a/b/c/d/e/sixth: six levels below tmp_path
+    write_task(deep / "f", "seventh")
+    write_task(tmp_path, "top")
+    write_task(tmp_path / "a", "second")
+    found = [path.relative_to(tmp_path).as_posix() for path in discover_task_dirs(tmp_path)]
+    assert found == ["a/b/c/d/e/sixth", "a/second", "top"]
+
+
+def test_discovery_skips_hidden_folders_and_never_enters_a_task(tmp_path: Path) -> None:
+    write_task(tmp_path / ".cache", "hidden")
+    outer = write_task(tmp_path, "outer")
+    write_task(outer / "tests", "inner")
+    assert discover_task_dirs(tmp_path) == [outer]
+
+
+def test_dataset_dir_needs_tasks_and_no_test_modules(tmp_path: Path) -> None:
+    assert not is_dataset_dir(tmp_path, ["test_*.py"])
+    write_task(tmp_path / "tasks", "one")
+    (tmp_path / "README.md").write_text("readme")
+    assert is_dataset_dir(tmp_path, ["test_*.py"])
+    # Python test files inside a task folder are the sandbox's business.
+    (tmp_path / "tasks" / "one" / "tests" / "test_inside.py").write_text("")
+    assert is_dataset_dir(tmp_path, ["test_*.py"])
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_project.py").write_text("")
+    assert not is_dataset_dir(tmp_path, ["test_*.py"])
+
+
+def test_load_reads_config_turn_and_strips_canary(tmp_path: Path) -> None:
+    task = write_task(
+        tmp_path,
+        "hello",
+        toml="""
+            [agent]
+            timeout_sec = 30
+            user = "agent"
+            [verifier]
+            timeout_sec = 20
+            env = { MODE = "strict" }
+            [environment]
+            docker_image = "img"
+            [solution]
+            env = { TOKEN = "x" }
+        """,
+        instruction="<!-- harbor-canary GUID 123 -->\n\nDo the thing.\n",
+    )
+    loaded = load_task(task)
+    assert loaded.id == "hello"
+    (turn,) = loaded.turns
+    assert turn.name == "episode"
+    assert turn.instruction == "Do the thing.\n"
+    assert (turn.agent_timeout_sec, turn.agent_user) == (30.0, "agent")
+    assert (turn.verifier_timeout_sec, turn.verifier_env) == (20.0, {"MODE": "strict"})
+    assert turn.solution_env == {"TOKEN": "x"}
+    assert turn.tests_dirs == (task / "tests",)
+    assert turn.solve_script == task / "solution" / "solve.sh"
+    assert loaded.is_validatable
+
+
+def test_a_task_without_solution_is_not_validatable(tmp_path: Path) -> None:
+    assert not load_task(write_task(tmp_path, "open", solve_sh=None)).is_validatable
+
+
+def test_numeric_user_is_passed_as_text(tmp_path: Path) -> None:
+    task = write_task(
+        tmp_path, "uid", toml='[agent]\nuser = 1000\n[environment]\ndocker_image = "i"\n'
+    )
+    assert load_task(task).turns[0].agent_user == "1000"
+
+
+def test_canary_lines_only_at_the_start() -> None:
+    text = "# This file carries a CANARY string\n\nBody\n# canary later stays\n"
+    assert strip_canary(text) == "Body\n# canary later stays\n"
+
+
+def test_env_templates_are_filled_from_the_environment(tmp_path: Path) -> None:
+    task = write_task(
+        tmp_path,
+        "env",
+        toml="""
+            [environment]
+            docker_image = "img"
+            [environment.env]
+            PLAIN = "x"
+            FROM_HOST = "${HARBOR_T_VALUE}"
+            DEFAULTED = "${HARBOR_T_UNSET:-fallback}"
+        """,
+    )
+    loaded = load_task(task, environ={"HARBOR_T_VALUE": "host"})
+    assert loaded.config.environment.env == {
+        "PLAIN": "x",
+        "FROM_HOST": "host",
+        "DEFAULTED": "fallback",
+    }
+
+
+def test_unset_env_template_names_the_key(tmp_path: Path) -> None:
+    task = write_task(
+        tmp_path,
+        "env",
+        toml="""
+            [environment]
+            docker_image = "img"
+            [verifier]
+            env = { TOKEN = "${HARBOR_T_MISSING}" }
+        """,
+    )
+    with pytest.raises(TaskLoadError) as caught:
+        load_task(task, environ={})
+    assert caught.value.key == "verifier.env.TOKEN"
+    assert str(task / "task.toml") in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("toml", "key", "expected"),
+    [
+        (
+            '[agent]\ntimeout_sec = "abc"\n[environment]\ndocker_image = "i"\n',
+            "agent.timeout_sec",
+            "valid number",
+        ),
+        ("[verifier]\ntimeout_sec = -5\n", "verifier.timeout_sec", "greater than 0"),
+        ("[environment]\nmemory = '3Q'\n", "environment", "'2G', '512M' or '1024K'"),
+        ("[environment]\ndocker_image = 'i'\nos = 'windows'\n", "environment.os", "Linux"),
+        ("[environment]\ndocker_image = 'i'\ngpus = 1\n", "environment.gpus", "no GPUs"),
+        (
+            "[environment]\ndocker_image = 'i'\nnetwork_mode = 'allowlist'\n",
+            "environment.network_mode",
+            "allowlist",
+        ),
+        ("[environment]\ndocker_image = 'i'\n[[steps]]\nname = 'a'\n", "steps", "multi-step"),
+        ("[agent]\n", "environment.docker_image", "environment/Dockerfile"),
+    ],
+)
+def test_bad_task_toml_names_file_key_and_expectation(
+    tmp_path: Path, toml: str, key: str, expected: str
+) -> None:
+    task = write_task(tmp_path, "bad", toml=toml)
+    with pytest.raises(TaskLoadError) as caught:
+        load_task(task)
+    assert caught.value.path == task / "task.toml"
+    assert caught.value.key == key
+    assert expected in str(caught.value)
+    assert str(caught.value).startswith(f"{task / 'task.toml'}: {key}: ")
+
+
+def test_toml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
+    task = write_task(tmp_path, "syntax", toml="[agent\ntimeout_sec = 1\n")
+    with pytest.raises(TaskLoadError, match=r"task\.toml: not valid TOML: .*line 1"):
+        load_task(task)
+
+
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [("instruction.md", "instruction.md: missing"), ("tests/test.sh", "test.sh: missing")],
+)
+def test_missing_required_files_are_named(tmp_path: Path, missing: str, message: str) -> None:
+    task = write_task(tmp_path, "incomplete")
+    (task / missing).unlink()
+    with pytest.raises(TaskLoadError, match=message):
+        load_task(task)
+
+
+def test_compose_task_is_refused_naming_the_file(tmp_path: Path) -> None:
+    task = write_task(tmp_path, "compose", toml="[agent]\n")
+    (task / "environment").mkdir()
+    (task / "environment" / "docker-compose.yaml").write_text("services: {}\n")
+    with pytest.raises(TaskLoadError, match=r"docker-compose\.yaml: Compose tasks"):
+        load_task(task)
+
+
+def test_dockerfile_task_needs_no_image(tmp_path: Path) -> None:
+    task = write_task(tmp_path, "built", toml="[agent]\n", dockerfile="FROM scratch\n")
+    loaded = load_task(task)
+    assert loaded.dockerfile == task / "environment" / "Dockerfile"
+
+
+def test_symlinked_task_folder_is_refused(tmp_path: Path) -> None:
+    real = write_task(tmp_path / "real", "task")
+    link = tmp_path / "link"
+    os.symlink(real, link)
+    with pytest.raises(TaskLoadError, match="must not be a symlink"):
+        load_task(link)
+
+
+def test_unknown_keys_are_listed(tmp_path: Path) -> None:
+    task = write_task(
+        tmp_path, "extra", toml='colour = "red"\n[environment]\ndocker_image = "i"\nsize = 3\n'
+    )
+    assert load_task(task).unknown_keys == ("colour", "environment.size")

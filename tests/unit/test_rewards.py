@@ -1,0 +1,77 @@
+"""Every reward-file case: reward.json wins, multi-key, empty, not JSON, non-numeric, NaN."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_harbor.engine import FailureKind, read_reward
+
+
+def test_reward_txt() -> None:
+    reading = read_reward({"reward.txt": b" 0.75\n"})
+    assert (reading.reward, reading.rewards, reading.source) == (
+        0.75,
+        {"reward": 0.75},
+        "reward.txt",
+    )
+    assert reading.failure_kind is None
+
+
+def test_json_wins_over_txt() -> None:
+    reading = read_reward({"reward.json": b'{"reward": 0.25}', "reward.txt": b"1"})
+    assert (reading.reward, reading.source) == (0.25, "reward.json")
+
+
+def test_broken_json_does_not_fall_back_to_txt() -> None:
+    reading = read_reward({"reward.json": b"{not json", "reward.txt": b"1"})
+    assert reading.reward == 0.0
+    assert reading.failure_kind == FailureKind.REWARD_INVALID
+    assert "reward.json is not valid JSON" in (reading.failure_reason or "")
+
+
+def test_multi_key_json_without_reward_key_is_the_mean() -> None:
+    reading = read_reward({"reward.json": b'{"correctness": 1, "performance": 0.5}'})
+    assert reading.reward == 0.75
+    assert reading.rewards == {"correctness": 1.0, "performance": 0.5}
+
+
+def test_multi_key_json_with_reward_key_uses_it() -> None:
+    reading = read_reward({"reward.json": b'{"reward": 0.2, "style": 1}'})
+    assert reading.reward == 0.2
+    assert reading.rewards == {"reward": 0.2, "style": 1.0}
+
+
+def test_missing() -> None:
+    reading = read_reward({"test-stdout.txt": b"done"})
+    assert reading.reward == 0.0
+    assert reading.rewards is None
+    assert reading.failure_kind == FailureKind.REWARD_MISSING
+
+
+@pytest.mark.parametrize(
+    ("files", "reason"),
+    [
+        ({"reward.json": b""}, "reward.json is empty"),
+        ({"reward.json": b"  \n"}, "reward.json is empty"),
+        ({"reward.txt": b""}, "reward.txt is empty"),
+        ({"reward.json": b"1"}, "must be a JSON object"),
+        ({"reward.json": b"[1, 2]"}, "must be a JSON object"),
+        ({"reward.json": b"{}"}, "empty object"),
+        ({"reward.json": b'{"reward": "high"}'}, "not a number"),
+        ({"reward.json": b'{"reward": true}'}, "not a number"),
+        ({"reward.json": b'{"reward": null}'}, "not a number"),
+        ({"reward.json": b'{"reward": NaN}'}, "not a finite number"),
+        ({"reward.json": b'{"reward": Infinity}'}, "not a finite number"),
+        ({"reward.txt": b"high"}, "does not hold a number"),
+        ({"reward.txt": b"nan"}, "not hold a finite number"),
+        ({"reward.txt": b"inf"}, "not hold a finite number"),
+        ({"reward.txt": b"1 2"}, "does not hold a number"),
+    ],
+)
+def test_invalid_files_score_zero_with_reason(files: dict[str, bytes], reason: str) -> None:
+    reading = read_reward(files)
+    assert reading.reward == 0.0
+    assert reading.rewards is None
+    assert reading.failure_kind == FailureKind.REWARD_INVALID
+    assert reason in (reading.failure_reason or "")
+    assert not reading.masked

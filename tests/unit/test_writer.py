@@ -1,0 +1,47 @@
+"""Where result files go and what the writer puts there."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pytest_harbor.engine import EpisodeResult, TurnResult
+from pytest_harbor.writers import ResultsLayout, RolloutsWriter
+
+
+def test_layout_for_validation_and_agent_runs(tmp_path: Path) -> None:
+    validation = ResultsLayout(tmp_path, validation=True)
+    agent = ResultsLayout(tmp_path, validation=False)
+    assert validation.rollouts_file("qs") == tmp_path / "harbor/validation/qs/rollouts.jsonl"
+    assert agent.rollouts_file("qs") == tmp_path / "harbor/qs/rollouts.jsonl"
+    assert (
+        validation.verifier_dir("qs", "t__r0") == tmp_path / "harbor/validation/qs/verifier/t__r0"
+    )
+    assert agent.verifier_dir("qs", "t__r0", "02-b") == tmp_path / "harbor/qs/verifier/t__r0/02-b"
+
+
+def test_writer_starts_fresh_then_appends_rows_and_files(tmp_path: Path) -> None:
+    layout = ResultsLayout(tmp_path, validation=True)
+    layout.taskset_dir("qs").mkdir(parents=True)
+    layout.rollouts_file("qs").write_text('{"old": true}\n')
+    (layout.taskset_dir("qs") / "verifier" / "old__r0").mkdir(parents=True)
+    writer = RolloutsWriter(layout)
+    writer.start(["qs"])
+    assert layout.rollouts_file("qs").read_text() == ""
+    assert not (layout.taskset_dir("qs") / "verifier" / "old__r0").exists()
+    result = EpisodeResult(
+        task_id="t",
+        taskset="qs",
+        repeat=1,
+        agent="oracle",
+        reward=1.0,
+        turns=[TurnResult(step="episode", reward=1.0, agent_log_tail="secret tail")],
+    )
+    writer.write(result, {"episode": {"reward.txt": b"1\n", "../outside": b"x"}})
+    rows = [json.loads(line) for line in layout.rollouts_file("qs").read_text().splitlines()]
+    assert len(rows) == 1
+    assert rows[0]["task_id"] == "t" and rows[0]["repeat"] == 1
+    assert "agent_log_tail" not in rows[0]["turns"][0]
+    folder = layout.verifier_dir("qs", "t__r1")
+    assert (folder / "reward.txt").read_bytes() == b"1\n"
+    assert not (folder.parent / "outside").exists()
