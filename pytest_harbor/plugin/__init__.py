@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import warnings
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -65,6 +65,11 @@ def pytest_load_initial_conftests(
     if not given and is_task_dir(invocation_dir):
         anchors = [str(invocation_dir.parent)]
     namespace.file_or_dir = anchors
+    # With no ini file, `pytest path/to/task` makes the task folder the rootdir and the
+    # conftest cut-off: every conftest.py pytest could still load is inside the task.
+    cutoff = _absolute(invocation_dir / (namespace.confcutdir or early_config.rootpath))
+    if any(is_task_dir(folder) for folder in (cutoff, *cutoff.parents)):
+        namespace.noconftest = True
     try:
         return (yield)
     finally:
@@ -99,7 +104,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not run.is_worker:
         config.pluginmanager.register(HarborReporter(run), "harbor-reporter")
     if targets:
-        _interrupt_on_sigterm()
+        config.add_cleanup(_interrupt_on_sigterm())
 
 
 def _targets(config: pytest.Config, datasets: tuple[Path, ...]) -> list[Target]:
@@ -126,17 +131,23 @@ def _absolute(path: Path) -> Path:
     return Path(os.path.abspath(path))
 
 
-def _interrupt_on_sigterm() -> None:
-    """Turn SIGTERM into KeyboardInterrupt, so teardown removes every live sandbox."""
+def _interrupt_on_sigterm() -> Callable[[], None]:
+    """Turn SIGTERM into KeyboardInterrupt, so teardown removes every live sandbox; return
+    what puts the previous handler back."""
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGTERM) is interrupt:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     try:
         if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, interrupt)
     except ValueError:
         pass  # not the main thread: leave signals alone
+    return restore
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -145,7 +156,7 @@ def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Col
     target = None if run is None else run.targets.get(path)
     if target is None:
         return None
-    return HarborTaskset.from_parent(parent, path=path, target=target)
+    return HarborTaskset.for_target(parent, target)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

@@ -16,6 +16,7 @@ from pytest_harbor.tasks import Task, TaskLoadError, Turn, discover_task_dirs, l
 from pytest_harbor.tasks.loader import MAX_TASK_DEPTH
 
 __all__ = [
+    "HarborDataset",
     "HarborEpisodeItem",
     "HarborTask",
     "HarborTaskWarning",
@@ -46,14 +47,23 @@ class _HarborNode:
         return self.session.gethookproxy(self._hook_path)
 
 
-class HarborTaskset(_HarborNode, pytest.Directory):
-    """A target folder: one task, or a dataset of task folders up to six levels deep."""
+class HarborTaskset(_HarborNode, pytest.Collector):
+    """A target folder: one task, or a dataset of task folders up to six levels deep.
+
+    Not a `pytest.Directory` when the target is one task: pytest imports the conftest.py
+    of every Directory it collects, and nothing inside a task folder may be imported.
+    """
 
     def __init__(self, *, target: Target, **kwargs: Any) -> None:
         # Ids name the taskset, not the folder's path: `quickstart/hello::r0::episode`.
-        super().__init__(nodeid=cast(Any, target.taskset), **kwargs)
+        super().__init__(name=target.taskset, nodeid=cast(Any, target.taskset), **kwargs)
         self.target = target
         self._hook_path = target.hook_path
+
+    @classmethod
+    def for_target(cls, parent: pytest.Collector, target: Target) -> HarborTaskset:
+        kind = HarborTaskset if target.is_task else HarborDataset
+        return kind.from_parent(parent, path=target.path, target=target)
 
     def collect(self) -> Iterator[HarborTask]:
         task_dirs = discover_task_dirs(self.path)
@@ -77,6 +87,10 @@ class HarborTaskset(_HarborNode, pytest.Directory):
                 path=task_dir,
                 nodeid=f"{self.target.taskset}/{task_dir.name}",
             )
+
+
+class HarborDataset(HarborTaskset, pytest.Directory):
+    """A dataset folder: a Directory, so a conftest.py at its top applies as usual."""
 
 
 class HarborTask(_HarborNode, pytest.Collector):

@@ -98,7 +98,8 @@ class Sandbox(Protocol):
         ...
 
     def download(self, source: str) -> dict[str, bytes]:
-        """Every regular file below `source`, keyed by its path relative to `source`."""
+        """Every regular file below the folder `source`, keyed by its path relative to it;
+        a file `source` comes back under its own name. Nothing there gives {}."""
         ...
 
     def stop(self) -> None:

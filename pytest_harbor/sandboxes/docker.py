@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
+import requests
+import urllib3
 from docker.utils.socket import STDERR as _STDERR
 from docker.utils.socket import STDOUT as _STDOUT
 from docker.utils.socket import frames_iter
@@ -38,6 +40,10 @@ __all__ = ["DockerProvider", "DockerSandbox"]
 _CONTROL_TIMEOUT_S = 300
 #: After a deadline kill, how long the output stream may take to end.
 _KILL_GRACE_S = 5.0
+#: The directory bit of the file mode the engine reports (Go's os.ModeDir).
+_GO_MODE_DIR = 1 << 31
+#: What a dropped or timed-out connection to the engine raises.
+_TRANSPORT_ERRORS = (OSError, requests.exceptions.RequestException, urllib3.exceptions.HTTPError)
 #: Keeps the sandbox alive; removal is forceful, so the sleep never needs a signal.
 _KEEPALIVE = ["sleep", "2147483647"]
 #: Prints the shell's pid (the exec'd command keeps it, and leads its process group)
@@ -128,41 +134,34 @@ class DockerProvider:
 
     def _build(self, source: ImageSource, tag: str) -> None:
         assert source.context_dir is not None
-        deadline = time.monotonic() + source.build_timeout_sec
-        log: list[str] = []
-        try:
-            events = _engine().api.build(
-                path=str(source.context_dir),
-                tag=tag,
-                rm=True,
-                forcerm=True,
-                labels=dict(source.labels),
-                decode=True,
-                timeout=source.build_timeout_sec,
+        dockerfile = source.context_dir / "Dockerfile"
+        budget = source.build_timeout_sec
+        build = _Build(
+            _engine().api,
+            path=str(source.context_dir),
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            labels=dict(source.labels),
+            decode=True,
+        )
+        thread = threading.Thread(target=build.run, name="harbor-build", daemon=True)
+        thread.start()
+        if not _join(thread, budget):
+            # The build stream cannot be cut from here; killing the step's container
+            # makes the engine end the build.
+            build.stop()
+            _join(thread, _KILL_GRACE_S)
+            raise SandboxStartError(
+                f"building {dockerfile} took longer than "
+                f"[environment].build_timeout_sec = {budget:g} s\n{_tail(build.log)}"
             )
-            for event in events:
-                if "stream" in event:
-                    log.extend(str(event["stream"]).splitlines())
-                if "error" in event:
-                    raise SandboxStartError(
-                        f"building {source.context_dir / 'Dockerfile'} failed: "
-                        f"{str(event['error']).strip()}\n{_tail(log)}"
-                    )
-                if time.monotonic() > deadline:
-                    raise TimeoutError
-        except (TimeoutError, OSError) as error:
-            if isinstance(error, OSError) and time.monotonic() <= deadline:
-                raise SandboxStartError(f"building {source.context_dir}: {error}") from None
+        if build.error is not None:
             raise SandboxStartError(
-                f"building {source.context_dir / 'Dockerfile'} took longer than "
-                f"[environment].build_timeout_sec = {source.build_timeout_sec:g} s\n{_tail(log)}"
-            ) from None
-        except docker.errors.APIError as error:
-            raise SandboxStartError(
-                f"building {source.context_dir / 'Dockerfile'} failed: {_explain(error)}"
-            ) from None
+                f"building {dockerfile} failed: {build.error}\n{_tail(build.log)}"
+            )
         if not self._has_image(tag):
-            raise SandboxStartError(f"building {source.context_dir} produced no image {tag}")
+            raise SandboxStartError(f"building {dockerfile} produced no image {tag}")
 
     def start(self, spec: SandboxSpec) -> DockerSandbox:
         engine = _engine()
@@ -301,7 +300,7 @@ class DockerSandbox:
 
     def download(self, source: str) -> dict[str, bytes]:
         try:
-            chunks, _ = _engine().api.get_archive(self._id, source)
+            chunks, stat = _engine().api.get_archive(self._id, source)
             data = b"".join(chunks)
         except docker.errors.NotFound:
             return {}
@@ -309,7 +308,9 @@ class DockerSandbox:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: download of {source} failed: {_explain(error)}"
             ) from None
-        return unpack_files(data)
+        # A folder comes back as `folder/...`: drop that first part. A file as itself.
+        is_folder = bool(stat.get("mode", 0) & _GO_MODE_DIR)
+        return unpack_files(data, strip_components=1 if is_folder else 0)
 
     def stop(self) -> None:
         if self._stopped:
@@ -324,6 +325,39 @@ class DockerSandbox:
                     f"sandbox {self._id[:12]}: removal failed: {_explain(error)}"
                 ) from None
         self._stopped = True
+
+
+class _Build:
+    """One image build, followed event by event (run() in a thread of its own)."""
+
+    _STEP_CONTAINER = re.compile(r"Running in ([0-9a-f]{12,64})")
+
+    def __init__(self, api: docker.APIClient, **arguments: Any) -> None:
+        self._api = api
+        self._arguments = arguments
+        self.log: list[str] = []
+        self.error: str | None = None
+        self._step_container: str | None = None
+
+    def run(self) -> None:
+        try:
+            for event in self._api.build(**self._arguments):
+                text = str(event.get("stream", ""))
+                self.log.extend(text.splitlines())
+                running = self._STEP_CONTAINER.search(text)
+                if running:
+                    self._step_container = running.group(1)
+                if "error" in event:
+                    self.error = str(event["error"]).strip()
+        except docker.errors.APIError as error:
+            self.error = _explain(error)
+        except _TRANSPORT_ERRORS as error:
+            self.error = str(error)
+
+    def stop(self) -> None:
+        if self._step_container is not None:
+            with contextlib.suppress(docker.errors.APIError):
+                self._api.kill(self._step_container)
 
 
 def _join(thread: threading.Thread, timeout: float | None) -> bool:

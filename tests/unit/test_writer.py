@@ -45,3 +45,20 @@ def test_writer_starts_fresh_then_appends_rows_and_files(tmp_path: Path) -> None
     folder = layout.verifier_dir("qs", "t__r1")
     assert (folder / "reward.txt").read_bytes() == b"1\n"
     assert not (folder.parent / "outside").exists()
+
+
+def test_only_the_controller_has_a_writer(tmp_path: Path) -> None:
+    from pytest_harbor.plugin.options import HarborOptions
+    from pytest_harbor.plugin.run import HarborRun
+
+    options = HarborOptions(
+        datasets=(),
+        agent="oracle",
+        sandbox="docker",
+        repeats=1,
+        results_dir=tmp_path,
+        pass_reward=1.0,
+    )
+    common = {"run_id": "r", "owner": "host:1", "targets": []}
+    assert HarborRun(options, is_worker=False, **common).writer is not None  # type: ignore[arg-type]
+    assert HarborRun(options, is_worker=True, **common).writer is None  # type: ignore[arg-type]

@@ -1,0 +1,227 @@
+"""The docker provider on the real engine: exec, deadlines, files, limits, images, removal."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from pytest_harbor.sandboxes import ImageSource, SandboxError, SandboxSpec, SandboxStartError
+from pytest_harbor.sandboxes.docker import DockerProvider, DockerSandbox
+from pytest_harbor.sandboxes.images import image_tag_for
+from tests.fixtures import BASE_IMAGE
+
+pytestmark = pytest.mark.docker
+
+StartSandbox = Callable[..., DockerSandbox]
+
+
+@pytest.fixture
+def labels() -> dict[str, str]:
+    return {"pytest-harbor.run": f"test-{uuid.uuid4().hex[:8]}"}
+
+
+@pytest.fixture
+def start(docker_client: docker.DockerClient, labels: dict[str, str]) -> Iterator[StartSandbox]:
+    provider = DockerProvider()
+    started: list[DockerSandbox] = []
+
+    def start_sandbox(**spec: object) -> DockerSandbox:
+        spec.setdefault("image", BASE_IMAGE)
+        spec.setdefault("labels", labels)
+        sandbox = provider.start(SandboxSpec(**spec))  # type: ignore[arg-type]
+        started.append(sandbox)
+        return sandbox
+
+    yield start_sandbox
+    for sandbox in started:
+        sandbox.stop()
+
+
+@pytest.fixture
+def built_images(docker_client: docker.DockerClient) -> Iterator[list[str]]:
+    """Tags a test builds; removed afterwards so the machine keeps only real caches."""
+    tags: list[str] = []
+    yield tags
+    for tag in tags:
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            docker_client.images.remove(tag, force=True)
+
+
+def processes(sandbox: DockerSandbox) -> list[str]:
+    listing = sandbox.exec(
+        ["bash", "-c", "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"]
+    )
+    return [line.strip() for line in listing.stdout.splitlines() if line.strip()]
+
+
+def test_exec_returns_exit_code_and_separate_streams(start: StartSandbox) -> None:
+    sandbox = start()
+    result = sandbox.exec(["bash", "-c", "echo out; echo err >&2; exit 3"])
+    assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (
+        3,
+        "out\n",
+        "err\n",
+        False,
+    )
+    # The deadline wrapper must not show in what the command printed.
+    timed = sandbox.exec(["bash", "-c", "echo out; echo err >&2"], timeout=30)
+    assert (timed.exit_code, timed.stdout, timed.stderr) == (0, "out\n", "err\n")
+
+
+def test_exec_user_workdir_env_and_stdin(start: StartSandbox) -> None:
+    sandbox = start(env={"FROM_SPEC": "spec"})
+    result = sandbox.exec(
+        ["bash", "-c", 'id -un; pwd; echo "$FROM_SPEC $FROM_CALL"; cat'],
+        user="nobody",
+        workdir="/tmp",
+        env={"FROM_CALL": "call"},
+        stdin=b"piped in\n",
+    )
+    assert result.stdout.splitlines() == ["nobody", "/tmp", "spec call", "piped in"]
+
+
+def test_exec_deadline_kills_the_command_and_its_children(start: StartSandbox) -> None:
+    sandbox = start()
+    result = sandbox.exec(
+        ["bash", "-c", "sleep 301 & sleep 302; echo never"], timeout=1.0, user="nobody"
+    )
+    assert result.timed_out
+    assert result.exit_code != 0
+    assert "never" not in result.stdout
+    left = [line for line in processes(sandbox) if "sleep 30" in line]
+    assert left == []
+
+
+def test_workdir_and_directories_exist_from_the_start(start: StartSandbox) -> None:
+    sandbox = start(workdir="/work/deep/dir", directories={"/logs": 0o755, "/logs/agent": 0o777})
+    result = sandbox.exec(["bash", "-c", "pwd; stat -c '%a %U' /logs/agent"])
+    assert result.stdout.splitlines() == ["/work/deep/dir", "777 root"]
+
+
+def test_upload_folder_and_files_then_download(start: StartSandbox, tmp_path: Path) -> None:
+    sandbox = start(directories={"/data": 0o755})
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("A")
+    (tmp_path / "sub" / "b.sh").write_text("B")
+    (tmp_path / "sub" / "b.sh").chmod(0o755)
+    sandbox.upload(tmp_path, "/data")
+    sandbox.upload({"c.txt": b"C"}, "/data")
+    listing = sandbox.exec(
+        ["bash", "-c", "cd /data && find . -type f | sort && stat -c %a sub/b.sh"]
+    )
+    assert listing.stdout.split() == ["./a.txt", "./c.txt", "./sub/b.sh", "755"]
+    assert sandbox.download("/data") == {"a.txt": b"A", "c.txt": b"C", "sub/b.sh": b"B"}
+    assert sandbox.download("/data/sub/b.sh") == {"b.sh": b"B"}
+    assert sandbox.download("/no/such/dir") == {}
+
+
+def test_limits_labels_and_keepalive(
+    start: StartSandbox, docker_client: docker.DockerClient, labels: dict[str, str]
+) -> None:
+    sandbox = start(cpus=64, memory_mb=256)
+    attrs = docker_client.api.inspect_container(sandbox.id)
+    engine_cpus = docker_client.info()["NCPU"]
+    # More CPUs than the engine has: the sandbox gets them all.
+    assert attrs["HostConfig"]["NanoCpus"] == engine_cpus * 10**9
+    assert attrs["HostConfig"]["Memory"] == 256 * 1024 * 1024
+    assert attrs["Config"]["Labels"].items() >= labels.items()
+    assert attrs["State"]["Running"]
+
+
+def test_no_network_leaves_only_loopback(start: StartSandbox) -> None:
+    sandbox = start(network=False)
+    assert sandbox.exec(["ls", "/sys/class/net"]).stdout.split() == ["lo"]
+
+
+def test_stop_kills_at_once_and_is_idempotent(
+    start: StartSandbox, docker_client: docker.DockerClient
+) -> None:
+    sandbox = start()
+    since = int(time.time()) - 1
+    sandbox.stop()
+    sandbox.stop()
+    events = docker_client.events(
+        since=since,
+        until=int(time.time()) + 1,
+        filters={"container": sandbox.id, "event": "kill"},
+        decode=True,
+    )
+    signals = {event["Actor"]["Attributes"].get("signal") for event in events}
+    # Forceful: SIGKILL straight away, never the SIGTERM of a graceful stop.
+    assert signals == {"9"}
+    assert not docker_client.containers.list(all=True, filters={"id": sandbox.id})
+    with pytest.raises(SandboxError):
+        sandbox.exec(["true"])
+
+
+def test_remove_labelled_removes_only_matching(
+    start: StartSandbox, docker_client: docker.DockerClient, labels: dict[str, str]
+) -> None:
+    mine = start()
+    other = start(labels={"pytest-harbor.run": f"other-{uuid.uuid4().hex[:8]}"})
+    assert DockerProvider().remove_labelled(labels) == 1
+    assert not docker_client.containers.list(all=True, filters={"id": mine.id})
+    assert docker_client.containers.list(filters={"id": other.id})
+
+
+def test_prebuilt_image_is_used_and_a_missing_one_explained(docker_client: object) -> None:
+    provider = DockerProvider()
+    source = ImageSource(docker_image=BASE_IMAGE, context_dir=None, build_timeout_sec=60)
+    assert provider.prepare_image(source) == BASE_IMAGE
+    missing = ImageSource(
+        docker_image="pytest-harbor-missing:1", context_dir=None, build_timeout_sec=60
+    )
+    with pytest.raises(SandboxStartError, match="pytest-harbor-missing:1 is not on this machine"):
+        provider.prepare_image(missing)
+
+
+def test_build_is_tagged_by_content_and_reused(
+    tmp_path: Path, built_images: list[str], docker_client: docker.DockerClient
+) -> None:
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nRUN echo {uuid.uuid4().hex} > /nonce && date +%s%N > /built-at\n"
+    )
+    source = ImageSource(
+        docker_image=None,
+        context_dir=tmp_path,
+        build_timeout_sec=120,
+        labels={"pytest-harbor.run": "t"},
+    )
+    tag = DockerProvider().prepare_image(source)
+    built_images.append(tag)
+    assert tag == image_tag_for(tmp_path)
+    first = docker_client.images.get(tag)
+    assert first.labels["pytest-harbor.run"] == "t"
+    # A new provider (a later run) finds the image and does not build again.
+    assert DockerProvider().prepare_image(source) == tag
+    assert docker_client.images.get(tag).id == first.id
+
+
+def test_build_failure_names_the_dockerfile_and_shows_the_log(
+    tmp_path: Path, docker_client: object
+) -> None:
+    (tmp_path / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nRUN echo about-to-fail && exit 7\n")
+    source = ImageSource(docker_image=None, context_dir=tmp_path, build_timeout_sec=120)
+    with pytest.raises(SandboxStartError) as caught:
+        DockerProvider().prepare_image(source)
+    message = str(caught.value)
+    assert str(tmp_path / "Dockerfile") in message
+    assert "about-to-fail" in message
+
+
+def test_build_past_its_timeout_is_refused(
+    tmp_path: Path, built_images: list[str], docker_client: docker.DockerClient
+) -> None:
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nRUN echo {uuid.uuid4().hex} && sleep 60\n"
+    )
+    built_images.append(image_tag_for(tmp_path))
+    source = ImageSource(docker_image=None, context_dir=tmp_path, build_timeout_sec=2)
+    with pytest.raises(SandboxStartError, match="build_timeout_sec = 2 s"):
+        DockerProvider().prepare_image(source)

@@ -1,0 +1,303 @@
+"""Whole episodes through pytest on the real engine: outcomes, timeouts, users, rows."""
+
+from __future__ import annotations
+
+import uuid
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import docker
+import pytest
+
+from pytest_harbor.sandboxes.images import image_tag_for
+from tests.fixtures import BASE_IMAGE, Dataset, containers_of
+
+pytestmark = pytest.mark.docker
+
+RESULTS = "--harbor-results-dir=out"
+
+
+def run(pytester: pytest.Pytester, dataset: Dataset, *args: str) -> pytest.RunResult:
+    return pytester.runpytest(f"--harbor-dataset={dataset.path}", RESULTS, *args)
+
+
+@pytest.fixture
+def dataset(pytester: pytest.Pytester, docker_client: docker.DockerClient) -> Dataset:
+    # Inside the pytester folder, so relative paths and the results folder are its own.
+    folder = pytester.path / f"ds-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    return Dataset(folder)
+
+
+def test_passing_and_failing_reports_and_rows(pytester: pytest.Pytester, dataset: Dataset) -> None:
+    dataset.task("good")
+    dataset.task(
+        "wrong", test_sh="echo 'expected 42, got 41'; echo 0 > /logs/verifier/reward.txt\n"
+    )
+    result = run(pytester, dataset, "-rA")
+    result.assert_outcomes(passed=1, failed=1)
+    logs = pytester.path / "out" / "harbor" / "validation" / dataset.name / "verifier" / "wrong__r0"
+    result.stdout.fnmatch_lines(
+        [
+            f"*_ {dataset.name}/wrong::r0::episode _*",
+            "reward 0",
+            "solve.sh exit code: 0",
+            f"verifier logs: {logs}",
+            "---- last lines of test-stdout.txt ----",
+            "expected 42, got 41",
+        ]
+    )
+    result.stdout.fnmatch_lines([f"FAILED {dataset.name}/wrong::r0::episode - Failed: reward 0*"])
+    rows = {row["task_id"]: row for row in dataset.rows(pytester.path / "out")}
+    assert set(rows) == {"good", "wrong"}
+    good = rows["good"]
+    assert (good["taskset"], good["repeat"], good["agent"]) == (dataset.name, 0, "oracle")
+    assert (good["reward"], good["verifier_rewards"], good["mask_sample"]) == (
+        1.0,
+        {"reward": 1.0},
+        False,
+    )
+    assert (good["failure_kind"], good["solution_exit_code"], good["verifier_mode"]) == (
+        None,
+        0,
+        "shared",
+    )
+    assert {"seed_s", "agent_s", "verify_s", "total_s"} <= {
+        key for key, value in good["timings"].items() if value is not None
+    }
+    assert rows["wrong"]["reward"] == 0.0
+    assert rows["wrong"]["verifier_logs_dir"] == str(logs)
+    assert (logs / "test-stdout.txt").read_text() == "expected 42, got 41\n"
+    assert (logs / "reward.txt").read_text() == "0\n"
+
+
+def test_missing_and_invalid_reward_files_score_zero_with_a_kind(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task("silent", test_sh="echo 'no reward written'\n")
+    dataset.task("garbled", test_sh="echo '{oops' > /logs/verifier/reward.json\n")
+    result = run(pytester, dataset)
+    result.assert_outcomes(failed=2)
+    rows = {row["task_id"]: row for row in dataset.rows(pytester.path / "out")}
+    assert (rows["silent"]["reward"], rows["silent"]["failure_kind"]) == (
+        0.0,
+        "harbor:reward_missing",
+    )
+    assert (rows["garbled"]["reward"], rows["garbled"]["failure_kind"]) == (
+        0.0,
+        "harbor:reward_invalid",
+    )
+    assert "reward.json is not valid JSON" in rows["garbled"]["failure_reason"]
+
+
+def test_multi_key_reward_json(pytester: pytest.Pytester, dataset: Dataset) -> None:
+    dataset.task(
+        "scored",
+        test_sh='echo \'{"correctness": 1, "performance": 0.5}\' > /logs/verifier/reward.json\n',
+    )
+    run(pytester, dataset).assert_outcomes(failed=1)
+    (row,) = dataset.rows(pytester.path / "out")
+    assert row["reward"] == 0.75
+    assert row["verifier_rewards"] == {"correctness": 1.0, "performance": 0.5}
+
+
+def test_verifier_past_its_timeout_is_cut(pytester: pytest.Pytester, dataset: Dataset) -> None:
+    dataset.task(
+        "slow",
+        toml=f'[verifier]\ntimeout_sec = 2\n[environment]\ndocker_image = "{BASE_IMAGE}"\n',
+        test_sh="echo started; sleep 120; echo 1 > /logs/verifier/reward.txt\n",
+    )
+    result = run(pytester, dataset)
+    result.assert_outcomes(failed=1)
+    (row,) = dataset.rows(pytester.path / "out")
+    assert (row["reward"], row["failure_kind"]) == (0.0, "harbor:verifier_timeout")
+    assert row["turns"][0]["verifier_timed_out"]
+    # Killed at the 2 s deadline (SIGTERM worked), not left to its 120 s sleep.
+    assert row["timings"]["verify_s"] < 60
+    assert (Path(row["verifier_logs_dir"]) / "test-stdout.txt").read_text() == "started\n"
+
+
+def test_agent_past_its_timeout_is_killed_then_verified(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task(
+        "stuck",
+        toml=f'[agent]\ntimeout_sec = 1\n[environment]\ndocker_image = "{BASE_IMAGE}"\n',
+        solve_sh="echo 1 > /tmp/answer\nsleep 120 & sleep 120\n",
+        test_sh=(
+            "if pgrep -f 'sleep 120' >/dev/null 2>&1 || "
+            "grep -qs 'sleep 120' /proc/[0-9]*/cmdline; then echo 'still running'; fi\n"
+            "cat /tmp/answer > /logs/verifier/reward.txt\n"
+        ),
+    )
+    result = run(pytester, dataset)
+    result.assert_outcomes(failed=1)
+    (row,) = dataset.rows(pytester.path / "out")
+    assert row["reward"] == 1.0
+    assert row["failure_kind"] == "agent_timeout"
+    assert row["turns"][0]["agent_timed_out"]
+    assert row["solution_exit_code"] != 0
+    assert "still running" not in (Path(row["verifier_logs_dir"]) / "test-stdout.txt").read_text()
+
+
+def test_failing_solve_sh_fails_with_its_output(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task("crash", solve_sh="echo 1 > /tmp/answer\necho 'cannot continue' >&2\nexit 3\n")
+    result = run(pytester, dataset)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "reward 1 (harbor:solution_failed): solve.sh exited with code 3",
+            "solve.sh exit code: 3",
+            "---- last lines of /logs/agent/oracle.txt ----",
+            "cannot continue",
+        ]
+    )
+
+
+def test_users_workdir_and_env_reach_solution_and_verifier(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task(
+        "people",
+        toml=f"""
+            [agent]
+            user = "nobody"
+            [verifier]
+            user = "daemon"
+            env = {{ CHECK = "verifier-env" }}
+            [environment]
+            docker_image = "{BASE_IMAGE}"
+            workdir = "/srv/job"
+            env = {{ SHARED = "environment-env" }}
+            [solution]
+            env = {{ SECRET = "solution-env" }}
+        """,
+        solve_sh='echo "$(id -un) $PWD $SHARED $SECRET $DEBIAN_FRONTEND" > /tmp/who\n',
+        test_sh=(
+            'echo "$(cat /tmp/who) | $(id -un) $PWD $SHARED $CHECK ${SECRET:-none}"\n'
+            "echo 1 > /logs/verifier/reward.txt\n"
+        ),
+    )
+    run(pytester, dataset).assert_outcomes(passed=1)
+    (row,) = dataset.rows(pytester.path / "out")
+    stdout = (Path(row["verifier_logs_dir"]) / "test-stdout.txt").read_text().strip()
+    assert stdout == (
+        "nobody /srv/job environment-env solution-env noninteractive"
+        " | daemon /srv/job environment-env verifier-env none"
+    )
+
+
+def test_files_the_agent_plants_in_tests_and_logs_verifier_are_gone(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task(
+        "cheat",
+        solve_sh=(
+            "echo 1 > /logs/verifier/reward.txt; echo hacked > /tests/test.sh; "
+            "echo hidden > /tests/.planted\n"
+        ),
+        test_sh="ls -A /tests; echo 0 > /logs/verifier/reward.txt\n",
+    )
+    run(pytester, dataset).assert_outcomes(failed=1)
+    (row,) = dataset.rows(pytester.path / "out")
+    assert row["reward"] == 0.0
+    assert (Path(row["verifier_logs_dir"]) / "test-stdout.txt").read_text() == "test.sh\n"
+
+
+def test_image_without_timeout_masks_the_sample(
+    pytester: pytest.Pytester, dataset: Dataset, docker_client: docker.DockerClient
+) -> None:
+    task = dataset.task(
+        "no-timeout",
+        toml="[verifier]\ntimeout_sec = 30\n",
+        dockerfile=f"FROM {BASE_IMAGE}\nRUN rm /usr/bin/timeout\n",
+    )
+    try:
+        result = run(pytester, dataset, "-rA")
+        result.stdout.fnmatch_lines(
+            [
+                "masked: reward 0 (harbor:verifier_error): the image lacks timeout, which the "
+                "verifier needs",
+                f"ERROR {dataset.name}/no-timeout::r0::episode - Failed: masked*",
+            ]
+        )
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+        (row,) = dataset.rows(pytester.path / "out")
+        assert (row["mask_sample"], row["failure_kind"]) == (True, "harbor:verifier_error")
+        assert "lacks timeout" in row["failure_reason"]
+    finally:
+        docker_client.images.remove(image_tag_for(task / "environment"), force=True)
+
+
+def test_sandbox_that_cannot_start_is_an_error_naming_the_image(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task("ghost", toml='[environment]\ndocker_image = "pytest-harbor-nowhere:1"\n')
+    result = run(pytester, dataset)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*image pytest-harbor-nowhere:1 is not on this machine*"])
+    assert not dataset.rows(pytester.path / "out")
+
+
+def test_no_network_task_has_only_loopback(pytester: pytest.Pytester, dataset: Dataset) -> None:
+    dataset.task(
+        "offline",
+        toml=f'[environment]\ndocker_image = "{BASE_IMAGE}"\nnetwork_mode = "no-network"\n',
+        test_sh='[ "$(ls /sys/class/net)" = lo ] && echo 1 > /logs/verifier/reward.txt\n',
+    )
+    run(pytester, dataset).assert_outcomes(passed=1)
+
+
+def test_nop_fails_what_the_oracle_passes(pytester: pytest.Pytester, dataset: Dataset) -> None:
+    dataset.task("needs-work")
+    run(pytester, dataset, "--harbor-agent=nop").assert_outcomes(failed=1)
+    (row,) = dataset.rows(pytester.path / "out", validation=False)
+    assert (row["agent"], row["reward"], row["solution_exit_code"]) == ("nop", 0.0, None)
+
+
+def test_selection_last_failed_exitfirst_and_junit(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task("a-good")
+    dataset.task("b-bad", test_sh="echo 0 > /logs/verifier/reward.txt\n")
+    dataset.task("c-good")
+    first = run(pytester, dataset, "--junitxml=report.xml")
+    first.assert_outcomes(passed=2, failed=1)
+    properties = sorted(
+        (case.get("classname"), prop.get("name"), prop.get("value"))
+        for case in ElementTree.parse(pytester.path / "report.xml").iter("testcase")
+        for prop in case.iter("property")
+    )
+    # junit's classname for `<taskset>/<task>::r0::episode`.
+    names = [f"{dataset.name}.{task}.r0" for task in ("a-good", "b-bad", "c-good")]
+    assert [(n, p, v) for n, p, v in properties if p == "reward"] == [
+        (names[0], "reward", "1.0"),
+        (names[1], "reward", "0.0"),
+        (names[2], "reward", "1.0"),
+    ]
+    assert {v for _, p, v in properties if p == "failure_kind"} == {""}
+    rerun = run(pytester, dataset, "--lf")
+    rerun.assert_outcomes(failed=1, deselected=2)
+    rerun.stdout.fnmatch_lines([f"FAILED {dataset.name}/b-bad::r0::episode*"])
+    stop = run(pytester, dataset, "-x", "-p", "no:cacheprovider")
+    stop.assert_outcomes(passed=1, failed=1)
+
+
+def test_repeats_run_each_task_several_times(pytester: pytest.Pytester, dataset: Dataset) -> None:
+    dataset.task("again")
+    run(pytester, dataset, "--harbor-repeats=2", "-n", "2").assert_outcomes(passed=2)
+    rows = dataset.rows(pytester.path / "out")
+    assert sorted((row["task_id"], row["repeat"]) for row in rows) == [("again", 0), ("again", 1)]
+
+
+def test_unvalidated_tasks_beside_validated_ones_do_not_fail_the_run(
+    pytester: pytest.Pytester, dataset: Dataset, docker_client: docker.DockerClient
+) -> None:
+    dataset.task("checked")
+    dataset.task("unchecked", solve_sh=None)
+    result = run(pytester, dataset)
+    result.assert_outcomes(passed=1, skipped=1)
+    assert result.ret == pytest.ExitCode.OK
+    assert containers_of(docker_client, dataset.name, "unchecked") == []

@@ -1,0 +1,54 @@
+"""The quick-start dataset: every task passes with the oracle and fails with nop."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+
+import docker
+import pytest
+
+from tests.fixtures import QUICKSTART, Dataset, containers_of
+
+pytestmark = pytest.mark.docker
+
+TASKS = ["fizzbuzz-report", "greeting-workdir", "hello-world", "word-count"]
+
+
+@pytest.fixture
+def quickstart(pytester: pytest.Pytester, docker_client: docker.DockerClient) -> Dataset:
+    # A copy under a name of its own, so runs of this file at once keep apart.
+    copy = pytester.path / f"quickstart-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(QUICKSTART, copy)
+    return Dataset(copy)
+
+
+def test_oracle_passes_every_task_under_xdist(
+    pytester: pytest.Pytester, quickstart: Dataset, docker_client: docker.DockerClient
+) -> None:
+    result = pytester.runpytest(f"--harbor-dataset={quickstart.path}", "-n", "2")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines([f"{quickstart.name}: 4 episodes, mean reward 1.000 (4 passed)*"])
+    rows = quickstart.rows(pytester.path / "results")
+    assert sorted(row["task_id"] for row in rows) == TASKS
+    assert all(row["reward"] == 1.0 and row["solution_exit_code"] == 0 for row in rows)
+    by_task = {row["task_id"]: row for row in rows}
+    assert by_task["fizzbuzz-report"]["verifier_rewards"] == {"correctness": 1.0, "style": 1.0}
+    for row in rows:
+        logs = pytester.path / "results/harbor/validation" / quickstart.name / "verifier"
+        assert row["verifier_logs_dir"] == str(logs / f"{row['task_id']}__r0")
+    assert (logs / "fizzbuzz-report__r0" / "reward.json").is_file()
+    assert (logs / "hello-world__r0" / "test-stdout.txt").read_text() == "hello.txt is right\n"
+    for task in TASKS:
+        assert containers_of(docker_client, quickstart.name, task) == []
+
+
+def test_nop_fails_every_task(
+    pytester: pytest.Pytester, quickstart: Dataset, docker_client: docker.DockerClient
+) -> None:
+    result = pytester.runpytest(f"--harbor-dataset={quickstart.path}", "--harbor-agent=nop")
+    result.assert_outcomes(failed=4)
+    rows = quickstart.rows(pytester.path / "results", validation=False)
+    assert sorted((row["task_id"], row["reward"]) for row in rows) == [(t, 0.0) for t in TASKS]
+    for task in TASKS:
+        assert containers_of(docker_client, quickstart.name, task) == []
