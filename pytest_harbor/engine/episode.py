@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pytest_harbor.engine.failures import FailureKind
-from pytest_harbor.engine.results import EpisodeResult, PhaseTimings, TurnResult, episode_id
+from pytest_harbor.engine.results import (
+    EpisodeResult,
+    PhaseTimings,
+    TurnResult,
+    TurnTimings,
+    episode_id,
+)
 from pytest_harbor.engine.rewards import RewardReading, read_reward
 from pytest_harbor.harnesses.base import AgentRun, Harness
 from pytest_harbor.sandboxes.archives import pack_folders, unpack_files
@@ -73,6 +79,14 @@ class EpisodeSettings:
 
 
 @dataclass(frozen=True)
+class _Verification:
+    reading: RewardReading
+    exit_code: int | None = None
+    timed_out: bool = False
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class TurnOutput:
     """A turn's result and the files the verifier left in /logs/verifier."""
 
@@ -96,6 +110,7 @@ class Episode:
         harness: Harness,
         provider: SandboxProvider,
         labels: Mapping[str, str],
+        image_labels: Mapping[str, str] | None = None,
         settings: EpisodeSettings | None = None,
     ) -> None:
         self.task = task
@@ -104,6 +119,8 @@ class Episode:
         self.harness = harness
         self.provider = provider
         self.labels = dict(labels)
+        #: Labels of an image this episode builds (images outlive episodes and runs).
+        self.image_labels = dict(labels if image_labels is None else image_labels)
         self.settings = settings or EpisodeSettings()
         self._image: str | None = None
         self._sandbox: Sandbox | None = None
@@ -130,7 +147,7 @@ class Episode:
                 docker_image=environment.docker_image,
                 context_dir=None if dockerfile is None else dockerfile.parent,
                 build_timeout_sec=environment.build_timeout_sec,
-                labels=self.labels,
+                labels=self.image_labels,
             )
         )
         self._timings["build_s"] = time.monotonic() - started
@@ -164,21 +181,19 @@ class Episode:
         agent_s = time.monotonic() - started
         started = time.monotonic()
         try:
-            reading, exit_code, timed_out, files = self._verify(sandbox, turn)
+            verification = self._verify(sandbox, turn)
         except SandboxError as error:
-            reading = RewardReading.failed(FailureKind.SANDBOX_LOST, str(error), masked=True)
-            exit_code, timed_out, files = None, False, {}
+            lost = RewardReading.failed(FailureKind.SANDBOX_LOST, str(error), masked=True)
+            verification = _Verification(lost)
         verify_s = time.monotonic() - started
         result = _turn_result(
-            turn, agent, reading, exit_code, timed_out, agent_s, verify_s, self.harness.validates
+            turn, agent, verification, agent_s, verify_s, oracle=self.harness.validates
         )
         self._turns.append(result)
         self._clock_end["turn"] = time.monotonic()
-        return TurnOutput(result, files)
+        return TurnOutput(result, verification.files)
 
-    def _verify(
-        self, sandbox: Sandbox, turn: Turn
-    ) -> tuple[RewardReading, int | None, bool, dict[str, bytes]]:
+    def _verify(self, sandbox: Sandbox, turn: Turn) -> _Verification:
         """Empty /tests and /logs/verifier, upload the tests, run test.sh, read the reward.
 
         As root this is one exec; a verifier user needs a second one, since emptying the
@@ -206,15 +221,12 @@ class Episode:
         missing = _marked(prepare.stderr, _MISSING)
         if missing is not None:
             tools = " and ".join(missing.split())
-            return (
+            return _Verification(
                 RewardReading.failed(
                     FailureKind.VERIFIER_ERROR,
                     f"the image lacks {tools}, which the verifier needs",
                     masked=True,
-                ),
-                None,
-                False,
-                {},
+                )
             )
         result = prepare
         if not as_root:
@@ -238,7 +250,7 @@ class Episode:
             )
         else:
             reading = read_reward(files)
-        return reading, result.exit_code, timed_out, files
+        return _Verification(reading, result.exit_code, timed_out, files)
 
     def finish(self) -> EpisodeResult:
         """Clean up, then return the episode's result."""
@@ -298,13 +310,13 @@ class Episode:
 def _turn_result(
     turn: Turn,
     agent: AgentRun,
-    reading: RewardReading,
-    verifier_exit_code: int | None,
-    verifier_timed_out: bool,
+    verification: _Verification,
     agent_s: float,
     verify_s: float,
+    *,
     oracle: bool,
 ) -> TurnResult:
+    reading = verification.reading
     kind, reason = reading.failure_kind, reading.failure_reason
     who = "solve.sh" if oracle else "the agent"
     if kind is None and agent.timed_out:
@@ -326,10 +338,10 @@ def _turn_result(
         reward_file=reading.source,
         agent_exit_code=agent.exit_code,
         agent_timed_out=agent.timed_out,
-        verifier_exit_code=verifier_exit_code,
-        verifier_timed_out=verifier_timed_out,
+        verifier_exit_code=verification.exit_code,
+        verifier_timed_out=verification.timed_out,
         agent_log_tail=agent.log_tail,
-        timings=PhaseTimings(agent_s=agent_s, verify_s=verify_s),
+        timings=TurnTimings(agent_s=agent_s, verify_s=verify_s),
     )
 
 

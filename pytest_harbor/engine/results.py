@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["EpisodeResult", "PhaseTimings", "TurnResult"]
+__all__ = ["EpisodeResult", "PhaseTimings", "TurnResult", "TurnTimings"]
 
 
 class _Record(BaseModel):
@@ -12,7 +12,12 @@ class _Record(BaseModel):
 
 
 class PhaseTimings(_Record):
-    """Seconds spent in each phase; `build_s` is outside the episode's own clock."""
+    """Seconds spent in each phase of an episode.
+
+    `build_s` (making the image) is outside the episode's clock. `total_s` runs from the
+    start of the seed to the end of cleanup, or to the end of the last turn when the
+    sandbox is removed after the row is written (as under pytest).
+    """
 
     build_s: float | None = None
     seed_s: float | None = None
@@ -20,6 +25,13 @@ class PhaseTimings(_Record):
     verify_s: float | None = None
     cleanup_s: float | None = None
     total_s: float | None = None
+
+
+class TurnTimings(_Record):
+    """Seconds spent in the phases of one turn."""
+
+    agent_s: float | None = None
+    verify_s: float | None = None
 
 
 class TurnResult(_Record):
@@ -37,7 +49,7 @@ class TurnResult(_Record):
     verifier_exit_code: int | None = None
     verifier_timed_out: bool = False
     agent_log_tail: str = ""
-    timings: PhaseTimings = PhaseTimings()
+    timings: TurnTimings = TurnTimings()
 
 
 class EpisodeResult(_Record):

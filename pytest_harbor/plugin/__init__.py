@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_harbor.plugin.nodes import HarborTaskset, HarborTaskWarning
+from pytest_harbor.plugin.nodes import HarborTaskset, HarborWarning
 from pytest_harbor.plugin.options import add_options, read_options
 from pytest_harbor.plugin.reporting import (
     HarborReporter,
@@ -186,9 +186,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     errors = run.wait_for_cleanup()
     if errors:
         warnings.warn(
-            HarborTaskWarning(
-                f"{len(errors)} sandbox(es) could not be removed: {'; '.join(errors)}"
-            ),
+            HarborWarning(f"{len(errors)} sandbox(es) could not be removed: {'; '.join(errors)}"),
             stacklevel=1,
         )
 

@@ -19,16 +19,16 @@ __all__ = [
     "HarborDataset",
     "HarborEpisodeItem",
     "HarborTask",
-    "HarborTaskWarning",
     "HarborTaskset",
     "HarborTrial",
+    "HarborWarning",
 ]
 
 _TAIL_LINES = 30
 
 
-class HarborTaskWarning(pytest.PytestWarning):
-    """Something in a task folder that is ignored but worth fixing."""
+class HarborWarning(pytest.PytestWarning):
+    """Something pytest-harbor ignored or could not do, worth a look."""
 
 
 def _run(node: pytest.Item | pytest.Collector) -> HarborRun:
@@ -109,7 +109,7 @@ class HarborTask(_HarborNode, pytest.Collector):
             raise self.CollectError(str(error)) from None
         if task.unknown_keys:
             self.warn(
-                HarborTaskWarning(
+                HarborWarning(
                     f"{task.path / 'task.toml'}: unknown keys ignored: "
                     + ", ".join(task.unknown_keys)
                 )
@@ -151,6 +151,7 @@ class HarborTrial(_HarborNode, pytest.Collector):
             harness=run.harness,
             provider=run.provider,
             labels=run.labels(task=f"{self.taskset}/{self.task.id}", trial=self.nodeid),
+            image_labels=run.image_labels(),
         )
         self.episode.prepare()
         self.episode.seed()

@@ -128,6 +128,10 @@ class HarborRun:
             TRIAL_LABEL: trial,
         }
 
+    def image_labels(self) -> dict[str, str]:
+        """Built images are a cache for later runs: they name the run that built them."""
+        return {RUN_LABEL: self.run_id}
+
     def remove_sandboxes(self) -> int:
         """Remove whatever sandbox of this run is still there (after an interrupt, say)."""
         return self._provider.remove_labelled({RUN_LABEL: self.run_id})

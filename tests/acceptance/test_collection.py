@@ -135,7 +135,7 @@ def test_unknown_keys_are_one_warning_naming_file_and_keys(pytester: pytest.Pyte
     )
     result.stdout.fnmatch_lines(
         [
-            f"*HarborTaskWarning: {dataset / 'odd' / 'task.toml'}: unknown keys ignored: "
+            f"*HarborWarning: {dataset / 'odd' / 'task.toml'}: unknown keys ignored: "
             "flavour, environment.size"
         ]
     )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 import uuid
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -301,3 +304,34 @@ def test_unvalidated_tasks_beside_validated_ones_do_not_fail_the_run(
     result.assert_outcomes(passed=1, skipped=1)
     assert result.ret == pytest.ExitCode.OK
     assert containers_of(docker_client, dataset.name, "unchecked") == []
+
+
+def test_sandbox_lost_mid_episode_is_an_error(
+    pytester: pytest.Pytester, dataset: Dataset, docker_client: docker.DockerClient
+) -> None:
+    dataset.task("doomed", solve_sh="sleep 60\n")
+
+    def remove_the_sandbox() -> None:
+        # Once solve.sh runs: the agent phase is under way.
+        for _ in range(600):
+            for container in containers_of(docker_client, dataset.name, "doomed"):
+                with contextlib.suppress(docker.errors.APIError):
+                    processes = container.top()["Processes"]  # type: ignore[attr-defined]
+                    if any("sleep 60" in " ".join(process) for process in processes):
+                        container.remove(force=True)  # type: ignore[attr-defined]
+                        return
+            time.sleep(0.1)
+
+    remover = threading.Thread(target=remove_the_sandbox)
+    remover.start()
+    result = run(pytester, dataset)
+    remover.join()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at call of*doomed::r0::episode*"])
+    # Noticed by the agent's exec: no result. Noticed when verifying: a masked row.
+    rows = dataset.rows(pytester.path / "out")
+    if rows:
+        (row,) = rows
+        assert (row["mask_sample"], row["failure_kind"]) == (True, "harbor:sandbox_lost")
+    else:
+        result.stdout.fnmatch_lines(["*SandboxError: sandbox*"])
