@@ -4,7 +4,8 @@ Generates N trivial tasks (prebuilt image, one-line solve.sh and test.sh), runs 
 through the oracle with pytest-xdist, and prints, per worker count: the median
 per-episode wall time (sandbox start to verifier done, from rollouts.jsonl; removal runs in
 the background), the median of each phase, episodes per second over the whole pytest run
-(start-up included), and the wall time per episode that start-up aside.
+(start-up included), and the wall time per episode once the start-up (measured by the same
+run with every item deselected) is taken off.
 
     .venv/bin/python bench/episode_overhead.py [--tasks 40] [--workers 1 2]
 """
@@ -47,7 +48,7 @@ def make_dataset(root: Path, count: int) -> Path:
     return dataset
 
 
-def run(dataset: Path, workers: int, results: Path) -> dict[str, float]:
+def pytest_run(dataset: Path, workers: int, results: Path, *extra: str) -> tuple[float, int, str]:
     command = [
         sys.executable,
         "-m",
@@ -59,12 +60,21 @@ def run(dataset: Path, workers: int, results: Path) -> dict[str, float]:
         "-q",
         "-p",
         "no:cacheprovider",
+        *extra,
     ]
     started = time.monotonic()
     completed = subprocess.run(command, capture_output=True, text=True, cwd=dataset.parent)
-    wall = time.monotonic() - started
-    if completed.returncode != 0:
-        sys.exit(f"pytest failed ({completed.returncode}):\n{completed.stdout}\n{completed.stderr}")
+    return time.monotonic() - started, completed.returncode, completed.stdout + completed.stderr
+
+
+def run(dataset: Path, workers: int, results: Path) -> dict[str, float]:
+    # The same run with every item deselected: start-up, collection, shut-down.
+    fixed, code, output = pytest_run(dataset, workers, results, "-k", "no-such-task")
+    if code != 5:
+        sys.exit(f"the empty run did not select zero items ({code}):\n{output}")
+    wall, code, output = pytest_run(dataset, workers, results)
+    if code != 0:
+        sys.exit(f"pytest failed ({code}):\n{output}")
     rows_file = results / "harbor" / "validation" / dataset.name / "rollouts.jsonl"
     rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
     timings = [row["timings"] for row in rows]
@@ -76,6 +86,8 @@ def run(dataset: Path, workers: int, results: Path) -> dict[str, float]:
         "episodes": len(rows),
         "wall_s": wall,
         "episodes_per_s": len(rows) / wall,
+        "fixed_s": fixed,
+        "wall_per_episode_s": (wall - fixed) / len(rows),
         "median_episode_s": median("total_s"),
         "median_seed_s": median("seed_s"),
         "median_agent_s": median("agent_s"),
@@ -97,6 +109,8 @@ def main() -> None:
             print(
                 f"-n {workers}: {numbers['episodes_per_s']:.2f} episodes/s "
                 f"({numbers['episodes']} in {numbers['wall_s']:.1f} s, start-up included); "
+                f"{numbers['wall_per_episode_s']:.3f} s wall per episode past the "
+                f"{numbers['fixed_s']:.1f} s start-up; "
                 f"median episode {numbers['median_episode_s']:.3f} s "
                 f"(seed {numbers['median_seed_s']:.3f}, agent {numbers['median_agent_s']:.3f}, "
                 f"verify {numbers['median_verify_s']:.3f})"
