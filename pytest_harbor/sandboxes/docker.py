@@ -94,13 +94,17 @@ class DockerProvider:
 
     def __init__(self) -> None:
         self._present: set[str] = set()
+        self._tags: dict[Path, str] = {}
 
     def prepare_image(self, source: ImageSource) -> str:
         if source.docker_image is not None:
             return self._prebuilt(source.docker_image)
         if source.context_dir is None:
             raise SandboxStartError("the task names neither a docker_image nor a build context")
-        tag = image_tag_for(source.context_dir)
+        # Hash each build context once per run, not once per trial.
+        tag = self._tags.get(source.context_dir)
+        if tag is None:
+            tag = self._tags[source.context_dir] = image_tag_for(source.context_dir)
         if self._has_image(tag):
             return tag
         with build_lock(tag):
