@@ -2,8 +2,8 @@
 
 from pytest_harbor.engine import (
     Episode,
+    EpisodeError,
     EpisodeResult,
-    EpisodeSettings,
     FailureKind,
     TurnResult,
     decide_outcome,
@@ -11,13 +11,15 @@ from pytest_harbor.engine import (
 )
 from pytest_harbor.harnesses import Harness, make_harness
 from pytest_harbor.sandboxes import Sandbox, SandboxProvider, SandboxSpec, make_provider
+from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task, TaskConfig, TaskLoadError, Turn, discover_task_dirs, load_task
 
 __all__ = [
     "Episode",
+    "EpisodeError",
     "EpisodeResult",
-    "EpisodeSettings",
     "FailureKind",
+    "HarborSettings",
     "Harness",
     "Sandbox",
     "SandboxProvider",

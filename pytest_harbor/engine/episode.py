@@ -5,11 +5,16 @@ Usable from plain Python; the pytest layer only decides when each phase runs.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import math
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pytest_harbor.engine.failures import FailureKind
+from pytest_harbor.engine.budget import EpisodeBudget, episode_budget
+from pytest_harbor.engine.failures import EpisodeError, FailureKind
 from pytest_harbor.engine.results import (
     EpisodeResult,
     PhaseTimings,
@@ -17,73 +22,35 @@ from pytest_harbor.engine.results import (
     TurnTimings,
     episode_id,
 )
-from pytest_harbor.engine.rewards import RewardReading, read_reward
+from pytest_harbor.engine.rewards import RewardReading
+from pytest_harbor.engine.verification import (
+    ENTRYPOINT_EXIT,
+    RUN_DIR,
+    SANDBOX_DIRECTORIES,
+    VerifierRun,
+    entrypoint_command,
+    run_verifier,
+)
 from pytest_harbor.harnesses.base import AgentRun, Harness
-from pytest_harbor.sandboxes.archives import pack_folders, unpack_files
+from pytest_harbor.sandboxes.archives import filter_archive
 from pytest_harbor.sandboxes.base import (
     ImageSource,
     Sandbox,
     SandboxError,
     SandboxProvider,
     SandboxSpec,
+    SandboxStartError,
 )
-from pytest_harbor.tasks.task import Task, Turn
+from pytest_harbor.settings import HarborSettings
+from pytest_harbor.tasks import Task, Turn, task_digest
+from pytest_harbor.tasks.config import EnvironmentConfig, HealthcheckConfig
 
-__all__ = ["Episode", "EpisodeSettings", "TurnOutput"]
+__all__ = ["Episode", "TurnOutput"]
 
-TESTS_DIR = "/tests"
-VERIFIER_LOGS = "/logs/verifier"
-REQUIRED_TOOLS = ("bash", "timeout", "tar")
+log = logging.getLogger("pytest_harbor")
 
-#: Made before the sandbox starts; the log folders are writable by any agent or verifier user.
-SANDBOX_DIRECTORIES = {
-    "/logs": 0o755,
-    "/logs/agent": 0o777,
-    "/logs/verifier": 0o777,
-    "/logs/artifacts": 0o777,
-    TESTS_DIR: 0o755,
-    "/solution": 0o755,
-}
-
-_MISSING = "pytest-harbor-missing:"
-_BROKEN = "pytest-harbor-error:"
-
-# As root: check the tools, empty /tests and /logs/verifier (dotfiles too), then unpack
-# the tests from stdin. Marker lines on stderr tell the engine what went wrong.
-_PREPARE_VERIFIER = f"""
-missing=""
-for tool in {" ".join(REQUIRED_TOOLS)}; do
-  command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"
-done
-if [ -n "$missing" ]; then echo "{_MISSING}$missing" >&2; exit 0; fi
-for dir in {TESTS_DIR} {VERIFIER_LOGS}; do
-  rm -rf "$dir"/* "$dir"/.[!.]* "$dir"/..?* || {{ echo "{_BROKEN} cannot empty $dir" >&2; exit 1; }}
-done
-mkdir -p {TESTS_DIR} {VERIFIER_LOGS} && chmod 777 {VERIFIER_LOGS} \
-  && tar -x -f - -C {TESTS_DIR} || {{ echo "{_BROKEN} cannot unpack the tests" >&2; exit 1; }}
-"""
-
-# Runs test.sh under `timeout`, then writes /logs/verifier as a tar to stdout.
-_RUN_VERIFIER = (
-    "timeout -k {grace} {budget} bash {tests}/test.sh > {logs}/test-stdout.txt 2>&1; "
-    "code=$?; tar -c -f - -C {logs} .; exit $code"
-)
-
-
-@dataclass(frozen=True)
-class EpisodeSettings:
-    """Run-wide knobs of the engine."""
-
-    #: Extra seconds a timed-out verifier gets between SIGTERM and SIGKILL.
-    verifier_grace_s: float = 30.0
-
-
-@dataclass(frozen=True)
-class _Verification:
-    reading: RewardReading
-    exit_code: int | None = None
-    timed_out: bool = False
-    files: dict[str, bytes] = field(default_factory=dict)
+#: Where the agent publishes what a separate verifier gets, besides declared artifacts.
+ARTIFACTS_DIR = "/logs/artifacts"
 
 
 @dataclass(frozen=True)
@@ -91,14 +58,15 @@ class TurnOutput:
     """A turn's result and the files the verifier left in /logs/verifier."""
 
     result: TurnResult
-    verifier_files: dict[str, bytes]
+    verifier_files: dict[str, bytes] = field(default_factory=dict)
 
 
 class Episode:
     """Seed, turns, cleanup for one task and repeat.
 
-    Call `prepare()` (image; not on the episode clock), `seed()`, `run_turn()` for each
-    turn, then `finish()`. `cleanup()` is idempotent and safe from any state.
+    Call `prepare()` (images; not on the episode clock), `seed()`, `run_turn()` for each
+    turn, then `result()`; `cleanup()` is idempotent and safe from any state. Failures
+    that leave the episode without a result raise EpisodeError.
     """
 
     def __init__(
@@ -111,7 +79,8 @@ class Episode:
         provider: SandboxProvider,
         labels: Mapping[str, str],
         image_labels: Mapping[str, str] | None = None,
-        settings: EpisodeSettings | None = None,
+        settings: HarborSettings | None = None,
+        expected_digest: str | None = None,
     ) -> None:
         self.task = task
         self.taskset = taskset
@@ -121,13 +90,20 @@ class Episode:
         self.labels = dict(labels)
         #: Labels of an image this episode builds (images outlive episodes and runs).
         self.image_labels = dict(labels if image_labels is None else image_labels)
-        self.settings = settings or EpisodeSettings()
+        self.settings = settings or HarborSettings()
+        self.expected_digest = expected_digest
+        self.separate_verifier = _verifies_separately(task, self.settings)
         self._image: str | None = None
+        self._verifier_image: str | None = None
         self._sandbox: Sandbox | None = None
         self._turns: list[TurnResult] = []
         self._timings: dict[str, float] = {}
         self._clock_start: float | None = None
         self._clock_end: dict[str, float] = {}
+        self._deadline: float | None = None
+        self._masked: RewardReading | None = None
+        self._has_entrypoint = False
+        self._budget: EpisodeBudget | None = None
 
     @property
     def id(self) -> str:
@@ -137,120 +113,313 @@ class Episode:
     def workdir(self) -> str | None:
         return self.task.config.environment.workdir
 
-    def prepare(self) -> None:
-        """Make the task's image (build once per content hash, or check the prebuilt one)."""
-        started = time.monotonic()
-        environment = self.task.config.environment
-        dockerfile = self.task.dockerfile
-        self._image = self.provider.prepare_image(
-            ImageSource(
-                docker_image=environment.docker_image,
-                context_dir=None if dockerfile is None else dockerfile.parent,
-                build_timeout_sec=environment.build_timeout_sec,
-                labels=self.image_labels,
+    @property
+    def verifier_mode(self) -> str:
+        return "separate" if self.separate_verifier else "shared"
+
+    @property
+    def budget(self) -> EpisodeBudget:
+        """The time budget (raises EpisodeError when the settings refuse the task)."""
+        if self._budget is None:
+            self._budget = episode_budget(
+                self.task, self.settings, separate_verifier=self.separate_verifier
             )
-        )
+        return self._budget
+
+    # ------------------------------------------------------------------------ seed
+
+    def prepare(self) -> None:
+        """Make the images (build once per content hash, or fetch the prebuilt one)."""
+        started = time.monotonic()
+        try:
+            self._image = self.provider.prepare_image(
+                self._image_source(self.task.config.environment)
+            )
+            if self.separate_verifier:
+                self._verifier_image = self.provider.prepare_image(self._verifier_source())
+        except SandboxStartError as error:
+            raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
         self._timings["build_s"] = time.monotonic() - started
 
+    def _image_source(self, environment: EnvironmentConfig) -> ImageSource:
+        dockerfile = self.task.dockerfile
+        return ImageSource(
+            docker_image=environment.docker_image,
+            context_dir=None if dockerfile is None else dockerfile.parent,
+            build_timeout_sec=environment.build_timeout_sec,
+            labels=self.image_labels,
+            pull_retries=self.settings.image_pull_retries,
+        )
+
+    def _verifier_source(self) -> ImageSource:
+        environment = self.task.config.verifier.environment
+        tests_dockerfile = self.task.verifier_dockerfile
+        if environment is not None and environment.docker_image is not None:
+            return ImageSource(
+                docker_image=environment.docker_image,
+                context_dir=None,
+                build_timeout_sec=environment.build_timeout_sec,
+                labels=self.image_labels,
+                pull_retries=self.settings.image_pull_retries,
+            )
+        if tests_dockerfile is not None:
+            return ImageSource(
+                docker_image=None,
+                context_dir=tests_dockerfile.parent,
+                build_timeout_sec=(environment or self.task.config.environment).build_timeout_sec,
+                labels=self.image_labels,
+            )
+        return self._image_source(self.task.config.environment)
+
     def seed(self) -> None:
-        """Start the sandbox with its log, test and solution folders in place."""
+        """Check the folder is unchanged, start the sandbox, copy loose environment files,
+        start the image's ENTRYPOINT and wait for the healthcheck."""
+        budget = self.budget
+        if budget.warning:
+            log.warning(budget.warning)
         if self._image is None:
             self.prepare()
         assert self._image is not None
         self._clock_start = started = time.monotonic()
+        self._deadline = started + budget.deadline_s
+        self._check_digest()
         environment = self.task.config.environment
-        self._sandbox = self.provider.start(
+        try:
+            self._sandbox = self._start(self._image, environment)
+            if self.task.loose_environment_files:
+                target = self.workdir or self._image_workdir(self._image)
+                self._sandbox.upload(self.task.environment_dir, target)
+            self._has_entrypoint = self._start_entrypoint(self._sandbox, self._image)
+        except SandboxError as error:
+            raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
+        if environment.healthcheck is not None:
+            self._wait_healthy(self._sandbox, environment.healthcheck)
+        self._note_entrypoint(self._sandbox)
+        self._timings["seed_s"] = time.monotonic() - started
+
+    def _check_digest(self) -> None:
+        if self.expected_digest is None:
+            return
+        now = task_digest(self.task.path)
+        if now != self.expected_digest:
+            raise EpisodeError(
+                FailureKind.DIGEST_MISMATCH,
+                f"{self.task.path} changed since its row was written ({self.expected_digest} "
+                f"then, {now} now); run again to materialize it afresh",
+            )
+
+    def _start(self, image: str, environment: EnvironmentConfig) -> Sandbox:
+        override = self.settings.sandbox_resources_override
+        cpus, memory = environment.cpus, environment.memory_mb
+        if override is not None:
+            cpus = override.cpu if override.cpu is not None else cpus
+            memory = override.memory_mib if override.memory_mib is not None else memory
+        # A leaked sandbox ends itself once the episode and its cleanup are long over.
+        ttl = (
+            self.budget.deadline_s
+            + self.settings.cleanup_timeout_seconds
+            + self.settings.sandbox_ttl_slack_s
+        )
+        return self.provider.start(
             SandboxSpec(
-                image=self._image,
+                image=image,
                 workdir=environment.workdir,
                 env=environment.env,
-                cpus=environment.cpus,
-                memory_mb=environment.memory_mb,
+                cpus=cpus,
+                memory_mb=memory,
                 network=environment.network_mode != "no-network",
                 labels=self.labels,
                 directories=SANDBOX_DIRECTORIES,
+                ttl_s=ttl,
+                ready_timeout_s=self.settings.sandbox_ready_timeout_s,
             )
         )
-        self._timings["seed_s"] = time.monotonic() - started
+
+    def _image_workdir(self, image: str) -> str:
+        return self.provider.image_config(image).workdir or "/"
+
+    def _start_entrypoint(self, sandbox: Sandbox, image: str) -> bool:
+        """The sandbox runs a keep-alive instead of the image's ENTRYPOINT: start it here.
+        Returns whether the image has one."""
+        config = self.provider.image_config(image)
+        if not config.entrypoint:
+            return False
+        started = sandbox.exec(
+            ["/bin/sh", "-c", entrypoint_command(), "sh", *config.entrypoint, *config.cmd],
+            user=config.user or None,
+            workdir=self.workdir,
+            timeout=30.0,
+        )
+        if started.exit_code != 0:
+            raise SandboxError(f"cannot start the image's ENTRYPOINT: {started.stderr.strip()}")
+        return True
+
+    def _note_entrypoint(self, sandbox: Sandbox) -> RewardReading | None:
+        """An ENTRYPOINT that exited non-zero masks the sample; returns the masking reading."""
+        if self._masked is None and self._has_entrypoint:
+            failure = _entrypoint_failure(sandbox)
+            if failure is not None:
+                self._masked = RewardReading.failed(
+                    FailureKind.ENTRYPOINT_FAILED, failure, masked=True
+                )
+        return self._masked
+
+    def _wait_healthy(self, sandbox: Sandbox, check: HealthcheckConfig) -> None:
+        """Run the check until it passes once; failures in the start period do not count,
+        `retries` consecutive failures after it fail the seed. An exec timeout is a failure."""
+        started = time.monotonic()
+        failures = 0
+        while True:
+            probe = sandbox.exec(
+                ["bash", "-c", check.command],
+                workdir=self.workdir,
+                user=_user(self.task.config.agent.user),
+                timeout=min(check.timeout_sec, self._remaining()),
+            )
+            if probe.exit_code == 0 and not probe.timed_out:
+                return
+            self._require_time("the healthcheck")
+            if time.monotonic() - started < check.start_period_sec:
+                time.sleep(check.start_interval_sec)
+                continue
+            failures += 1
+            if failures >= check.retries:
+                why = "timed out" if probe.timed_out else f"exited {probe.exit_code}"
+                raise EpisodeError(
+                    FailureKind.HEALTHCHECK_FAILED,
+                    f"the healthcheck `{check.command}` failed {failures} times in a row "
+                    f"(last: {why}; {(probe.stderr or probe.stdout).strip()[-300:]})",
+                )
+            time.sleep(check.interval_sec)
+
+    # ------------------------------------------------------------------------ turns
 
     def run_turn(self, turn: Turn) -> TurnOutput:
-        """Let the harness work on `turn`, then run the verifier and read the reward."""
+        """Let the harness work on `turn`, run the collect hooks, then verify."""
         sandbox = self._require_sandbox()
+        if self._masked is not None:
+            return self._record(turn, AgentRun(), VerifierRun(self._masked), 0.0, 0.0)
         started = time.monotonic()
-        agent = self.harness.run_turn(sandbox, turn, workdir=self.workdir)
+        agent = self.harness.run_turn(sandbox, self._bounded(turn), workdir=self.workdir)
+        self._require_time("the agent")
         agent_s = time.monotonic() - started
         started = time.monotonic()
-        try:
-            verification = self._verify(sandbox, turn)
-        except SandboxError as error:
-            lost = RewardReading.failed(FailureKind.SANDBOX_LOST, str(error), masked=True)
-            verification = _Verification(lost)
+        notes = self._run_collect_hooks(sandbox)
+        masked = self._note_entrypoint(sandbox)
+        if masked is not None:
+            verification = VerifierRun(masked)
+        else:
+            try:
+                verification = self._verify(sandbox, turn)
+            except SandboxError as error:
+                lost = RewardReading.failed(FailureKind.SANDBOX_LOST, str(error), masked=True)
+                verification = VerifierRun(lost)
+        self._require_time("the verifier")
         verify_s = time.monotonic() - started
+        return self._record(turn, agent, verification, agent_s, verify_s, notes)
+
+    def _record(
+        self,
+        turn: Turn,
+        agent: AgentRun,
+        verification: VerifierRun,
+        agent_s: float,
+        verify_s: float,
+        notes: list[str] | None = None,
+    ) -> TurnOutput:
         result = _turn_result(
             turn, agent, verification, agent_s, verify_s, oracle=self.harness.validates
         )
+        if notes:
+            result = result.model_copy(update={"notes": notes})
         self._turns.append(result)
         self._clock_end["turn"] = time.monotonic()
         return TurnOutput(result, verification.files)
 
-    def _verify(self, sandbox: Sandbox, turn: Turn) -> _Verification:
-        """Empty /tests and /logs/verifier, upload the tests, run test.sh, read the reward.
+    def _bounded(self, turn: Turn) -> Turn:
+        """The turn with its agent budget cut to what the episode deadline leaves, keeping
+        the verifier's share."""
+        room = self._remaining() - turn.verifier_timeout_sec - self.settings.verifier_grace_s
+        budget = turn.agent_timeout_sec
+        if budget is not None and budget <= room:
+            return turn
+        if room <= 0:
+            raise self._timed_out("the agent")
+        return dataclasses.replace(turn, agent_timeout_sec=room)
 
-        As root this is one exec; a verifier user needs a second one, since emptying the
-        folders needs root.
-        """
-        budget = turn.verifier_timeout_sec
-        grace = self.settings.verifier_grace_s
-        run = _RUN_VERIFIER.format(
-            grace=f"{grace:g}", budget=f"{budget:g}", tests=TESTS_DIR, logs=VERIFIER_LOGS
-        )
-        tests = pack_folders(turn.tests_dirs)
-        as_root = turn.verifier_user in (None, "root", "0")
-        started = time.monotonic()
-        prepare = sandbox.exec(
-            ["/bin/sh", "-c", _PREPARE_VERIFIER + (run if as_root else "")],
-            user="root",
-            workdir=self.workdir,
-            env=turn.verifier_env if as_root else None,
-            timeout=budget + grace + 10.0 if as_root else 60.0,
-            stdin=tests,
-        )
-        problem = _marked(prepare.stderr, _BROKEN)
-        if problem is not None:
-            raise SandboxError(problem)
-        missing = _marked(prepare.stderr, _MISSING)
-        if missing is not None:
-            tools = " and ".join(missing.split())
-            return _Verification(
-                RewardReading.failed(
-                    FailureKind.VERIFIER_ERROR,
-                    f"the image lacks {tools}, which the verifier needs",
-                    masked=True,
-                )
-            )
-        result = prepare
-        if not as_root:
-            started = time.monotonic()
-            result = sandbox.exec(
-                ["/bin/sh", "-c", run],
-                user=turn.verifier_user,
+    def _run_collect_hooks(self, sandbox: Sandbox) -> list[str]:
+        """`[[verifier.collect]]` on main: a failing hook is noted, not fatal."""
+        notes = []
+        for hook in self.task.config.verifier.collect:
+            done = sandbox.exec(
+                ["bash", "-c", hook.command],
+                user=_user(hook.user),
                 workdir=self.workdir,
-                env=turn.verifier_env,
-                timeout=budget + grace + 10.0,
+                timeout=min(hook.timeout_sec, self._remaining()),
             )
-        elapsed = time.monotonic() - started
-        # `timeout` exits 124 after SIGTERM worked, 137 when SIGKILL was needed.
-        timed_out = result.timed_out or (result.exit_code in (124, 137) and elapsed >= budget)
-        files = unpack_files(result.stdout_bytes) if result.stdout_bytes else {}
-        if timed_out:
-            reading = RewardReading.failed(
-                FailureKind.VERIFIER_TIMEOUT,
-                f"the verifier did not finish within [verifier].timeout_sec = {budget:g} s "
-                "and was killed",
+            if done.timed_out or done.exit_code != 0:
+                why = "timed out" if done.timed_out else f"exited {done.exit_code}"
+                notes.append(f"collect hook `{hook.command}` {why}")
+        return notes
+
+    def _verify(self, sandbox: Sandbox, turn: Turn) -> VerifierRun:
+        if not self.separate_verifier:
+            return run_verifier(
+                sandbox,
+                turn,
+                workdir=self.workdir,
+                grace_s=self.settings.verifier_grace_s,
+                budget_s=self._verifier_budget(turn),
             )
-        else:
-            reading = read_reward(files)
-        return _Verification(reading, result.exit_code, timed_out, files)
+        return self._verify_separately(sandbox, turn)
+
+    def _verifier_budget(self, turn: Turn) -> float:
+        return min(turn.verifier_timeout_sec, self._remaining() - self.settings.verifier_grace_s)
+
+    def _verify_separately(self, agent_sandbox: Sandbox, turn: Turn) -> VerifierRun:
+        """A fresh sandbox from the verifier's image, holding the agent's artifacts."""
+        assert self._verifier_image is not None
+        environment = self.task.config.verifier.environment or self.task.config.environment
+        try:
+            verifier = self._start(self._verifier_image, environment)
+        except SandboxStartError as error:
+            raise SandboxError(f"the separate verifier did not start: {error}") from None
+        try:
+            has_entrypoint = self._start_entrypoint(verifier, self._verifier_image)
+            self._copy_artifacts(agent_sandbox, verifier)
+            failure = _entrypoint_failure(verifier) if has_entrypoint else None
+            if failure is not None:
+                return VerifierRun(
+                    RewardReading.failed(FailureKind.ENTRYPOINT_FAILED, failure, masked=True)
+                )
+            bundled = self._verifier_source().docker_image is not None or (
+                self.task.verifier_dockerfile is not None
+            )
+            ships_tests = bundled and verifier.exec(["test", "-f", "/tests/test.sh"]).exit_code == 0
+            return run_verifier(
+                verifier,
+                turn,
+                workdir=environment.workdir,
+                grace_s=self.settings.verifier_grace_s,
+                budget_s=self._verifier_budget(turn),
+                upload_tests=not ships_tests,
+            )
+        finally:
+            _stop_within(verifier, self.settings.cleanup_timeout_seconds)
+
+    def _copy_artifacts(self, source: Sandbox, target: Sandbox) -> None:
+        """`/logs/artifacts` and each declared artifact, at the same path in `target`."""
+        declared = [(artifact.source, artifact.exclude) for artifact in self.task.config.artifacts]
+        for path, exclude in [(ARTIFACTS_DIR, []), *declared]:
+            absolute = path if path.startswith("/") else f"{self.workdir or '/'}/{path}"
+            archive = source.read_archive(absolute)
+            if archive is None:
+                continue
+            parent = absolute.rstrip("/").rsplit("/", 1)[0] or "/"
+            target.exec(["mkdir", "-p", parent], user="root")
+            target.write_archive(filter_archive(archive, exclude), parent)
+
+    # ------------------------------------------------------------------------ results
 
     def finish(self) -> EpisodeResult:
         """Clean up, then return the episode's result."""
@@ -274,11 +443,13 @@ class Episode:
             taskset=self.taskset,
             repeat=self.repeat,
             agent=self.harness.name,
+            digest=self.task.digest,
             reward=last.reward,
             verifier_rewards=last.verifier_rewards,
             mask_sample=last.mask_sample,
             failure_kind=last.failure_kind,
             failure_reason=last.failure_reason,
+            verifier_mode=self.verifier_mode,
             solution_exit_code=last.agent_exit_code if self.harness.validates else None,
             timings=PhaseTimings(
                 build_s=self._timings.get("build_s"),
@@ -292,14 +463,32 @@ class Episode:
         )
 
     def cleanup(self) -> None:
-        """Remove the sandbox at once, whatever happened before; idempotent."""
+        """Remove the sandbox at once, whatever happened before; idempotent. A removal that
+        takes longer than `cleanup_timeout_seconds` is left to the end-of-run sweep."""
         if self._sandbox is None:
             return
         started = time.monotonic()
         sandbox, self._sandbox = self._sandbox, None
-        sandbox.stop()
+        _stop_within(sandbox, self.settings.cleanup_timeout_seconds)
         self._clock_end["cleanup"] = time.monotonic()
         self._timings["cleanup_s"] = self._clock_end["cleanup"] - started
+
+    # ------------------------------------------------------------------------ time
+
+    def _remaining(self) -> float:
+        if self._deadline is None:
+            return math.inf
+        return self._deadline - time.monotonic()
+
+    def _require_time(self, phase: str) -> None:
+        if self._remaining() <= 0:
+            raise self._timed_out(phase)
+
+    def _timed_out(self, phase: str) -> EpisodeError:
+        return EpisodeError(
+            FailureKind.EPISODE_TIMEOUT,
+            f"the episode ran past its deadline of {self.budget.deadline_s:g} s during {phase}",
+        )
 
     def _require_sandbox(self) -> Sandbox:
         if self._sandbox is None:
@@ -307,10 +496,49 @@ class Episode:
         return self._sandbox
 
 
+def _verifies_separately(task: Task, settings: HarborSettings) -> bool:
+    if task.config.is_multi_step:
+        return False
+    return (
+        task.config.verifier.mode == "separate"
+        or task.verifier_dockerfile is not None
+        or (settings.separate_verifier_for_artifacts and bool(task.config.artifacts))
+    )
+
+
+def _entrypoint_failure(sandbox: Sandbox) -> str | None:
+    exit_file = sandbox.download(f"{RUN_DIR}/{ENTRYPOINT_EXIT}").get(ENTRYPOINT_EXIT)
+    if exit_file is None:
+        return None
+    code = exit_file.decode().strip()
+    if code in ("", "0"):
+        return None
+    log_tail = sandbox.download(f"{RUN_DIR}/entrypoint.log").get("entrypoint.log", b"")
+    tail = log_tail.decode("utf-8", errors="replace").strip()[-300:]
+    return f"the image's ENTRYPOINT exited with code {code}" + (f": {tail}" if tail else "")
+
+
+def _stop_within(sandbox: Sandbox, seconds: float) -> None:
+    stopper = threading.Thread(target=sandbox.stop, name="harbor-stop", daemon=True)
+    stopper.start()
+    stopper.join(seconds)
+    if stopper.is_alive():
+        log.warning(
+            "sandbox %s was not removed within cleanup_timeout_seconds = %g s; the run "
+            "removes it when it ends",
+            sandbox.id[:12],
+            seconds,
+        )
+
+
+def _user(value: str | int | None) -> str | None:
+    return None if value is None else str(value)
+
+
 def _turn_result(
     turn: Turn,
     agent: AgentRun,
-    verification: _Verification,
+    verification: VerifierRun,
     agent_s: float,
     verify_s: float,
     *,
@@ -322,7 +550,7 @@ def _turn_result(
     if kind is None and agent.timed_out:
         kind = FailureKind.AGENT_TIMEOUT
         reason = (
-            f"{who} did not finish within [agent].timeout_sec = {turn.agent_timeout_sec:g} s "
+            f"{who} did not finish within its budget of {turn.agent_timeout_sec or 0:g} s "
             "and was killed"
         )
     elif kind is None and oracle and agent.exit_code != 0:
@@ -343,11 +571,3 @@ def _turn_result(
         agent_log_tail=agent.log_tail,
         timings=TurnTimings(agent_s=agent_s, verify_s=verify_s),
     )
-
-
-def _marked(stderr: str, marker: str) -> str | None:
-    """The text after `marker` on the first stderr line that carries it."""
-    for line in stderr.splitlines():
-        if line.startswith(marker):
-            return line[len(marker) :].strip()
-    return None

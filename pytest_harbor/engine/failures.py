@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["FailureKind"]
+__all__ = ["EpisodeError", "FailureKind"]
 
 
 class FailureKind:
@@ -19,3 +19,17 @@ class FailureKind:
     SANDBOX_START_FAILED = "harbor:sandbox_start_failed"
     EPISODE_TIMEOUT = "harbor:episode_timeout"
     DIGEST_MISMATCH = "harbor:digest_mismatch"
+    HEALTHCHECK_FAILED = "harbor:healthcheck_failed"
+    QUEUE_TIMEOUT = "harbor:queue_timeout"
+    BUDGET_REFUSED = "harbor:budget_refused"
+
+
+class EpisodeError(Exception):
+    """An episode that cannot produce a result (no row), with its failure kind."""
+
+    __module__ = "pytest_harbor"
+
+    def __init__(self, failure_kind: str, reason: str) -> None:
+        self.failure_kind = failure_kind
+        self.reason = reason
+        super().__init__(reason)

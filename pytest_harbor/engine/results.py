@@ -50,6 +50,8 @@ class TurnResult(_Record):
     verifier_timed_out: bool = False
     agent_log_tail: str = ""
     timings: TurnTimings = TurnTimings()
+    #: What went wrong without deciding the reward (a failing collect hook, say).
+    notes: list[str] = []
 
 
 class EpisodeResult(_Record):
@@ -59,6 +61,8 @@ class EpisodeResult(_Record):
     taskset: str
     repeat: int
     agent: str
+    #: The task folder's digest (see the README); rows of an edited folder are refused.
+    digest: str | None = None
     reward: float
     verifier_rewards: dict[str, float] | None = None
     mask_sample: bool = False

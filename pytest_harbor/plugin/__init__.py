@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import warnings
 from collections.abc import Callable, Generator
@@ -46,6 +47,7 @@ __all__ = [
 
 _WORKER_RUN_ID = "harbor_run_id"
 _WORKER_OWNER = "harbor_owner"
+_WORKER_DIGESTS = "harbor_row_digests"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -100,6 +102,7 @@ def pytest_configure(config: pytest.Config) -> None:
         targets=targets,
         is_worker=worker_input is not None,
     )
+    run.row_digests.update((worker_input or {}).get(_WORKER_DIGESTS) or {})
     config.stash[HARBOR_RUN] = run
     if not run.is_worker:
         config.pluginmanager.register(HarborReporter(run), "harbor-reporter")
@@ -175,6 +178,7 @@ def pytest_configure_node(node: Any) -> None:
     run = node.config.stash[HARBOR_RUN]
     node.workerinput[_WORKER_RUN_ID] = run.run_id
     node.workerinput[_WORKER_OWNER] = run.owner
+    node.workerinput[_WORKER_DIGESTS] = dict(run.row_digests)
 
 
 @pytest.hookimpl(trylast=True)
@@ -198,5 +202,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     run.wait_for_cleanup()
     if run.is_worker or not run.targets or config.option.collectonly:
         return
+    shutil.rmtree(run.scratch_dir, ignore_errors=True)
     with contextlib.suppress(SandboxError):  # no engine: nothing of this run is left on it
         run.remove_sandboxes()

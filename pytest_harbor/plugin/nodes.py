@@ -11,9 +11,12 @@ import pluggy
 import pytest
 
 from pytest_harbor.engine import Episode, EpisodeResult, decide_outcome
+from pytest_harbor.engine.failures import EpisodeError
+from pytest_harbor.engine.planning import TasksetPlan
+from pytest_harbor.engine.slots import Slot
+from pytest_harbor.plugin.markers import metadata_markers
 from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun, Target
-from pytest_harbor.tasks import Task, TaskLoadError, Turn, discover_task_dirs, load_task
-from pytest_harbor.tasks.loader import MAX_TASK_DEPTH
+from pytest_harbor.tasks import Task, TaskLoadError, Turn
 
 __all__ = [
     "HarborDataset",
@@ -66,26 +69,25 @@ class HarborTaskset(_HarborNode, pytest.Collector):
         return kind.from_parent(parent, path=target.path, target=target)
 
     def collect(self) -> Iterator[HarborTask]:
-        task_dirs = discover_task_dirs(self.path)
-        if not task_dirs:
-            raise self.CollectError(
-                f"{self.path}: no task folders found (a task folder holds task.toml; "
-                f"searched {MAX_TASK_DEPTH} levels deep, hidden folders skipped)"
-            )
-        seen: dict[str, Path] = {}
-        for task_dir in task_dirs:
-            if task_dir.name in seen:
-                raise self.CollectError(
-                    f"{self.path}: task id {task_dir.name!r} is used twice: "
-                    f"{seen[task_dir.name]} and {task_dir} (task ids are folder names and "
-                    "must be unique in a dataset)"
-                )
-            seen[task_dir.name] = task_dir
+        run = _run(self)
+        try:
+            plan = run.plan(self.target)
+        except TaskLoadError as error:
+            raise self.CollectError(str(error)) from None
+        entries: list[tuple[Path, Task | None, TaskLoadError | None]] = [
+            (task.path, task, None) for task in plan.tasks
+        ]
+        if not run.options.skip_unloadable:
+            entries += [(path, None, failure) for path, failure in plan.failures.items()]
+        for path, task, load_error in sorted(entries, key=lambda entry: entry[0]):
             yield HarborTask.from_parent(
                 self,
-                name=task_dir.name,
-                path=task_dir,
-                nodeid=f"{self.target.taskset}/{task_dir.name}",
+                name=path.name,
+                path=path,
+                nodeid=f"{self.target.taskset}/{path.name}",
+                plan=plan,
+                task=task,
+                load_error=load_error,
             )
 
 
@@ -94,19 +96,29 @@ class HarborDataset(HarborTaskset, pytest.Directory):
 
 
 class HarborTask(_HarborNode, pytest.Collector):
-    """One task folder; loading task.toml happens here, so a bad one is its own error."""
+    """One task folder; a folder that did not load is its own collection error."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        plan: TasksetPlan,
+        task: Task | None,
+        load_error: TaskLoadError | None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         assert isinstance(self.parent, HarborTaskset)
-        self.taskset = self.parent.target.taskset
+        self.taskset = plan.taskset
+        self.repeats = plan.repeats
+        self.task = task
+        self.load_error = load_error
         self._hook_path = self.parent.target.hook_path
 
     def collect(self) -> Iterator[HarborTrial]:
-        try:
-            task = load_task(self.path)
-        except TaskLoadError as error:
-            raise self.CollectError(str(error)) from None
+        if self.load_error is not None:
+            raise self.CollectError(str(self.load_error))
+        task = self.task
+        assert task is not None
         if task.unknown_keys:
             self.warn(
                 HarborWarning(
@@ -114,12 +126,20 @@ class HarborTask(_HarborNode, pytest.Collector):
                     + ", ".join(task.unknown_keys)
                 )
             )
+        for note in task.notes:
+            self.warn(HarborWarning(f"{task.path / 'task.toml'}: {note}"))
+        markers = metadata_markers(task.config.metadata)
+        for marker in markers:
+            self.config.addinivalue_line("markers", f"{marker}: from [metadata] of task folders")
         run = _run(self)
         skip_reason = run.harness.unavailable_reason(task)
-        for repeat in range(run.options.repeats):
-            yield HarborTrial.from_parent(
+        for repeat in range(self.repeats):
+            trial = HarborTrial.from_parent(
                 self, name=f"r{repeat}", task=task, repeat=repeat, skip_reason=skip_reason
             )
+            for marker in markers:
+                trial.add_marker(marker)
+            yield trial
 
 
 class HarborTrial(_HarborNode, pytest.Collector):
@@ -134,6 +154,9 @@ class HarborTrial(_HarborNode, pytest.Collector):
         self.skip_reason = skip_reason
         self._hook_path = self.parent._hook_path
         self.episode: Episode | None = None
+        self.slot: Slot | None = None
+        #: Why the task could not be built, when --harbor-skip-unloadable skipped it.
+        self.unloadable: str | None = None
 
     def collect(self) -> Iterator[HarborEpisodeItem]:
         for turn in self.task.turns:
@@ -144,21 +167,33 @@ class HarborTrial(_HarborNode, pytest.Collector):
 
     def setup(self) -> None:
         run = _run(self)
+        key = f"{self.taskset}/{self.task.id}"
         self.episode = Episode(
             self.task,
             taskset=self.taskset,
             repeat=self.repeat,
             harness=run.harness,
             provider=run.provider,
-            labels=run.labels(task=f"{self.taskset}/{self.task.id}", trial=self.nodeid),
+            labels=run.labels(task=key, trial=self.nodeid),
             image_labels=run.image_labels(),
+            settings=run.settings,
+            expected_digest=run.row_digests.get(key, self.task.digest),
         )
-        self.episode.prepare()
+        try:
+            self.episode.prepare()
+        except EpisodeError as error:
+            if not run.options.skip_unloadable:
+                raise
+            self.unloadable = error.reason
+            pytest.skip(f"unloadable: {error.reason}")
+        self.slot = run.acquire_slot()
         self.episode.seed()
 
     def teardown(self) -> None:
         if self.episode is not None:
-            _run(self).release(self.episode)
+            _run(self).release(self.episode, self.slot)
+        elif self.slot is not None:
+            self.slot.release()
 
 
 class HarborEpisodeItem(_HarborNode, pytest.Item):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
+
+from pytest_harbor.settings import HarborSettings, SettingsError, load_settings
 
 __all__ = ["HarborOptions", "add_options", "read_options"]
 
@@ -16,10 +18,9 @@ __all__ = ["HarborOptions", "add_options", "read_options"]
 class _Option:
     name: str
     help: str
-    ini_type: str
+    kind: Literal["value", "list", "flag"]
     default: Any
-    metavar: str
-    repeatable: bool = False
+    metavar: str | None = None
 
     @property
     def flag(self) -> str:
@@ -29,34 +30,72 @@ class _Option:
     def dest(self) -> str:
         return f"harbor_{self.name.replace('-', '_')}"
 
+    @property
+    def ini_type(self) -> str:
+        return {"value": "string", "list": "args", "flag": "bool"}[self.kind]
 
-_OPTIONS = (
-    _Option(
-        "dataset",
-        "a task folder or a folder of task folders to run (repeatable)",
-        "paths",
-        [],
-        "PATH",
-        repeatable=True,
-    ),
-    _Option("agent", "harness to run: oracle, nop or a registered one", "string", "oracle", "NAME"),
-    _Option("sandbox", "sandbox provider", "string", "docker", "NAME"),
-    _Option("repeats", "trials per task", "string", "1", "N"),
-    _Option(
-        "results-dir",
-        "where results go: DIR/harbor/[validation/]<taskset>/",
-        "string",
-        "results",
-        "DIR",
-    ),
-    _Option(
-        "pass-reward",
-        "reward an agent run needs to pass (oracle runs always need 1)",
-        "string",
-        "1.0",
-        "REWARD",
-    ),
-)
+
+_OPTIONS = {
+    option.name: option
+    for option in (
+        _Option(
+            "dataset", "a task folder or a folder of task folders (repeatable)", "list", [], "PATH"
+        ),
+        _Option(
+            "agent", "harness to run: oracle, nop or a registered one", "value", "oracle", "NAME"
+        ),
+        _Option("sandbox", "sandbox provider", "value", "docker", "NAME"),
+        _Option("repeats", "trials per task (default: the dataset's, else 1)", "value", None, "N"),
+        _Option(
+            "results-dir",
+            "results go to DIR/harbor/[validation/]<taskset>/",
+            "value",
+            "results",
+            "DIR",
+        ),
+        _Option(
+            "pass-reward",
+            "reward an agent run needs to pass (the oracle needs 1)",
+            "value",
+            "1.0",
+            "R",
+        ),
+        _Option(
+            "only-tasks",
+            "run only these tasks: names or globs, comma-separated",
+            "list",
+            [],
+            "NAMES",
+        ),
+        _Option(
+            "exclude-tasks",
+            "leave out these tasks: names or globs, comma-separated",
+            "list",
+            [],
+            "NAMES",
+        ),
+        _Option(
+            "skip-unloadable",
+            "leave out tasks that do not load or build (listed in skipped.json)",
+            "flag",
+            False,
+        ),
+        _Option(
+            "allow-unsupported-pairing",
+            "run a harness the dataset's allowed_agents does not admit",
+            "flag",
+            False,
+        ),
+        _Option(
+            "config",
+            "settings file (YAML, Gym's harbor server block; repeatable)",
+            "list",
+            [],
+            "FILE",
+        ),
+        _Option("set", "one setting, KEY=VALUE (repeatable, last wins)", "list", [], "KEY=VALUE"),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -66,55 +105,108 @@ class HarborOptions:
     datasets: tuple[Path, ...]
     agent: str
     sandbox: str
-    repeats: int
+    repeats: int | None
     results_dir: Path
     pass_reward: float
+    only_tasks: tuple[str, ...] = ()
+    exclude_tasks: tuple[str, ...] = ()
+    skip_unloadable: bool = False
+    allow_unsupported_pairing: bool = False
+    settings: HarborSettings = field(default_factory=HarborSettings)
 
 
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("harbor", "Harbor task folders")
-    for option in _OPTIONS:
+    for option in _OPTIONS.values():
+        action = {"value": "store", "list": "append", "flag": "store_true"}[option.kind]
+        extra = {} if option.kind == "flag" else {"metavar": option.metavar}
         group.addoption(
             option.flag,
             dest=option.dest,
-            action="append" if option.repeatable else "store",
+            action=action,
             default=None,
-            metavar=option.metavar,
             help=f"{option.help} (ini: {option.dest})",
+            **extra,
         )
         parser.addini(option.dest, option.help, type=option.ini_type, default=option.default)  # type: ignore[arg-type]
+    for key in HarborSettings.model_fields:
+        parser.addini(
+            f"harbor_{key}",
+            f"setting {key} (YAML value; see the settings table)",
+            type="string",
+            default=None,
+        )
 
 
-def _raw(config: pytest.Config, option: _Option) -> Any:
+def _raw(config: pytest.Config, name: str) -> Any:
+    option = _OPTIONS[name]
     given = config.getoption(option.dest)
+    if option.kind == "flag":
+        return bool(given) or bool(config.getini(option.dest))
     return given if given is not None else config.getini(option.dest)
 
 
 def read_options(config: pytest.Config) -> HarborOptions:
     """Read and check every option; a bad value is a usage error naming the option."""
-    by_name = {option.name: option for option in _OPTIONS}
     invocation_dir = config.invocation_params.dir
-    dataset_option = by_name["dataset"]
-    given_datasets = config.getoption(dataset_option.dest)
-    if given_datasets is not None:
-        datasets = [_absolute(invocation_dir / value) for value in given_datasets]
-    else:
-        datasets = [_absolute(Path(value)) for value in config.getini(dataset_option.dest)]
-    for dataset in datasets:
-        if not dataset.is_dir():
-            raise pytest.UsageError(f"{dataset_option.flag}: {dataset} is not a folder")
     return HarborOptions(
-        datasets=tuple(dict.fromkeys(datasets)),
-        agent=str(_raw(config, by_name["agent"])),
-        sandbox=str(_raw(config, by_name["sandbox"])),
-        repeats=_number(config, by_name["repeats"], int, minimum=1),
-        results_dir=_absolute(invocation_dir / str(_raw(config, by_name["results-dir"]))),
-        pass_reward=_number(config, by_name["pass-reward"], float, minimum=None),
+        datasets=_folders(config, "dataset"),
+        agent=str(_raw(config, "agent")),
+        sandbox=str(_raw(config, "sandbox")),
+        repeats=_number(config, "repeats", int, minimum=1),
+        results_dir=_absolute(invocation_dir / str(_raw(config, "results-dir"))),
+        pass_reward=_number(config, "pass-reward", float, minimum=None),
+        only_tasks=_names(_raw(config, "only-tasks")),
+        exclude_tasks=_names(_raw(config, "exclude-tasks")),
+        skip_unloadable=_raw(config, "skip-unloadable"),
+        allow_unsupported_pairing=_raw(config, "allow-unsupported-pairing"),
+        settings=_settings(config),
     )
 
 
-def _number(config: pytest.Config, option: _Option, kind: type, minimum: int | None) -> Any:
-    raw = _raw(config, option)
+def _folders(config: pytest.Config, name: str) -> tuple[Path, ...]:
+    """Paths from the command line (relative to where pytest runs) or the ini file."""
+    option = _OPTIONS[name]
+    given = config.getoption(option.dest)
+    if given is not None:
+        paths = [_absolute(config.invocation_params.dir / value) for value in given]
+    else:
+        base = config.inipath.parent if config.inipath else config.invocation_params.dir
+        paths = [_absolute(base / value) for value in config.getini(option.dest)]
+    for path in paths:
+        if not path.is_dir():
+            raise pytest.UsageError(f"{option.flag}: {path} is not a folder")
+    return tuple(dict.fromkeys(paths))
+
+
+def _names(values: list[str]) -> tuple[str, ...]:
+    return tuple(name.strip() for value in values for name in value.split(",") if name.strip())
+
+
+def _settings(config: pytest.Config) -> HarborSettings:
+    ini = {}
+    for key in HarborSettings.model_fields:
+        value = config.getini(f"harbor_{key}")
+        if value is not None:
+            ini[key] = str(value)
+    base = config.inipath.parent if config.inipath else config.invocation_params.dir
+    given = config.getoption(_OPTIONS["config"].dest)
+    if given is not None:
+        files = [_absolute(config.invocation_params.dir / value) for value in given]
+    else:
+        files = [_absolute(base / value) for value in config.getini(_OPTIONS["config"].dest)]
+    assignments = config.getoption(_OPTIONS["set"].dest) or config.getini(_OPTIONS["set"].dest)
+    try:
+        return load_settings(ini, files, assignments)
+    except SettingsError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
+def _number(config: pytest.Config, name: str, kind: type, minimum: int | None) -> Any:
+    option = _OPTIONS[name]
+    raw = _raw(config, name)
+    if raw is None:
+        return None
     try:
         value = kind(raw)
     except (TypeError, ValueError):

@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
-from pytest_harbor.engine import EpisodeResult
+from pytest_harbor.engine import EpisodeError, EpisodeResult
 from pytest_harbor.plugin.nodes import HarborEpisodeItem
 from pytest_harbor.plugin.run import HarborRun
 from pytest_harbor.sandboxes import SandboxError
+from pytest_harbor.tasks import TaskLoadError
+from pytest_harbor.writers.materialized import SkippedLog, write_task_rows
 
 __all__ = ["HarborReporter", "pytest_report_teststatus", "pytest_runtest_makereport"]
 
@@ -50,18 +52,23 @@ def pytest_runtest_makereport(
     report = yield
     if not isinstance(item, HarborEpisodeItem):
         return report
-    data: dict[str, Any] = {"taskset": item.trial.taskset}
+    data: dict[str, Any] = {"taskset": item.trial.taskset, "task_id": item.trial.task.id}
     if call.when == "setup":
         data["unvalidated"] = item.trial.skip_reason is not None
+        if item.trial.unloadable is not None:
+            data["unloadable"] = item.trial.unloadable
     elif call.when == "call":
         if item.harbor_payload is not None:
             data.update(item.harbor_payload)
         elif call.excinfo is not None and not isinstance(call.excinfo.value, pytest.skip.Exception):
             # The episode broke down before it had a result: that is an error, not a fail.
             data["status"] = "error"
-    if call.excinfo is not None and isinstance(call.excinfo.value, SandboxError):
+    error = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(error, EpisodeError):
+        data["failure"] = {"kind": error.failure_kind, "reason": error.reason}
+    if isinstance(error, EpisodeError | SandboxError):
         # The engine's own words say what broke; our stack frames would not help.
-        report.longrepr = call.excinfo.getrepr(style="value")
+        report.longrepr = call.excinfo.getrepr(style="value")  # type: ignore[union-attr]
     # Plain JSON data: xdist carries it from the worker to the controller.
     report.harbor = data  # type: ignore[attr-defined]
     return report
@@ -85,11 +92,28 @@ class HarborReporter:
         assert run.writer is not None
         self.run = run
         self.writer = run.writer
+        self.skipped = SkippedLog(run.layout)
         self.tally = _Tally()
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        if not session.config.option.collectonly:
-            self.writer.start(self.run.tasksets)
+        """Before any worker starts: plan every target and write its materialized rows
+        and skipped.json; the rows' digests go to the workers with their start-up data."""
+        if session.config.option.collectonly:
+            return
+        self.writer.start(self.run.tasksets)
+        for target in self.run.targets.values():
+            try:
+                plan = self.run.plan(target)
+            except TaskLoadError:
+                continue  # collection reports it, as an error of the taskset
+            write_task_rows(self.run.layout, self.run.harness.name, plan)
+            skipped = {}
+            if self.run.options.skip_unloadable:
+                skipped = {path.name: error.message for path, error in plan.failures.items()}
+            self.skipped.start(plan.taskset, skipped)
+            for task in plan.tasks:
+                self.run.row_digests[f"{plan.taskset}/{task.id}"] = task.digest
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = getattr(report, "harbor", None)
@@ -98,6 +122,8 @@ class HarborReporter:
         if report.when == "setup":
             self.tally.items += 1
             self.tally.unvalidated += int(bool(data.get("unvalidated")))
+            if "unloadable" in data:
+                self.skipped.add(data["taskset"], data["task_id"], data["unloadable"])
         if report.when == "call" and "result" in data:
             result = EpisodeResult.model_validate(data["result"])
             files = {

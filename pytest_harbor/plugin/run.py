@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import tempfile
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_harbor.engine import Episode
+from pytest_harbor.engine import Episode, EpisodeError, FailureKind
+from pytest_harbor.engine.planning import Selection, TasksetPlan, plan_taskset
+from pytest_harbor.engine.slots import EpisodeSlots, Slot
 from pytest_harbor.harnesses import Harness, UnknownHarness, make_harness
 from pytest_harbor.plugin.options import HarborOptions
 from pytest_harbor.sandboxes import SandboxProvider, UnknownProvider, make_provider
@@ -89,8 +92,18 @@ class HarborRun:
             self._provider: SandboxProvider = make_provider(options.sandbox)
         except UnknownProvider as error:
             raise pytest.UsageError(f"--harbor-sandbox: {error}") from None
-        self.layout = ResultsLayout(options.results_dir, validation=self.harness.validates)
+        self.settings = options.settings
+        self.layout = ResultsLayout(
+            options.results_dir,
+            validation=self.harness.validates,
+            verifier_root=Path(self.settings.artifacts_dir)
+            if self.settings.artifacts_dir
+            else None,
+        )
         self.writer = None if is_worker else RolloutsWriter(self.layout)
+        #: Digests of the rows as the controller materialized them: `taskset/task` -> digest.
+        self.row_digests: dict[str, str] = {}
+        self._slots: EpisodeSlots | None = None
         self._cleanups: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
 
@@ -98,12 +111,57 @@ class HarborRun:
     def provider(self) -> SandboxProvider:
         return self._provider
 
-    def release(self, episode: Episode) -> None:
+    def plan(self, target: Target) -> TasksetPlan:
+        """Plan a target's taskset (raises TaskLoadError when the whole taskset is spoilt)."""
+        return plan_taskset(
+            target.path,
+            harness=self.harness.name,
+            capabilities=self._provider.capabilities,
+            provider=self._provider.name,
+            selection=Selection(self.options.only_tasks, self.options.exclude_tasks),
+            secrets=self.settings.secrets,
+            repeats=self.options.repeats,
+            admit_any_harness=self.options.allow_unsupported_pairing,
+        )
+
+    def acquire_slot(self) -> Slot | None:
+        """A place under `max_concurrent_episodes` (shared by every worker of the run);
+        None when the run sets no cap. Waiting past `queue_timeout_seconds` fails."""
+        cap = self.settings.max_concurrent_episodes
+        if cap is None:
+            return None
+        if self._slots is None:
+            self._slots = EpisodeSlots(self.scratch_dir / "slots", cap)
+        timeout = self.settings.queue_timeout_seconds or 0.0
+        slot = self._slots.acquire(timeout)
+        if slot is None:
+            raise EpisodeError(
+                FailureKind.QUEUE_TIMEOUT,
+                f"no episode slot came free within queue_timeout_seconds = {timeout:g} s "
+                f"(max_concurrent_episodes = {cap})",
+            )
+        return slot
+
+    @property
+    def scratch_dir(self) -> Path:
+        """A folder of this run's own, shared by its processes on this machine."""
+        return Path(tempfile.gettempdir()) / f"pytest-harbor-{self.run_id}"
+
+    def release(self, episode: Episode, slot: Slot | None = None) -> None:
         """Remove the episode's sandbox in the background, so the next episode can start
-        while the engine removes this one; wait_for_cleanup() collects them all."""
+        while the engine removes this one, then free its slot; wait_for_cleanup() collects
+        them all."""
         if self._cleanups is None:
             self._cleanups = ThreadPoolExecutor(2, thread_name_prefix="harbor-cleanup")
-        self._pending.append(self._cleanups.submit(episode.cleanup))
+
+        def clean() -> None:
+            try:
+                episode.cleanup()
+            finally:
+                if slot is not None:
+                    slot.release()
+
+        self._pending.append(self._cleanups.submit(clean))
 
     def wait_for_cleanup(self) -> list[str]:
         """Wait until every released sandbox is gone; return the errors met."""
@@ -122,6 +180,7 @@ class HarborRun:
 
     def labels(self, task: str, trial: str) -> dict[str, str]:
         return {
+            **self.settings.sandbox_metadata,
             RUN_LABEL: self.run_id,
             OWNER_LABEL: self.owner,
             TASK_LABEL: task,

@@ -6,8 +6,10 @@ from collections.abc import Callable
 
 from pytest_harbor.sandboxes.base import (
     ExecResult,
+    ImageConfig,
     ImageSource,
     Sandbox,
+    SandboxCapabilities,
     SandboxError,
     SandboxProvider,
     SandboxSpec,
@@ -16,8 +18,10 @@ from pytest_harbor.sandboxes.base import (
 
 __all__ = [
     "ExecResult",
+    "ImageConfig",
     "ImageSource",
     "Sandbox",
+    "SandboxCapabilities",
     "SandboxError",
     "SandboxProvider",
     "SandboxSpec",

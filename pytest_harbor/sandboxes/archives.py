@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import io
 import os
 import tarfile
@@ -9,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 __all__ = [
+    "filter_archive",
     "pack_directories",
     "pack_files",
     "pack_folder",
@@ -59,6 +61,30 @@ def pack_directories(directories: Mapping[str, int]) -> bytes:
             info.type = tarfile.DIRTYPE
             info.mode = mode
             archive.addfile(info)
+    return buffer.getvalue()
+
+
+def filter_archive(data: bytes, exclude: Iterable[str]) -> bytes:
+    """The stream without members matching an exclude pattern (tar --exclude style: a
+    pattern matches a member's path or any of its components, and what lies below)."""
+    patterns = tuple(exclude)
+    if not patterns:
+        return data
+    buffer = io.BytesIO()
+    with (
+        tarfile.open(fileobj=io.BytesIO(data), mode="r") as source,
+        tarfile.open(fileobj=buffer, mode="w") as target,
+    ):
+        for member in source:
+            parts = member.name.split("/")
+            prefixes = ["/".join(parts[:end]) for end in range(1, len(parts) + 1)]
+            if any(
+                fnmatch.fnmatch(candidate, pattern)
+                for pattern in patterns
+                for candidate in (*parts, *prefixes)
+            ):
+                continue
+            target.addfile(member, source.extractfile(member) if member.isreg() else None)
     return buffer.getvalue()
 
 

@@ -9,8 +9,10 @@ from typing import Protocol
 
 __all__ = [
     "ExecResult",
+    "ImageConfig",
     "ImageSource",
     "Sandbox",
+    "SandboxCapabilities",
     "SandboxError",
     "SandboxProvider",
     "SandboxSpec",
@@ -31,6 +33,17 @@ class SandboxStartError(SandboxError):
 
 
 @dataclass(frozen=True)
+class SandboxCapabilities:
+    """What a provider can give a task; a task needing more is refused at collection."""
+
+    gpus: bool = False
+    tpus: bool = False
+    windows: bool = False
+    network_allowlists: bool = False
+    compose: bool = False
+
+
+@dataclass(frozen=True)
 class ImageSource:
     """Where a task's image comes from: a prebuilt name, or a build context to build."""
 
@@ -38,6 +51,18 @@ class ImageSource:
     context_dir: Path | None
     build_timeout_sec: float
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: Further tries of a pull that failed (the `image_pull_retries` setting).
+    pull_retries: int = 0
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What an image says about how it runs."""
+
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    workdir: str = ""
+    user: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,6 +78,10 @@ class SandboxSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     #: Directories (absolute path -> mode) that exist, empty or not, once started.
     directories: Mapping[str, int] = field(default_factory=dict)
+    #: The sandbox ends by itself after this many seconds (a leak cannot live forever).
+    ttl_s: float | None = None
+    #: Starting takes at most this long, or it fails.
+    ready_timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +126,15 @@ class Sandbox(Protocol):
         """Copy a folder's contents (or named files) into the existing folder `target`."""
         ...
 
+    def read_archive(self, source: str) -> bytes | None:
+        """`source` (file or folder) as a tar stream whose top entry is its base name;
+        None when it does not exist."""
+        ...
+
+    def write_archive(self, data: bytes, into: str) -> None:
+        """Unpack a tar stream (as read_archive gives it) into the existing folder `into`."""
+        ...
+
     def download(self, source: str) -> dict[str, bytes]:
         """Every regular file below the folder `source`, keyed by its path relative to it;
         a file `source` comes back under its own name. Nothing there gives {}."""
@@ -111,9 +149,14 @@ class SandboxProvider(Protocol):
     """A kind of sandbox (docker, ...): makes images and starts sandboxes from specs."""
 
     name: str
+    capabilities: SandboxCapabilities
 
     def prepare_image(self, source: ImageSource) -> str:
         """Return a runnable image reference, building or fetching it when needed."""
+        ...
+
+    def image_config(self, image: str) -> ImageConfig:
+        """The entrypoint, command, working directory and user `image` declares."""
         ...
 
     def start(self, spec: SandboxSpec) -> Sandbox: ...

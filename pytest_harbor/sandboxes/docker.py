@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,9 @@ from pytest_harbor.sandboxes.archives import (
 )
 from pytest_harbor.sandboxes.base import (
     ExecResult,
+    ImageConfig,
     ImageSource,
+    SandboxCapabilities,
     SandboxError,
     SandboxSpec,
     SandboxStartError,
@@ -44,8 +48,11 @@ _KILL_GRACE_S = 5.0
 _GO_MODE_DIR = 1 << 31
 #: What a dropped or timed-out connection to the engine raises.
 _TRANSPORT_ERRORS = (OSError, requests.exceptions.RequestException, urllib3.exceptions.HTTPError)
-#: Keeps the sandbox alive; removal is forceful, so the sleep never needs a signal.
-_KEEPALIVE = ["sleep", "2147483647"]
+#: The keep-alive sleep of a sandbox with no lifetime; removal is forceful, so the sleep
+#: never needs a signal.
+_FOREVER_S = 2147483647
+#: First pause between image pulls; it doubles each try.
+_PULL_BACKOFF_S = 0.5
 #: Prints the shell's pid (the exec'd command keeps it, and leads its process group)
 #: on stderr before anything else, so a deadline can kill the whole group.
 _PID_WRAPPER = 'echo "$$" >&2; exec "$@"'
@@ -91,14 +98,17 @@ class DockerProvider:
     """Starts one container per sandbox: keep-alive sleep, labels, limits, forceful removal."""
 
     name = "docker"
+    #: Plain containers on one engine: no accelerators, no egress filtering, no groups.
+    capabilities = SandboxCapabilities()
 
     def __init__(self) -> None:
         self._present: set[str] = set()
         self._tags: dict[Path, str] = {}
+        self._configs: dict[str, ImageConfig] = {}
 
     def prepare_image(self, source: ImageSource) -> str:
         if source.docker_image is not None:
-            return self._prebuilt(source.docker_image)
+            return self._prebuilt(source.docker_image, source.pull_retries)
         if source.context_dir is None:
             raise SandboxStartError("the task names neither a docker_image nor a build context")
         # Hash each build context once per run, not once per trial.
@@ -124,17 +134,38 @@ class DockerProvider:
         self._present.add(name)
         return True
 
-    def _prebuilt(self, name: str) -> str:
+    def _prebuilt(self, name: str, retries: int) -> str:
         if self._has_image(name):
             return name
-        try:
-            _engine().api.pull(name)
-        except docker.errors.APIError as error:
-            raise SandboxStartError(
-                f"image {name} is not on this machine and pulling it failed: {_explain(error)}"
-            ) from None
+        for attempt in range(retries + 1):
+            try:
+                _engine().api.pull(name)
+            except docker.errors.APIError as error:
+                if attempt == retries:
+                    raise SandboxStartError(
+                        f"image {name} is not on this machine and pulling it failed "
+                        f"({attempt + 1} attempt{'s' if attempt else ''}): {_explain(error)}"
+                    ) from None
+                time.sleep(_PULL_BACKOFF_S * 2**attempt)
+            else:
+                break
         self._present.add(name)
         return name
+
+    def image_config(self, image: str) -> ImageConfig:
+        if image in self._configs:
+            return self._configs[image]
+        try:
+            config = _engine().api.inspect_image(image).get("Config") or {}
+        except docker.errors.APIError as error:
+            raise SandboxStartError(f"cannot inspect image {image}: {_explain(error)}") from None
+        self._configs[image] = ImageConfig(
+            entrypoint=tuple(config.get("Entrypoint") or ()),
+            cmd=tuple(config.get("Cmd") or ()),
+            workdir=config.get("WorkingDir") or "",
+            user=config.get("User") or "",
+        )
+        return self._configs[image]
 
     def _build(self, source: ImageSource, tag: str) -> None:
         assert source.context_dir is not None
@@ -168,6 +199,20 @@ class DockerProvider:
             raise SandboxStartError(f"building {dockerfile} produced no image {tag}")
 
     def start(self, spec: SandboxSpec) -> DockerSandbox:
+        if spec.ready_timeout_s is None:
+            return self._start(spec)
+        attempt = _StartAttempt(self, spec)
+        thread = threading.Thread(target=attempt.run, name="harbor-start", daemon=True)
+        thread.start()
+        if not _join(thread, spec.ready_timeout_s):
+            attempt.abandon()
+            raise SandboxStartError(
+                f"the sandbox from {spec.image} did not start within "
+                f"sandbox_ready_timeout_s = {spec.ready_timeout_s:g} s"
+            )
+        return attempt.result()
+
+    def _start(self, spec: SandboxSpec) -> DockerSandbox:
         engine = _engine()
         api = engine.api
         limits: dict[str, Any] = {}
@@ -176,14 +221,19 @@ class DockerProvider:
             limits["nano_cpus"] = int(min(spec.cpus, engine.cpus) * 1e9)
         if spec.memory_mb is not None:
             limits["mem_limit"] = limits["memswap_limit"] = f"{spec.memory_mb}m"
+        # The keep-alive sleep is the sandbox's lifetime; a leaked one ends and is removed.
+        lifetime = _FOREVER_S if spec.ttl_s is None else max(1, math.ceil(spec.ttl_s))
         try:
             host_config = api.create_host_config(
-                init=True, network_mode=None if spec.network else "none", **limits
+                init=True,
+                auto_remove=spec.ttl_s is not None,
+                network_mode=None if spec.network else "none",
+                **limits,
             )
             created = api.create_container(
                 spec.image,
-                entrypoint=_KEEPALIVE[:1],
-                command=_KEEPALIVE[1:],
+                entrypoint=["sleep"],
+                command=[str(lifetime)],
                 labels=dict(spec.labels),
                 environment=[f"{key}={value}" for key, value in spec.env.items()],
                 working_dir=spec.workdir,
@@ -302,6 +352,25 @@ class DockerSandbox:
                 f"sandbox {self._id[:12]}: upload to {target} failed: {_explain(error)}"
             ) from None
 
+    def read_archive(self, source: str) -> bytes | None:
+        try:
+            chunks, _ = _engine().api.get_archive(self._id, source)
+            return b"".join(chunks)
+        except docker.errors.NotFound:
+            return None
+        except docker.errors.APIError as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: reading {source} failed: {_explain(error)}"
+            ) from None
+
+    def write_archive(self, data: bytes, into: str) -> None:
+        try:
+            _engine().api.put_archive(self._id, into, data)
+        except docker.errors.APIError as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: writing into {into} failed: {_explain(error)}"
+            ) from None
+
     def download(self, source: str) -> dict[str, bytes]:
         try:
             chunks, stat = _engine().api.get_archive(self._id, source)
@@ -329,6 +398,45 @@ class DockerSandbox:
                     f"sandbox {self._id[:12]}: removal failed: {_explain(error)}"
                 ) from None
         self._stopped = True
+
+
+class _StartAttempt:
+    """A start that may be given up on: a sandbox it makes after that is removed."""
+
+    def __init__(self, provider: DockerProvider, spec: SandboxSpec) -> None:
+        self._provider = provider
+        self._spec = spec
+        self._lock = threading.Lock()
+        self._sandbox: DockerSandbox | None = None
+        self._error: SandboxStartError | None = None
+        self._abandoned = False
+
+    def run(self) -> None:
+        try:
+            sandbox = self._provider._start(self._spec)
+        except SandboxStartError as error:
+            self._error = error
+            return
+        with self._lock:
+            self._sandbox = sandbox
+            abandoned = self._abandoned
+        if abandoned:
+            with contextlib.suppress(SandboxError):
+                sandbox.stop()
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            sandbox = self._sandbox
+        if sandbox is not None:
+            with contextlib.suppress(SandboxError):
+                sandbox.stop()
+
+    def result(self) -> DockerSandbox:
+        if self._error is not None:
+            raise self._error
+        assert self._sandbox is not None
+        return self._sandbox
 
 
 class _Build:

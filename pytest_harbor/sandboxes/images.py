@@ -10,14 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pytest_harbor.ignore import is_ignored
+
 __all__ = ["build_lock", "context_hash", "image_tag_for"]
-
-_IGNORED_NAMES = {"__pycache__", ".DS_Store"}
-_IGNORED_SUFFIXES = (".pyc", ".swp", ".swo", "~")
-
-
-def _ignored(name: str) -> bool:
-    return name in _IGNORED_NAMES or name.endswith(_IGNORED_SUFFIXES)
 
 
 def context_hash(folder: Path) -> str:
@@ -27,9 +22,9 @@ def context_hash(folder: Path) -> str:
     """
     records: list[bytes] = []
     for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(name for name in dirs if not _ignored(name))
+        dirs[:] = sorted(name for name in dirs if not is_ignored(name))
         for name in files:
-            if _ignored(name):
+            if is_ignored(name):
                 continue
             path = Path(root) / name
             relative = path.relative_to(folder).as_posix()

@@ -1,25 +1,43 @@
-"""task.toml as pydantic models, with Harbor's field names and defaults."""
+"""task.toml as pydantic models: Harbor 1.4's tables, fields, defaults and rules."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
+import unicodedata
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "AgentConfig",
+    "ArtifactConfig",
     "EnvironmentConfig",
+    "HealthcheckConfig",
+    "MCPServerConfig",
     "PackageInfo",
     "SolutionConfig",
+    "StepAgentConfig",
     "StepConfig",
+    "StepVerifierConfig",
+    "TPUConfig",
     "TaskConfig",
+    "VerifierCollectConfig",
     "VerifierConfig",
     "unknown_keys",
 ]
 
 User = str | int
+NetworkMode = Literal["public", "no-network", "allowlist"]
+VerifierMode = Literal["shared", "separate"]
 
 
 class _Table(BaseModel):
@@ -34,10 +52,63 @@ def _finite(value: float | None) -> float | None:
     return value
 
 
+# ---------------------------------------------------------------------------- network policy
+
+_HOSTNAME = re.compile(
+    r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
+
+
+def _normalise_host(entry: str) -> str:
+    """A hostname, `*.suffix` wildcard, IP or CIDR; lowercased, trailing dot removed."""
+    host = entry.strip().lower().rstrip(".")
+    if _is_network(host):
+        return host
+    if "://" in host or "/" in host:
+        raise ValueError(f"allowed_hosts entry {entry!r} must be a host, IP or CIDR, not a URL")
+    if ":" in host:
+        raise ValueError(f"allowed_hosts entry {entry!r} must not name a port")
+    if not _HOSTNAME.match(host):
+        raise ValueError(f"allowed_hosts entry {entry!r} is not a valid host name")
+    return host
+
+
+def _is_network(host: str) -> bool:
+    try:
+        ipaddress.ip_network(host, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+def _allowed_hosts(value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+    """Normalised hosts, and only with `network_mode = "allowlist"` (declared before)."""
+    if value is None:
+        return None
+    if info.data.get("network_mode") != "allowlist":
+        raise ValueError('allowed_hosts is only valid with network_mode = "allowlist"')
+    return [_normalise_host(entry) for entry in value]
+
+
+class _PhaseNetworkPolicy(_Table):
+    """A phase's own network policy; None inherits the environment's."""
+
+    network_mode: NetworkMode | None = None
+    allowed_hosts: list[str] | None = None
+
+    _check_hosts = field_validator("allowed_hosts")(_allowed_hosts)
+
+
+# ---------------------------------------------------------------------------- small tables
+
+
+_PACKAGE_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]*/[a-zA-Z0-9][a-zA-Z0-9._-]*$")
+
+
 class PackageInfo(_Table):
     """`[task]`: the registry identity of a task (not its id; the folder name is the id)."""
 
-    name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9._-]*/[a-zA-Z0-9][a-zA-Z0-9._-]*$")
+    name: str
     version: str | None = Field(default=None, min_length=1)
     description: str = ""
     authors: list[dict[str, str]] = []
@@ -45,30 +116,79 @@ class PackageInfo(_Table):
 
     @field_validator("name")
     @classmethod
-    def _no_parent_refs(cls, value: str) -> str:
+    def _org_slash_name(cls, value: str) -> str:
+        if not _PACKAGE_NAME.match(value):
+            raise ValueError(
+                f"{value!r} must be 'org/name' (letters, digits, '.', '_', '-'; each part "
+                "starting with a letter or digit)"
+            )
         if ".." in value:
-            raise ValueError("must not contain '..'")
+            raise ValueError(f"{value!r} must not contain '..'")
         return value
 
 
-class AgentConfig(_Table):
-    """`[agent]`: budget and user of the agent (or the oracle's solve.sh)."""
+class HealthcheckConfig(_Table):
+    """A command run until it succeeds once, before the agent starts."""
 
-    timeout_sec: float | None = Field(default=None, gt=0)
-    user: User | None = None
+    command: str
+    interval_sec: float = 5.0
+    timeout_sec: float = 30.0
+    start_period_sec: float = 0.0
+    start_interval_sec: float = 5.0
+    retries: int = 3
 
-    _check_timeout = field_validator("timeout_sec")(_finite)
+
+class TPUConfig(_Table):
+    type: str
+    topology: str
+
+    @field_validator("topology")
+    @classmethod
+    def _grid(cls, value: str) -> str:
+        if not re.match(r"^\d+x\d+(x\d+)?$", value):
+            raise ValueError(f"topology {value!r} must look like 2x2 or 2x2x4")
+        return value
 
 
-class VerifierConfig(_Table):
-    """`[verifier]`: how tests/test.sh runs."""
+_CREDENTIAL_HEADER = re.compile(r"auth|token|key|secret|password|cookie", re.IGNORECASE)
 
-    timeout_sec: float = Field(default=600.0, gt=0)
-    env: dict[str, str] = {}
-    user: User | None = None
 
-    _check_timeout = field_validator("timeout_sec")(_finite)
+class MCPServerConfig(_Table):
+    """An MCP server the task offers its agent."""
 
+    name: str
+    transport: Literal["sse", "streamable-http", "stdio"] = "sse"
+    url: str | None = None
+    command: str | None = None
+    args: list[str] = []
+    headers: dict[str, str] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _http_alias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("transport") == "http":
+            data = {**data, "transport": "streamable-http"}
+        return data
+
+    @model_validator(mode="after")
+    def _transport_rules(self) -> MCPServerConfig:
+        if self.transport == "stdio":
+            if not self.command:
+                raise ValueError(f"MCP server {self.name!r}: transport stdio needs a command")
+            if self.headers:
+                raise ValueError(f"MCP server {self.name!r}: transport stdio takes no headers")
+        elif not self.url:
+            raise ValueError(f"MCP server {self.name!r}: transport {self.transport} needs a url")
+        for header, value in self.headers.items():
+            if _CREDENTIAL_HEADER.search(header) and "${" not in value:
+                raise ValueError(
+                    f"MCP server {self.name!r}: header {header} carries a credential; write it "
+                    "as ${VARIABLE} so it is not stored in task.toml"
+                )
+        return self
+
+
+# ---------------------------------------------------------------------------- environment
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([GgMmKk])[Bb]?\s*$")
 _SIZE_FACTORS = {"g": 1024.0, "m": 1.0, "k": 1.0 / 1024.0}
@@ -85,25 +205,30 @@ def _megabytes(text: object, key: str) -> int:
 
 
 class EnvironmentConfig(_Table):
-    """`[environment]`: the sandbox's image, resources and working directory."""
+    """`[environment]` (and `[verifier.environment]`): image, resources, network, workdir."""
 
     build_timeout_sec: float = Field(default=600.0, gt=0)
     docker_image: str | None = None
     os: Literal["linux", "windows"] = "linux"
-    cpus: int | float | None = Field(default=None, gt=0)
+    cpus: float | None = Field(default=None, gt=0)
     memory_mb: int | None = Field(default=None, gt=0)
     storage_mb: int | None = Field(default=None, gt=0)
     gpus: int | None = Field(default=None, ge=0)
-    workdir: str | None = None
+    gpu_types: list[str] | None = None
+    tpu: TPUConfig | None = None
+    mcp_servers: list[MCPServerConfig] = []
     env: dict[str, str] = {}
-    network_mode: Literal["public", "no-network", "allowlist"] = "public"
+    skills_dir: str | None = None
+    healthcheck: HealthcheckConfig | None = None
+    workdir: str | None = None
+    network_mode: NetworkMode = "public"
     allowed_hosts: list[str] | None = None
 
     _check_numbers = field_validator("build_timeout_sec", "cpus")(_finite)
 
     @model_validator(mode="before")
     @classmethod
-    def _legacy_sizes(cls, data: Any) -> Any:
+    def _legacy_spellings(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
         data = dict(data)
@@ -129,16 +254,11 @@ class EnvironmentConfig(_Table):
             data["network_mode"] = "public" if allow_internet else "no-network"
         return data
 
-    @model_validator(mode="after")
-    def _hosts_need_allowlist(self) -> EnvironmentConfig:
-        if self.allowed_hosts is not None and self.network_mode != "allowlist":
-            raise ValueError('allowed_hosts is only valid with network_mode = "allowlist"')
-        return self
-
     @field_validator("cpus")
     @classmethod
-    def _whole_cpus(cls, value: int | float | None) -> int | float | None:
-        if isinstance(value, float) and value.is_integer():
+    def _whole_cpus(cls, value: float | None) -> float | None:
+        # Harbor collapses a whole number of CPUs to an int.
+        if value is not None and value.is_integer():
             return int(value)
         return value
 
@@ -149,6 +269,72 @@ class EnvironmentConfig(_Table):
             raise ValueError(f"must be an absolute path inside the sandbox, got {value!r}")
         return value
 
+    _check_hosts = field_validator("allowed_hosts")(_allowed_hosts)
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _unique_servers(cls, value: list[MCPServerConfig]) -> list[MCPServerConfig]:
+        names = [server.name for server in value]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"MCP server names must be unique: {', '.join(repeated)} repeats")
+        return value
+
+
+# ---------------------------------------------------------------------------- agent, verifier
+
+
+class AgentConfig(_PhaseNetworkPolicy):
+    """`[agent]`: budget and user of the agent (or the oracle's solve.sh)."""
+
+    timeout_sec: float | None = Field(default=None, gt=0)
+    user: User | None = None
+
+    _check_timeout = field_validator("timeout_sec")(_finite)
+
+
+_SERVICE = r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$"
+
+
+class VerifierCollectConfig(_Table):
+    """`[[verifier.collect]]`: a command run after the agent, before verification."""
+
+    command: str
+    service: str = Field(default="main", pattern=_SERVICE)
+    timeout_sec: float = Field(default=60.0, gt=0)
+    user: User | None = None
+
+
+class VerifierConfig(_PhaseNetworkPolicy):
+    """`[verifier]`: how tests/test.sh runs, and where."""
+
+    timeout_sec: float = Field(default=600.0, gt=0)
+    env: dict[str, str] = {}
+    user: User | None = None
+    environment_mode: VerifierMode | None = None
+    environment: EnvironmentConfig | None = None
+    collect: list[VerifierCollectConfig] = []
+
+    _check_timeout = field_validator("timeout_sec")(_finite)
+
+    @field_validator("environment")
+    @classmethod
+    def _shared_has_no_environment(
+        cls, value: EnvironmentConfig | None, info: ValidationInfo
+    ) -> EnvironmentConfig | None:
+        if value is not None and info.data.get("environment_mode") == "shared":
+            raise ValueError(
+                'environment_mode = "shared" cannot be combined with [verifier.environment]'
+            )
+        return value
+
+    @property
+    def mode(self) -> VerifierMode:
+        """The declared mode, else separate when a verifier environment is given."""
+        if self.environment_mode is not None:
+            return self.environment_mode
+        return "separate" if self.environment is not None else "shared"
+
 
 class SolutionConfig(_Table):
     """`[solution]`: environment for the oracle's solve.sh."""
@@ -156,10 +342,108 @@ class SolutionConfig(_Table):
     env: dict[str, str] = {}
 
 
+class ArtifactConfig(_Table):
+    """A path copied out of the agent's sandbox after it finishes."""
+
+    source: str
+    destination: str | None = None
+    exclude: list[str] = []
+    service: str | None = Field(default=None, pattern=_SERVICE)
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if ".." in value.split("/"):
+            raise ValueError(f"artifact source {value!r} must not contain '..'")
+        return value
+
+    @field_validator("destination")
+    @classmethod
+    def _destination(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if value.startswith("/") or "\\" in value or ".." in value.split("/"):
+            raise ValueError(
+                f"artifact destination {value!r} must be a relative path without '..' or '\\'"
+            )
+        if value.strip("/") == "manifest.json":
+            raise ValueError("artifact destination manifest.json is reserved")
+        return value
+
+    @model_validator(mode="after")
+    def _sidecar_source_absolute(self) -> ArtifactConfig:
+        if self.service not in (None, "main") and not self.source.startswith("/"):
+            raise ValueError(
+                f"artifact source {self.source!r} of service {self.service!r} must be absolute"
+            )
+        return self
+
+
+def _artifact_list(value: Any) -> Any:
+    if isinstance(value, list):
+        return [{"source": entry} if isinstance(entry, str) else entry for entry in value]
+    return value
+
+
+# ---------------------------------------------------------------------------- steps
+
+
+class StepAgentConfig(_PhaseNetworkPolicy):
+    """`[steps.agent]`: unset fields fall back to the task's `[agent]`."""
+
+    timeout_sec: float | None = Field(default=None, gt=0)
+    user: User | None = None
+
+
+class StepVerifierConfig(_PhaseNetworkPolicy):
+    """`[steps.verifier]`: unset fields fall back to the task's `[verifier]`."""
+
+    timeout_sec: float | None = Field(default=None, gt=0)
+    env: dict[str, str] = {}
+    user: User | None = None
+    environment_mode: VerifierMode | None = None
+    environment: EnvironmentConfig | None = None
+
+
+_RESERVED_NAMES = {"con", "prn", "aux", "nul"} | {
+    f"{p}{n}" for p in ("com", "lpt") for n in range(1, 10)
+}
+_FORBIDDEN_CHARACTERS = set('<>:"/\\|?*')
+
+
+def _portable_name(name: str) -> str:
+    """A step name must work as a folder name everywhere."""
+    if not name:
+        raise ValueError("a step name must not be empty")
+    bad = sorted({char for char in name if char in _FORBIDDEN_CHARACTERS or ord(char) < 32})
+    if bad:
+        raise ValueError(
+            f"step name {name!r} contains characters not allowed in a folder name: {''.join(bad)!r}"
+        )
+    if name[-1] in ". ":
+        raise ValueError(f"step name {name!r} must not end with a dot or a space")
+    if name.split(".")[0].lower() in _RESERVED_NAMES:
+        raise ValueError(f"step name {name!r} is a reserved device name on Windows")
+    if len(name.encode()) > 255:
+        raise ValueError(f"step name {name[:20]!r}... is longer than 255 bytes")
+    return name
+
+
 class StepConfig(_Table):
     """One `[[steps]]` entry of a multi-step task."""
 
     name: str
+    agent: StepAgentConfig = StepAgentConfig()
+    verifier: StepVerifierConfig = StepVerifierConfig()
+    min_reward: float | dict[str, float] | None = None
+    healthcheck: HealthcheckConfig | None = None
+    artifacts: list[ArtifactConfig] = []
+
+    _check_name = field_validator("name")(_portable_name)
+    _artifacts = field_validator("artifacts", mode="before")(_artifact_list)
+
+
+# ---------------------------------------------------------------------------- the task
 
 
 class TaskConfig(_Table):
@@ -168,7 +452,9 @@ class TaskConfig(_Table):
     schema_version: str = "1.4"
     source: str | None = None
     multi_step_reward_strategy: Literal["mean", "final"] | None = None
-    artifacts: list[Any] = []
+    #: Pre-1.3 key, read and dropped as Harbor does (the loader warns about odd values).
+    multi_step_reward_mode: str | None = Field(default=None, exclude=True)
+    artifacts: list[ArtifactConfig] = []
     task: PackageInfo | None = None
     metadata: dict[str, Any] = {}
     agent: AgentConfig = AgentConfig()
@@ -176,6 +462,8 @@ class TaskConfig(_Table):
     environment: EnvironmentConfig = EnvironmentConfig()
     solution: SolutionConfig = SolutionConfig()
     steps: list[StepConfig] | None = None
+
+    _artifacts = field_validator("artifacts", mode="before")(_artifact_list)
 
     @model_validator(mode="before")
     @classmethod
@@ -186,6 +474,20 @@ class TaskConfig(_Table):
             version = data.pop("version")
             data.setdefault("schema_version", version)
         return data
+
+    @field_validator("steps")
+    @classmethod
+    def _unique_steps(cls, value: list[StepConfig] | None) -> list[StepConfig] | None:
+        seen: dict[str, str] = {}
+        for step in value or []:
+            key = unicodedata.normalize("NFC", step.name).casefold()
+            if key in seen:
+                raise ValueError(
+                    f"step names must be unique (ignoring case): {seen[key]!r} and "
+                    f"{step.name!r} clash"
+                )
+            seen[key] = step.name
+        return value
 
     @property
     def is_multi_step(self) -> bool:

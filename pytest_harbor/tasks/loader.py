@@ -6,18 +6,24 @@ import fnmatch
 import os
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from pytest_harbor.tasks.config import (
     EnvironmentConfig,
     SolutionConfig,
+    StepConfig,
+    StepVerifierConfig,
     TaskConfig,
     VerifierConfig,
     unknown_keys,
 )
+from pytest_harbor.tasks.dataset import DatasetConfig
+from pytest_harbor.tasks.digest import TaskFolderError, task_digest
+from pytest_harbor.tasks.errors import TaskLoadError, describe_validation_error, error_key
 from pytest_harbor.tasks.task import SINGLE_STEP_TURN, Task, Turn
 
 __all__ = [
@@ -27,6 +33,8 @@ __all__ = [
     "is_dataset_dir",
     "is_task_dir",
     "load_task",
+    "matches_any",
+    "resolve_env_value",
     "strip_canary",
 ]
 
@@ -36,15 +44,7 @@ MAX_TASK_DEPTH = 6
 TASK_FILE = "task.toml"
 
 
-class TaskLoadError(Exception):
-    """A task folder that cannot be loaded: which file, which key, what was expected."""
-
-    def __init__(self, path: Path, message: str, key: str | None = None) -> None:
-        self.path = path
-        self.key = key
-        self.message = message
-        where = f"{path}: {key}" if key else str(path)
-        super().__init__(f"{where}: {message}")
+# ---------------------------------------------------------------------------- discovery
 
 
 def is_task_dir(path: Path) -> bool:
@@ -92,6 +92,11 @@ def is_dataset_dir(path: Path, test_file_patterns: Iterable[str] = ()) -> bool:
     return has_task
 
 
+def matches_any(name: str, patterns: Sequence[str]) -> bool:
+    """Task selection: a name or a glob, as `--harbor-only-tasks a,b*` gives them."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
 def _subfolders(folder: Path) -> list[Path]:
     try:
         entries = list(os.scandir(folder))
@@ -115,129 +120,253 @@ def _holds_test_module(folder: Path, patterns: tuple[str, ...]) -> bool:
     )
 
 
-def load_task(path: Path, environ: Mapping[str, str] | None = None) -> Task:
-    """Load and validate one task folder; raise TaskLoadError naming the file and key."""
+# ---------------------------------------------------------------------------- loading
+
+
+def load_task(
+    path: Path,
+    *,
+    environ: Mapping[str, str] | None = None,
+    secrets: Mapping[str, str] | None = None,
+    dataset: DatasetConfig | None = None,
+) -> Task:
+    """Load and validate one task folder; raise TaskLoadError naming the file and key.
+
+    `dataset` applies a dataset.toml's `[gym]` overrides (before validation) and defaults;
+    `secrets` fill `${NAME}` in verifier env tables only, before the environment does.
+    """
     environ = os.environ if environ is None else environ
     task_file = path / TASK_FILE
     if path.is_symlink():
         raise TaskLoadError(path, "a task folder must not be a symlink")
-    config = _read_config(task_file)
-    _check_supported(path, config)
-    config = _resolve_env_templates(task_file, config, environ)
+    _refuse_folder_symlinks(path)
+    raw = _read_toml(task_file)
+    override = dataset.override_for(path.name) if dataset else None
+    if override:
+        raw = _merged(raw, override)
+    config = _validate(task_file, raw, from_dataset=bool(override))
+    if dataset is not None:
+        config = dataset.defaults.scale(config)
+    _check_layout(path, config)
+    config = _resolve_env_templates(task_file, config, environ, secrets or {})
+    try:
+        digest = task_digest(path)
+    except TaskFolderError as error:
+        raise TaskLoadError(error.path, str(error)) from None
     return Task(
         path=path,
         config=config,
-        turns=(_single_step_turn(path, config),),
+        turns=_turns(path, config),
+        digest=digest,
         unknown_keys=tuple(unknown_keys(config)),
+        notes=_notes(config),
     )
 
 
-def _read_config(task_file: Path) -> TaskConfig:
+def _refuse_folder_symlinks(task_dir: Path) -> None:
+    for root, dirs, _ in os.walk(task_dir):
+        for name in dirs:
+            if (Path(root) / name).is_symlink():
+                raise TaskLoadError(
+                    Path(root) / name, "a task folder must not hold a symlink to a folder"
+                )
+
+
+def _read_toml(task_file: Path) -> dict[str, Any]:
     try:
-        data = tomllib.loads(task_file.read_text(encoding="utf-8"))
+        return tomllib.loads(task_file.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:
         raise TaskLoadError(task_file, f"not valid TOML: {error}") from None
     except (OSError, UnicodeDecodeError) as error:
         raise TaskLoadError(task_file, f"cannot be read: {error}") from None
+
+
+def _merged(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _validate(task_file: Path, raw: dict[str, Any], *, from_dataset: bool) -> TaskConfig:
     try:
-        return TaskConfig.model_validate(data)
+        return TaskConfig.model_validate(raw)
     except ValidationError as error:
-        first = error.errors()[0]
-        key = _key_path(first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        given = first.get("input")
-        if not isinstance(given, dict) and first["type"] != "missing":
-            message = f"{message}, got {given!r}"
-        more = error.error_count() - 1
-        if more:
-            message += f" (and {more} more problem{'s' if more > 1 else ''})"
-        raise TaskLoadError(task_file, message, key=key or None) from None
+        raise TaskLoadError(
+            task_file, describe_validation_error(error, from_dataset), key=error_key(error) or None
+        ) from None
 
 
-def _key_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path
-
-
-def _check_supported(path: Path, config: TaskConfig) -> None:
+def _check_layout(path: Path, config: TaskConfig) -> None:
+    """Harbor's file rules (§1.3) and the per-step features Gym's loader refuses."""
     task_file = path / TASK_FILE
-    if config.is_multi_step:
-        raise TaskLoadError(task_file, "multi-step tasks are not supported yet", key="steps")
-    if config.environment.os != "linux":
-        raise TaskLoadError(
-            task_file,
-            f"{config.environment.os} tasks cannot run on a Linux Docker engine",
-            key="environment.os",
-        )
-    if config.environment.gpus:
-        raise TaskLoadError(
-            task_file, "the docker sandbox has no GPUs to give", key="environment.gpus"
-        )
-    if config.environment.network_mode == "allowlist":
-        raise TaskLoadError(
-            task_file,
-            'network_mode = "allowlist" cannot be enforced by the docker sandbox',
-            key="environment.network_mode",
-        )
     environment = path / "environment"
-    if config.environment.docker_image is None:
-        if (environment / "docker-compose.yaml").is_file():
+    if config.environment.docker_image is None and not (
+        (environment / "Dockerfile").is_file() or (environment / "docker-compose.yaml").is_file()
+    ):
+        raise TaskLoadError(
+            task_file,
+            "no environment: set [environment].docker_image or add environment/Dockerfile",
+            key="environment.docker_image",
+        )
+    bundled = _bundles_tests(path, config)
+    if (path / "tests" / "verifier.py").is_file() and not (path / "tests" / "test.sh").is_file():
+        raise TaskLoadError(
+            path / "tests" / "verifier.py",
+            "Python verifiers are not supported; add tests/test.sh",
+        )
+    if not config.is_multi_step:
+        if not (path / "instruction.md").is_file():
+            raise TaskLoadError(path / "instruction.md", "missing: a single-step task needs one")
+        if not bundled and not (path / "tests" / "test.sh").is_file():
             raise TaskLoadError(
-                environment / "docker-compose.yaml",
-                "Compose tasks are not supported by the docker sandbox",
+                path / "tests" / "test.sh", "missing: the verifier script is required"
             )
-        if not (environment / "Dockerfile").is_file():
-            raise TaskLoadError(
-                task_file,
-                "no environment: set [environment].docker_image or add environment/Dockerfile",
-                key="environment.docker_image",
-            )
-    if not (path / "instruction.md").is_file():
-        raise TaskLoadError(path / "instruction.md", "missing: a single-step task needs one")
-    if not (path / "tests" / "test.sh").is_file():
-        raise TaskLoadError(path / "tests" / "test.sh", "missing: the verifier script is required")
+        return
+    _check_steps(path, config, bundled)
 
+
+def _bundles_tests(path: Path, config: TaskConfig) -> bool:
+    """A separate verifier image that may carry its own tests (tests/ need not exist)."""
+    tests = path / "tests"
+    image = config.verifier.environment and config.verifier.environment.docker_image
+    return bool(
+        image or (tests / "Dockerfile").is_file() or (tests / "docker-compose.yaml").is_file()
+    )
+
+
+def _check_steps(path: Path, config: TaskConfig, bundled: bool) -> None:
+    task_file = path / TASK_FILE
+    if config.verifier.mode == "separate" or (path / "tests" / "Dockerfile").is_file():
+        raise TaskLoadError(
+            task_file,
+            "a multi-step task verifies in its agent's sandbox only (shared mode); "
+            "remove the separate verifier",
+            key="verifier.environment_mode"
+            if config.verifier.environment_mode
+            else "verifier.environment",
+        )
+    for index, step in enumerate(config.steps or []):
+        _check_step(path, index, step, bundled)
+
+
+def _check_step(path: Path, index: int, step: StepConfig, bundled: bool) -> None:
+    task_file = path / TASK_FILE
+    folder = path / "steps" / step.name
+    where = f"steps[{index}]"
+    named = f"step {step.name!r}"
+    if step.healthcheck is not None:
+        raise TaskLoadError(
+            task_file, f"{named}: a per-step healthcheck is not run", key=f"{where}.healthcheck"
+        )
+    if step.artifacts:
+        raise TaskLoadError(
+            task_file, f"{named}: per-step artifacts are not collected", key=f"{where}.artifacts"
+        )
+    if step.verifier.environment is not None or step.verifier.environment_mode == "separate":
+        key = "environment" if step.verifier.environment is not None else "environment_mode"
+        raise TaskLoadError(
+            task_file,
+            f"{named}: per-step separate verification is not run",
+            key=f"{where}.verifier.{key}",
+        )
+    if not folder.is_dir():
+        raise TaskLoadError(folder, f"missing: {named} needs its folder")
+    if (folder / "workdir").exists():
+        raise TaskLoadError(folder / "workdir", f"{named}: per-step workdir/ is not supported")
+    for setup in (folder / "setup.sh", folder / "workdir" / "setup.sh"):
+        if setup.exists():
+            raise TaskLoadError(setup, f"{named}: per-step setup.sh is not supported")
+    if not (folder / "instruction.md").is_file():
+        raise TaskLoadError(folder / "instruction.md", f"missing: {named} needs an instruction")
+    if not bundled and not any(
+        (tests / "test.sh").is_file() for tests in (folder / "tests", path / "tests")
+    ):
+        raise TaskLoadError(
+            folder / "tests" / "test.sh",
+            f"missing: {named} has no verifier (neither steps/{step.name}/tests/test.sh "
+            "nor tests/test.sh)",
+        )
+
+
+# ---------------------------------------------------------------------------- env templates
 
 _TEMPLATE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?\}$", re.DOTALL)
 
 
-def resolve_env_value(value: str, environ: Mapping[str, str]) -> str | None:
-    """Harbor's `${VAR}` / `${VAR:-default}` (whole value only); None when VAR is unset."""
+def resolve_env_value(value: str, *sources: Mapping[str, str]) -> str | None:
+    """Harbor's `${VAR}` / `${VAR:-default}` (whole value only); None when VAR is unset.
+
+    The first source that has VAR gives its value.
+    """
     match = _TEMPLATE.match(value)
     if match is None:
         return value
     name, default = match.group(1), match.group(2)
-    if name in environ:
-        return environ[name]
+    for source in sources:
+        if name in source:
+            return source[name]
     return default
 
 
-def _resolve_env_templates(
-    task_file: Path, config: TaskConfig, environ: Mapping[str, str]
-) -> TaskConfig:
-    tables: dict[str, EnvironmentConfig | VerifierConfig | SolutionConfig] = {
-        "environment": config.environment,
-        "verifier": config.verifier,
-        "solution": config.solution,
-    }
-    updates = {}
-    for table_name, table in tables.items():
-        resolved: dict[str, str] = {}
-        for key, value in table.env.items():
-            result = resolve_env_value(value, environ)
-            if result is None:
-                raise TaskLoadError(
-                    task_file,
-                    f"{value} names a variable that is not set and has no default "
-                    "(write ${NAME:-default} to give one)",
-                    key=f"{table_name}.env.{key}",
-                )
-            resolved[key] = result
-        updates[table_name] = table.model_copy(update={"env": resolved})
-    return config.model_copy(update=updates)
+_EnvTable = EnvironmentConfig | VerifierConfig | SolutionConfig | StepVerifierConfig
 
+
+def _resolve_table(
+    task_file: Path, key: str, table: _EnvTable, *sources: Mapping[str, str]
+) -> dict[str, str]:
+    resolved: dict[str, str] = {}
+    for name, value in table.env.items():
+        result = resolve_env_value(value, *sources)
+        if result is None:
+            raise TaskLoadError(
+                task_file,
+                f"{value} names a variable that is not set and has no default "
+                "(write ${NAME:-default} to give one)",
+                key=f"{key}.env.{name}",
+            )
+        resolved[name] = result
+    return resolved
+
+
+def _resolve_env_templates(
+    task_file: Path,
+    config: TaskConfig,
+    environ: Mapping[str, str],
+    secrets: Mapping[str, str],
+) -> TaskConfig:
+    def resolve(key: str, table: Any, *sources: Mapping[str, str]) -> Any:
+        return table.model_copy(update={"env": _resolve_table(task_file, key, table, *sources)})
+
+    verifier = resolve("verifier", config.verifier, secrets, environ)
+    if verifier.environment is not None:
+        verifier = verifier.model_copy(
+            update={"environment": resolve("verifier.environment", verifier.environment, environ)}
+        )
+    steps = None
+    if config.steps is not None:
+        steps = [
+            step.model_copy(
+                update={
+                    "verifier": resolve(f"steps[{i}].verifier", step.verifier, secrets, environ)
+                }
+            )
+            for i, step in enumerate(config.steps)
+        ]
+    return config.model_copy(
+        update={
+            "environment": resolve("environment", config.environment, environ),
+            "verifier": verifier,
+            "solution": resolve("solution", config.solution, environ),
+            "steps": steps,
+        }
+    )
+
+
+# ---------------------------------------------------------------------------- turns
 
 _CANARY = re.compile(r"^\s*(<!--.*canary.*-->|#.*canary.*)\s*$", re.IGNORECASE)
 
@@ -258,18 +387,58 @@ def _user(value: str | int | None) -> str | None:
     return None if value is None else str(value)
 
 
-def _single_step_turn(path: Path, config: TaskConfig) -> Turn:
-    instruction = strip_canary((path / "instruction.md").read_text(encoding="utf-8"))
+def _turns(path: Path, config: TaskConfig) -> tuple[Turn, ...]:
+    tests = path / "tests"
     solution = path / "solution"
-    return Turn(
-        name=SINGLE_STEP_TURN,
-        instruction=instruction,
-        solution_dir=solution if solution.is_dir() else None,
-        tests_dirs=(path / "tests",),
-        agent_timeout_sec=config.agent.timeout_sec,
-        agent_user=_user(config.agent.user),
-        verifier_timeout_sec=config.verifier.timeout_sec,
-        verifier_user=_user(config.verifier.user),
-        verifier_env=dict(config.verifier.env),
-        solution_env=dict(config.solution.env),
+    if not config.is_multi_step:
+        return (
+            Turn(
+                name=SINGLE_STEP_TURN,
+                instruction=strip_canary((path / "instruction.md").read_text(encoding="utf-8")),
+                solution_dir=solution if solution.is_dir() else None,
+                tests_dirs=(tests,) if tests.is_dir() else (),
+                agent_timeout_sec=config.agent.timeout_sec,
+                agent_user=_user(config.agent.user),
+                verifier_timeout_sec=config.verifier.timeout_sec,
+                verifier_user=_user(config.verifier.user),
+                verifier_env=dict(config.verifier.env),
+                solution_env=dict(config.solution.env),
+            ),
+        )
+    turns = []
+    for step in config.steps or []:
+        folder = path / "steps" / step.name
+        own_solution = folder / "solution"
+        # A step folder's own solution/ is its answer even without solve.sh (then missing).
+        step_solution = own_solution if own_solution.is_dir() else solution
+        turns.append(
+            Turn(
+                name=step.name,
+                instruction=strip_canary((folder / "instruction.md").read_text(encoding="utf-8")),
+                solution_dir=step_solution if step_solution.is_dir() else None,
+                tests_dirs=tuple(d for d in (tests, folder / "tests") if d.is_dir()),
+                agent_timeout_sec=step.agent.timeout_sec or config.agent.timeout_sec,
+                agent_user=_user(
+                    step.agent.user if step.agent.user is not None else config.agent.user
+                ),
+                verifier_timeout_sec=step.verifier.timeout_sec or config.verifier.timeout_sec,
+                verifier_user=_user(
+                    step.verifier.user if step.verifier.user is not None else config.verifier.user
+                ),
+                verifier_env={**config.verifier.env, **step.verifier.env},
+                solution_env=dict(config.solution.env),
+                min_reward=step.min_reward,
+            )
+        )
+    return tuple(turns)
+
+
+def _notes(config: TaskConfig) -> tuple[str, ...]:
+    mode = config.multi_step_reward_mode
+    if mode is None or mode == "aggregate":
+        return ()
+    strategy = config.multi_step_reward_strategy or "mean"
+    return (
+        f"multi_step_reward_mode = {mode!r} is a pre-1.3 key and was dropped; the task rolls "
+        f"up with multi_step_reward_strategy = {strategy!r}",
     )

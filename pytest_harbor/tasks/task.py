@@ -27,6 +27,7 @@ class Turn:
     verifier_user: str | None
     verifier_env: dict[str, str] = field(default_factory=dict)
     solution_env: dict[str, str] = field(default_factory=dict)
+    min_reward: float | dict[str, float] | None = None
 
     @property
     def solve_script(self) -> Path | None:
@@ -38,12 +39,15 @@ class Turn:
 
 @dataclass(frozen=True)
 class Task:
-    """A task folder that loaded: its id, its validated task.toml and its turns."""
+    """A task folder that loaded: its id, its validated task.toml, its turns and digest."""
 
     path: Path
     config: TaskConfig
     turns: tuple[Turn, ...]
+    digest: str = ""
     unknown_keys: tuple[str, ...] = ()
+    #: Other things the loader read but did not use, worth a warning.
+    notes: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -62,6 +66,22 @@ class Task:
         return self.environment_dir / "Dockerfile"
 
     @property
+    def loose_environment_files(self) -> bool:
+        """A prebuilt image with files beside it: they go to the working directory."""
+        return (
+            self.config.environment.docker_image is not None
+            and self.environment_dir.is_dir()
+            and not (self.environment_dir / "Dockerfile").exists()
+            and any(self.environment_dir.iterdir())
+        )
+
+    @property
     def is_validatable(self) -> bool:
         """True when every turn has a reference solution the oracle can run."""
         return all(turn.solve_script is not None for turn in self.turns)
+
+    @property
+    def verifier_dockerfile(self) -> Path | None:
+        """`tests/Dockerfile`: a separate verifier image built with `tests/` as context."""
+        dockerfile = self.path / "tests" / "Dockerfile"
+        return dockerfile if dockerfile.is_file() else None

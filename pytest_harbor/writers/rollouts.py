@@ -15,14 +15,20 @@ __all__ = ["ResultsLayout", "RolloutsWriter"]
 
 ROLLOUTS = "rollouts.jsonl"
 VERIFIER = "verifier"
+SKIPPED = "skipped.json"
 
 
 @dataclass(frozen=True)
 class ResultsLayout:
-    """Where files go: `<results>/harbor/<taskset>/`, or `.../harbor/validation/<taskset>/`."""
+    """Where files go: `<results>/harbor/<taskset>/`, or `.../harbor/validation/<taskset>/`.
+
+    `verifier_root` (the `artifacts_dir` setting) moves the verifier folders elsewhere:
+    `<verifier_root>/<taskset>/<episode>/`.
+    """
 
     results_dir: Path
     validation: bool
+    verifier_root: Path | None = None
 
     def taskset_dir(self, taskset: str) -> Path:
         base = self.results_dir / "harbor"
@@ -31,9 +37,20 @@ class ResultsLayout:
     def rollouts_file(self, taskset: str) -> Path:
         return self.taskset_dir(taskset) / ROLLOUTS
 
+    def tasks_file(self, taskset: str, agent: str) -> Path:
+        return self.taskset_dir(taskset) / f"tasks_{agent}.jsonl"
+
+    def skipped_file(self, taskset: str) -> Path:
+        return self.taskset_dir(taskset) / SKIPPED
+
+    def verifier_root_of(self, taskset: str) -> Path:
+        if self.verifier_root is not None:
+            return self.verifier_root / taskset
+        return self.taskset_dir(taskset) / VERIFIER
+
     def verifier_dir(self, taskset: str, episode_id: str, step: str = SINGLE_STEP_TURN) -> Path:
         """`verifier/<episode>/` for a single-step task, `verifier/<episode>/<step>/` per turn."""
-        folder = self.taskset_dir(taskset) / VERIFIER / episode_id
+        folder = self.verifier_root_of(taskset) / episode_id
         return folder if step == SINGLE_STEP_TURN else folder / step
 
 
@@ -54,7 +71,7 @@ class RolloutsWriter:
             return
         folder = self.layout.taskset_dir(taskset)
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(folder / VERIFIER, ignore_errors=True)
+        shutil.rmtree(self.layout.verifier_root_of(taskset), ignore_errors=True)
         (folder / ROLLOUTS).write_text("")
         self._started.add(taskset)
 

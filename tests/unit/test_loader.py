@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import pytest
-
-from pytest_harbor.tasks import TaskLoadError, discover_task_dirs, is_dataset_dir, load_task
+from pytest_harbor.tasks import discover_task_dirs, is_dataset_dir, load_task
 from pytest_harbor.tasks.loader import strip_canary
 from tests.fixtures import write_task
 
@@ -115,93 +112,10 @@ def test_env_templates_are_filled_from_the_environment(tmp_path: Path) -> None:
     }
 
 
-def test_unset_env_template_names_the_key(tmp_path: Path) -> None:
-    task = write_task(
-        tmp_path,
-        "env",
-        toml="""
-            [environment]
-            docker_image = "img"
-            [verifier]
-            env = { TOKEN = "${HARBOR_T_MISSING}" }
-        """,
-    )
-    with pytest.raises(TaskLoadError) as caught:
-        load_task(task, environ={})
-    assert caught.value.key == "verifier.env.TOKEN"
-    assert str(task / "task.toml") in str(caught.value)
-
-
-@pytest.mark.parametrize(
-    ("toml", "key", "expected"),
-    [
-        (
-            '[agent]\ntimeout_sec = "abc"\n[environment]\ndocker_image = "i"\n',
-            "agent.timeout_sec",
-            "valid number",
-        ),
-        ("[verifier]\ntimeout_sec = -5\n", "verifier.timeout_sec", "greater than 0"),
-        ("[environment]\nmemory = '3Q'\n", "environment", "'2G', '512M' or '1024K'"),
-        ("[environment]\ndocker_image = 'i'\nos = 'windows'\n", "environment.os", "Linux"),
-        ("[environment]\ndocker_image = 'i'\ngpus = 1\n", "environment.gpus", "no GPUs"),
-        (
-            "[environment]\ndocker_image = 'i'\nnetwork_mode = 'allowlist'\n",
-            "environment.network_mode",
-            "allowlist",
-        ),
-        ("[environment]\ndocker_image = 'i'\n[[steps]]\nname = 'a'\n", "steps", "multi-step"),
-        ("[agent]\n", "environment.docker_image", "environment/Dockerfile"),
-    ],
-)
-def test_bad_task_toml_names_file_key_and_expectation(
-    tmp_path: Path, toml: str, key: str, expected: str
-) -> None:
-    task = write_task(tmp_path, "bad", toml=toml)
-    with pytest.raises(TaskLoadError) as caught:
-        load_task(task)
-    assert caught.value.path == task / "task.toml"
-    assert caught.value.key == key
-    assert expected in str(caught.value)
-    assert str(caught.value).startswith(f"{task / 'task.toml'}: {key}: ")
-
-
-def test_toml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
-    task = write_task(tmp_path, "syntax", toml="[agent\ntimeout_sec = 1\n")
-    with pytest.raises(TaskLoadError, match=r"task\.toml: not valid TOML: .*line 1"):
-        load_task(task)
-
-
-@pytest.mark.parametrize(
-    ("missing", "message"),
-    [("instruction.md", "instruction.md: missing"), ("tests/test.sh", "test.sh: missing")],
-)
-def test_missing_required_files_are_named(tmp_path: Path, missing: str, message: str) -> None:
-    task = write_task(tmp_path, "incomplete")
-    (task / missing).unlink()
-    with pytest.raises(TaskLoadError, match=message):
-        load_task(task)
-
-
-def test_compose_task_is_refused_naming_the_file(tmp_path: Path) -> None:
-    task = write_task(tmp_path, "compose", toml="[agent]\n")
-    (task / "environment").mkdir()
-    (task / "environment" / "docker-compose.yaml").write_text("services: {}\n")
-    with pytest.raises(TaskLoadError, match=r"docker-compose\.yaml: Compose tasks"):
-        load_task(task)
-
-
 def test_dockerfile_task_needs_no_image(tmp_path: Path) -> None:
     task = write_task(tmp_path, "built", toml="[agent]\n", dockerfile="FROM scratch\n")
     loaded = load_task(task)
     assert loaded.dockerfile == task / "environment" / "Dockerfile"
-
-
-def test_symlinked_task_folder_is_refused(tmp_path: Path) -> None:
-    real = write_task(tmp_path / "real", "task")
-    link = tmp_path / "link"
-    os.symlink(real, link)
-    with pytest.raises(TaskLoadError, match="must not be a symlink"):
-        load_task(link)
 
 
 def test_unknown_keys_are_listed(tmp_path: Path) -> None:

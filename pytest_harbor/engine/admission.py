@@ -1,0 +1,93 @@
+"""What a sandbox provider cannot run is refused at collection, naming the key or file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from pytest_harbor.sandboxes.base import SandboxCapabilities
+from pytest_harbor.tasks.config import EnvironmentConfig
+from pytest_harbor.tasks.errors import TaskLoadError
+from pytest_harbor.tasks.task import Task
+
+__all__ = ["refuse_unrunnable"]
+
+
+def refuse_unrunnable(task: Task, capabilities: SandboxCapabilities, provider: str) -> None:
+    """Raise TaskLoadError for the first thing `task` needs that the provider lacks."""
+    task_file = task.path / "task.toml"
+    config = task.config
+    for key, environment in _environments(task):
+        _refuse_environment(task_file, key, environment, capabilities, provider)
+    policies = [("agent", config.agent.network_mode), ("verifier", config.verifier.network_mode)]
+    for index, step in enumerate(config.steps or []):
+        policies += [
+            (f"steps[{index}].agent", step.agent.network_mode),
+            (f"steps[{index}].verifier", step.verifier.network_mode),
+        ]
+    for key, mode in policies:
+        if mode == "allowlist" and not capabilities.network_allowlists:
+            raise TaskLoadError(
+                task_file,
+                f'network_mode = "allowlist" cannot be enforced by the {provider} sandbox',
+                key=f"{key}.network_mode",
+            )
+    if not capabilities.compose:
+        for compose in (
+            task.path / "environment" / "docker-compose.yaml",
+            task.path / "tests" / "docker-compose.yaml",
+        ):
+            if compose.is_file():
+                raise TaskLoadError(
+                    compose, f"Compose tasks are not supported by the {provider} sandbox"
+                )
+        for index, hook in enumerate(config.verifier.collect):
+            if hook.service != "main":
+                raise TaskLoadError(
+                    task_file,
+                    f"service {hook.service!r} needs Compose, which the {provider} sandbox lacks",
+                    key=f"verifier.collect[{index}].service",
+                )
+        for index, artifact in enumerate(config.artifacts):
+            if artifact.service not in (None, "main"):
+                raise TaskLoadError(
+                    task_file,
+                    f"service {artifact.service!r} needs Compose, which the {provider} sandbox "
+                    "lacks",
+                    key=f"artifacts[{index}].service",
+                )
+    if config.is_multi_step:
+        raise TaskLoadError(task_file, "multi-step tasks are not run by this release", key="steps")
+
+
+def _environments(task: Task) -> Iterator[tuple[str, EnvironmentConfig]]:
+    yield "environment", task.config.environment
+    if task.config.verifier.environment is not None:
+        yield "verifier.environment", task.config.verifier.environment
+
+
+def _refuse_environment(
+    task_file: Path,
+    key: str,
+    environment: EnvironmentConfig,
+    capabilities: SandboxCapabilities,
+    provider: str,
+) -> None:
+    if environment.os != "linux" and not capabilities.windows:
+        raise TaskLoadError(
+            task_file,
+            f"{environment.os} tasks cannot run on the {provider} sandbox (Linux only)",
+            key=f"{key}.os",
+        )
+    if environment.gpus and not capabilities.gpus:
+        raise TaskLoadError(
+            task_file, f"the {provider} sandbox has no GPUs to give", key=f"{key}.gpus"
+        )
+    if environment.tpu is not None and not capabilities.tpus:
+        raise TaskLoadError(task_file, f"the {provider} sandbox has no TPUs", key=f"{key}.tpu")
+    if environment.network_mode == "allowlist" and not capabilities.network_allowlists:
+        raise TaskLoadError(
+            task_file,
+            f'network_mode = "allowlist" cannot be enforced by the {provider} sandbox',
+            key=f"{key}.network_mode",
+        )

@@ -1,0 +1,90 @@
+"""An episode's time budget, sized from its task and the run settings.
+
+Per turn, once the sandbox is ready: harness set-up allowance + agent budget + 30 s per
+collect hook + verifier timeout + verifier grace (+ a separate verifier's sandbox start).
+The *nominal* episode adds one sandbox start; the *worst case* adds one start, and its
+cleanup as grace, per image-pull attempt (`image_pull_retries + 1`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_harbor.engine.failures import EpisodeError, FailureKind
+from pytest_harbor.settings import HarborSettings
+from pytest_harbor.tasks import Task
+
+__all__ = ["HOOK_ALLOWANCE_S", "EpisodeBudget", "episode_budget"]
+
+#: What the budget counts for each `[[verifier.collect]]` hook.
+HOOK_ALLOWANCE_S = 30.0
+
+
+@dataclass(frozen=True)
+class EpisodeBudget:
+    """Seconds: what the turns need, the nominal and worst-case episode, and the deadline.
+
+    The figures are None when a turn has no agent budget (`[agent].timeout_sec` unset):
+    such an episode is bounded by `default_episode_timeout_seconds` alone.
+    """
+
+    turns_s: float | None
+    nominal_s: float | None
+    worst_s: float | None
+    deadline_s: float
+    warning: str | None = None
+
+
+def episode_budget(
+    task: Task, settings: HarborSettings, *, separate_verifier: bool
+) -> EpisodeBudget:
+    """Size the episode; raise EpisodeError when enforcement is off and it cannot fit."""
+    default = settings.default_episode_timeout_seconds
+    turns = _turns_seconds(task, settings, separate_verifier)
+    if turns is None:
+        return EpisodeBudget(None, None, None, deadline_s=default)
+    start = settings.sandbox_ready_timeout_s
+    nominal = turns + start
+    worst = turns + (start + settings.cleanup_timeout_seconds) * (settings.image_pull_retries + 1)
+    figures = f"turns {turns:g} s, nominal episode {nominal:g} s, worst case {worst:g} s"
+    if settings.enforce_task_timeouts:
+        warning = None
+        if worst > default:
+            warning = (
+                f"{task.id}: the episode budget is above default_episode_timeout_seconds = "
+                f"{default:g} s ({figures}); the episode deadline follows the worst case"
+            )
+        return EpisodeBudget(turns, nominal, worst, deadline_s=worst, warning=warning)
+    if nominal > default:
+        raise EpisodeError(
+            FailureKind.BUDGET_REFUSED,
+            f"{task.id} does not fit default_episode_timeout_seconds = {default:g} s with "
+            f"enforce_task_timeouts off ({figures}): raise default_episode_timeout_seconds to "
+            f"at least {nominal:g} s, or {worst:g} s to cover a retried seed, or turn "
+            "enforce_task_timeouts on",
+        )
+    warning = None
+    if worst > default:
+        warning = (
+            f"{task.id}: fits default_episode_timeout_seconds = {default:g} s only without a "
+            f"retried seed ({figures}); an episode whose seed retries its image pulls may "
+            "time out"
+        )
+    return EpisodeBudget(turns, nominal, worst, deadline_s=default, warning=warning)
+
+
+def _turns_seconds(task: Task, settings: HarborSettings, separate_verifier: bool) -> float | None:
+    total = 0.0
+    hooks = HOOK_ALLOWANCE_S * len(task.config.verifier.collect)
+    for turn in task.turns:
+        if turn.agent_timeout_sec is None:
+            return None
+        total += (
+            settings.harness_setup_allowance_s
+            + turn.agent_timeout_sec
+            + hooks
+            + turn.verifier_timeout_sec
+            + settings.verifier_grace_s
+            + (settings.sandbox_ready_timeout_s if separate_verifier else 0.0)
+        )
+    return total

@@ -1,0 +1,204 @@
+"""Run settings: the keys of the Gym harbor server's "Configure the server" table."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "CONFIG_BLOCK",
+    "NOT_IMPLEMENTED",
+    "SET_BY_THE_RUN",
+    "HarborSettings",
+    "ResourcesOverride",
+    "SettingsError",
+    "load_settings",
+    "parse_assignment",
+]
+
+#: Where a `--harbor-config` file keeps the settings, as Gym's config files do.
+CONFIG_BLOCK = ("harbor_environment_server", "environment_servers", "harbor")
+
+#: Keys of the table this release does not act on: setting one is refused, never ignored.
+NOT_IMPLEMENTED = frozenset(
+    {
+        "gpu_sandbox_provider",
+        "request_gpu_type",
+        "sandbox_provider_options",
+        "step_setup_timeout_s",
+        "task_mcp_grants",
+        "turn_sessions",
+        "compose_variables",
+        "compose_overlay",
+        "agent_outcome_policy",
+    }
+)
+#: Keys Gym's `eval run` sets itself; here the command line does their job.
+SET_BY_THE_RUN = frozenset({"agent_server", "tasksets", "sandbox_provider"})
+
+
+class SettingsError(ValueError):
+    """A setting that is unknown, malformed or not acted on; names the key and its source."""
+
+
+class ResourcesOverride(BaseModel):
+    """`sandbox_resources_override`: replaces only the task resources it names."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpu: float | None = Field(default=None, gt=0)
+    memory_mib: int | None = Field(default=None, gt=0)
+    disk_gib: float | None = Field(default=None, gt=0)
+
+
+class HarborSettings(BaseModel):
+    """Every key with the seed's default; unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu_sandbox_provider: Any = None
+    request_gpu_type: bool = False
+    sandbox_ready_timeout_s: float = Field(default=900.0, gt=0)
+    image_pull_retries: int = Field(default=2, ge=0)
+    sandbox_provider_options: dict[str, Any] = {}
+    sandbox_metadata: dict[str, str] = {"benchmark": "harbor"}
+    sandbox_resources_override: ResourcesOverride | None = None
+    enforce_task_timeouts: bool = True
+    harness_setup_allowance_s: float = Field(default=300.0, ge=0)
+    verifier_grace_s: float = Field(default=30.0, ge=0)
+    step_setup_timeout_s: float | None = None
+    default_episode_timeout_seconds: float = Field(default=21600.0, gt=0)
+    cleanup_timeout_seconds: float = Field(default=180.0, gt=0)
+    sandbox_ttl_slack_s: float = Field(default=900.0, ge=0)
+    max_concurrent_episodes: int | None = Field(default=None, ge=1)
+    queue_timeout_seconds: float | None = Field(default=None, gt=0)
+    separate_verifier_for_artifacts: bool = False
+    secrets: dict[str, str] = {}
+    task_mcp_grants: Literal["off", "optional", "required"] = "off"
+    turn_sessions: Literal["fresh", "continue"] = "fresh"
+    compose_variables: dict[str, str] = {}
+    compose_overlay: Any = None
+    agent_outcome_policy: Any = None
+    artifacts_dir: str | None = None
+    agent_server: Any = None
+    tasksets: Any = None
+    sandbox_provider: Any = None
+
+    @model_validator(mode="after")
+    def _cap_needs_queue_timeout(self) -> HarborSettings:
+        if self.max_concurrent_episodes is not None and self.queue_timeout_seconds is None:
+            raise ValueError("max_concurrent_episodes requires queue_timeout_seconds")
+        for key in self.sandbox_metadata:
+            if key.startswith("pytest-harbor."):
+                raise ValueError(f"sandbox_metadata key {key!r} is reserved (pytest-harbor.*)")
+        return self
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings as data, secret values hidden (for summaries and logs)."""
+        data = self.model_dump(mode="json")
+        data["secrets"] = {name: "***" for name in self.secrets}
+        return data
+
+
+def parse_assignment(text: str) -> tuple[list[str], Any]:
+    """`a.b=VALUE` -> (["a", "b"], VALUE as YAML: numbers, booleans, lists, maps)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise SettingsError(f"--harbor-set {text!r}: expected KEY=VALUE")
+    return key.strip().split("."), _scalar(value)
+
+
+def _scalar(value: str) -> Any:
+    try:
+        return yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        return value
+
+
+def load_settings(
+    ini: Mapping[str, str],
+    config_files: Iterable[Path],
+    assignments: Iterable[str],
+) -> HarborSettings:
+    """Defaults < ini keys < config files in order < `--harbor-set` (the last one wins)."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key, text in ini.items():
+        values[key] = _scalar(text)
+        sources[key] = f"ini key harbor_{key}"
+    for path in config_files:
+        for key, value in _config_block(path).items():
+            values[key] = value
+            sources[key] = str(path)
+    for text in assignments:
+        keys, value = parse_assignment(text)
+        _set_dotted(values, keys, value)
+        sources[keys[0]] = f"--harbor-set {text}"
+    unknown = sorted(set(values) - set(HarborSettings.model_fields))
+    if unknown:
+        raise SettingsError(
+            "unknown setting " + ", ".join(f"{key!r} (from {sources[key]})" for key in unknown)
+        )
+    try:
+        settings = HarborSettings.model_validate(values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        source = sources.get(str(first["loc"][0]), "settings") if first["loc"] else "settings"
+        raise SettingsError(
+            f"setting {key or '(settings)'} (from {source}): "
+            f"{first['msg'].removeprefix('Value error, ')}"
+        ) from None
+    defaults = HarborSettings()
+    reserved = sorted(SET_BY_THE_RUN & settings.model_fields_set)
+    if reserved:
+        raise SettingsError(
+            "set by the run itself, not by settings: "
+            + ", ".join(f"{key} (from {sources[key]})" for key in reserved)
+        )
+    refused = [
+        key
+        for key in sorted(NOT_IMPLEMENTED & settings.model_fields_set)
+        if getattr(settings, key) != getattr(defaults, key)
+    ]
+    if refused:
+        raise SettingsError(
+            "not implemented in this release, so not accepted: "
+            + ", ".join(f"{key} (from {sources[key]})" for key in refused)
+        )
+    return settings
+
+
+def _config_block(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as error:
+        raise SettingsError(f"--harbor-config {path}: cannot be read as YAML: {error}") from None
+    block: Any = data
+    for part in CONFIG_BLOCK:
+        if not isinstance(block, dict) or part not in block:
+            raise SettingsError(
+                f"--harbor-config {path}: expected the block {'.'.join(CONFIG_BLOCK)}"
+            )
+        block = block[part]
+    if block is None:
+        return {}
+    if not isinstance(block, dict):
+        raise SettingsError(f"--harbor-config {path}: {'.'.join(CONFIG_BLOCK)} must be a mapping")
+    return block
+
+
+def _set_dotted(values: dict[str, Any], keys: list[str], value: Any) -> None:
+    """`secrets.TOKEN=x` sets one entry of a mapping, keeping the rest (defaults too)."""
+    target = values
+    for depth, key in enumerate(keys[:-1]):
+        child = target.get(key)
+        if child is None and depth == 0 and key in HarborSettings.model_fields:
+            child = HarborSettings.model_fields[key].get_default(call_default_factory=True)
+        target[key] = child = dict(child) if isinstance(child, dict) else {}
+        target = child
+    target[keys[-1]] = value

@@ -1,0 +1,81 @@
+"""The files written before any episode: `tasks_<agent>.jsonl` and `skipped.json`."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pytest_harbor.engine.planning import TasksetPlan
+from pytest_harbor.tasks import SINGLE_STEP_TURN, Task
+from pytest_harbor.writers.rollouts import ResultsLayout
+
+__all__ = ["SkippedLog", "task_rows", "write_json_atomically", "write_task_rows"]
+
+
+def task_rows(plan: TasksetPlan) -> list[dict[str, Any]]:
+    """One row per task and repeat: its instruction (or one per turn) and its digest."""
+    rows = []
+    for task in plan.tasks:
+        for repeat in range(plan.repeats):
+            row: dict[str, Any] = {
+                "task_id": task.id,
+                "taskset": plan.taskset,
+                "repeat": repeat,
+                "digest": task.digest,
+            }
+            row.update(_inputs(task))
+            rows.append(row)
+    return rows
+
+
+def _inputs(task: Task) -> dict[str, Any]:
+    if len(task.turns) == 1 and task.turns[0].name == SINGLE_STEP_TURN:
+        return {"instruction": task.turns[0].instruction}
+    return {"turns": [{"step": turn.name, "instruction": turn.instruction} for turn in task.turns]}
+
+
+def write_task_rows(layout: ResultsLayout, agent: str, plan: TasksetPlan) -> None:
+    path = layout.tasks_file(plan.taskset, agent)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = "".join(json.dumps(row, sort_keys=True) + "\n" for row in task_rows(plan))
+    write_json_atomically(path, lines)
+
+
+class SkippedLog:
+    """`skipped.json` per taskset: task id -> why it was left out; `{}` when none was."""
+
+    def __init__(self, layout: ResultsLayout) -> None:
+        self.layout = layout
+        self._entries: dict[str, dict[str, str]] = {}
+
+    def start(self, taskset: str, entries: dict[str, str]) -> None:
+        self._entries[taskset] = dict(entries)
+        self._write(taskset)
+
+    def add(self, taskset: str, task_id: str, reason: str) -> None:
+        self._entries.setdefault(taskset, {})[task_id] = reason
+        self._write(taskset)
+
+    def entries(self, taskset: str) -> dict[str, str]:
+        return dict(self._entries.get(taskset, {}))
+
+    def _write(self, taskset: str) -> None:
+        path = self.layout.skipped_file(taskset)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(dict(sorted(self._entries[taskset].items())), indent=2) + "\n"
+        write_json_atomically(path, text)
+
+
+def write_json_atomically(path: Path, text: str) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,142 @@
+"""Run settings: defaults, sources and precedence, and what is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_harbor.settings import HarborSettings, SettingsError, load_settings
+
+
+def config_file(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(
+        "harbor_environment_server:\n  environment_servers:\n    harbor:\n"
+        + "".join(f"      {line}\n" for line in body.splitlines())
+    )
+    return path
+
+
+def test_defaults_are_the_seeds() -> None:
+    settings = HarborSettings()
+    assert settings.sandbox_ready_timeout_s == 900
+    assert settings.image_pull_retries == 2
+    assert settings.sandbox_metadata == {"benchmark": "harbor"}
+    assert settings.enforce_task_timeouts is True
+    assert settings.harness_setup_allowance_s == 300
+    assert settings.verifier_grace_s == 30
+    assert settings.default_episode_timeout_seconds == 21600
+    assert settings.cleanup_timeout_seconds == 180
+    assert settings.sandbox_ttl_slack_s == 900
+    assert settings.max_concurrent_episodes is None
+    assert settings.queue_timeout_seconds is None
+    assert settings.separate_verifier_for_artifacts is False
+    assert settings.secrets == {}
+    assert settings.turn_sessions == "fresh"
+    assert settings.task_mcp_grants == "off"
+
+
+def test_precedence_ini_then_files_in_order_then_set(tmp_path: Path) -> None:
+    first = config_file(
+        tmp_path,
+        "a.yaml",
+        "verifier_grace_s: 5\nimage_pull_retries: 1\ncleanup_timeout_seconds: 60",
+    )
+    second = config_file(tmp_path, "b.yaml", "verifier_grace_s: 6")
+    settings = load_settings(
+        {"verifier_grace_s": "4", "sandbox_ttl_slack_s": "10", "image_pull_retries": "0"},
+        [first, second],
+        ["cleanup_timeout_seconds=7", "cleanup_timeout_seconds=8", "enforce_task_timeouts=false"],
+    )
+    assert settings.verifier_grace_s == 6  # second file over first file over ini
+    assert settings.image_pull_retries == 1  # file over ini
+    assert settings.sandbox_ttl_slack_s == 10  # ini over default
+    assert settings.cleanup_timeout_seconds == 8  # last --harbor-set wins
+    assert settings.enforce_task_timeouts is False
+
+
+def test_set_reaches_into_mappings_keeping_defaults() -> None:
+    settings = load_settings({}, [], ["sandbox_metadata.team=evals", "secrets.API_TOKEN=s3cret"])
+    assert settings.sandbox_metadata == {"benchmark": "harbor", "team": "evals"}
+    assert settings.secrets == {"API_TOKEN": "s3cret"}
+    assert settings.redacted()["secrets"] == {"API_TOKEN": "***"}
+
+
+def test_values_are_yaml(tmp_path: Path) -> None:
+    settings = load_settings(
+        {"sandbox_resources_override": "{cpu: 1.5, memory_mib: 512}"}, [], ["secrets={A: b}"]
+    )
+    assert settings.sandbox_resources_override is not None
+    assert (
+        settings.sandbox_resources_override.cpu,
+        settings.sandbox_resources_override.memory_mib,
+    ) == (1.5, 512)
+    assert settings.secrets == {"A": "b"}
+
+
+@pytest.mark.parametrize(
+    ("ini", "files", "assignments", "message"),
+    [
+        (
+            {},
+            [],
+            ["max_concurent_episodes=4"],
+            "unknown setting 'max_concurent_episodes' (from --harbor-set max_concurent_episodes=4)",
+        ),
+        ({"no_such": "1"}, [], [], "unknown setting 'no_such' (from ini key harbor_no_such)"),
+        (
+            {},
+            [],
+            ["verifier_grace_s=soon"],
+            "setting verifier_grace_s (from --harbor-set verifier_grace_s=soon): "
+            "Input should be a valid number",
+        ),
+        (
+            {},
+            [],
+            ["max_concurrent_episodes=2"],
+            "max_concurrent_episodes requires queue_timeout_seconds",
+        ),
+        (
+            {},
+            [],
+            ["turn_sessions=continue"],
+            "not implemented in this release, so not accepted: "
+            "turn_sessions (from --harbor-set turn_sessions=continue)",
+        ),
+        (
+            {},
+            [],
+            ["request_gpu_type=true"],
+            "not implemented in this release, so not accepted: request_gpu_type",
+        ),
+        ({}, [], ["tasksets=[a]"], "set by the run itself, not by settings: tasksets"),
+        ({}, [], ["no-equals-sign"], "--harbor-set 'no-equals-sign': expected KEY=VALUE"),
+        ({}, [], ["sandbox_resources_override={gpu: 1}"], "sandbox_resources_override.gpu"),
+        ({}, [], ["sandbox_metadata={pytest-harbor.run: x}"], "reserved"),
+    ],
+)
+def test_refused(
+    ini: dict[str, str], files: list[Path], assignments: list[str], message: str
+) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(ini, files, assignments)
+    assert message in str(caught.value)
+
+
+def test_an_unimplemented_key_at_its_default_is_accepted() -> None:
+    assert load_settings({}, [], ["turn_sessions=fresh"]).turn_sessions == "fresh"
+
+
+def test_config_file_needs_the_harbor_block(tmp_path: Path) -> None:
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("verifier_grace_s: 3\n")
+    with pytest.raises(
+        SettingsError,
+        match=r"expected the block harbor_environment_server\.environment_servers\.harbor",
+    ):
+        load_settings({}, [flat], [])
+    unknown = config_file(tmp_path, "u.yaml", "colour: red")
+    with pytest.raises(SettingsError, match=f"unknown setting 'colour' \\(from {unknown}\\)"):
+        load_settings({}, [unknown], [])
