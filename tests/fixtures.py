@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import textwrap
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -101,3 +104,31 @@ def containers_of(client: docker.DockerClient, taskset: str, task: str) -> list[
     """Containers (running or not) that carry the task label of `taskset/task`."""
     label = f"pytest-harbor.task={taskset}/{task}"
     return list(client.containers.list(all=True, filters={"label": label}))
+
+
+class SandboxWatcher:
+    """Records the engine's view (inspect data) of every container carrying `label` while a
+    run is under way, so a test can check what the run asked of the engine."""
+
+    def __init__(self, client: docker.DockerClient, label: str) -> None:
+        self.client = client
+        self.label = label
+        self.seen: dict[str, dict[str, object]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> SandboxWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for container in self.client.containers.list(filters={"label": self.label}):
+                if container.id not in self.seen:
+                    with contextlib.suppress(docker.errors.APIError):
+                        self.seen[container.id] = self.client.api.inspect_container(container.id)
+            time.sleep(0.05)

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from pytest_harbor.engine.budget import EpisodeBudget, episode_budget
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
@@ -100,6 +101,7 @@ class Episode:
         self._timings: dict[str, float] = {}
         self._clock_start: float | None = None
         self._clock_end: dict[str, float] = {}
+        self._wall: list[str | None] = [None, None]
         self._deadline: float | None = None
         self._masked: RewardReading | None = None
         self._has_entrypoint = False
@@ -181,6 +183,7 @@ class Episode:
             self.prepare()
         assert self._image is not None
         self._clock_start = started = time.monotonic()
+        self._wall[0] = _now()
         self._deadline = started + budget.deadline_s
         self._check_digest()
         environment = self.task.config.environment
@@ -334,6 +337,7 @@ class Episode:
             result = result.model_copy(update={"notes": notes})
         self._turns.append(result)
         self._clock_end["turn"] = time.monotonic()
+        self._wall[1] = _now()
         return TurnOutput(result, verification.files)
 
     def _bounded(self, turn: Turn) -> Turn:
@@ -451,6 +455,8 @@ class Episode:
             failure_reason=last.failure_reason,
             verifier_mode=self.verifier_mode,
             solution_exit_code=last.agent_exit_code if self.harness.validates else None,
+            started_at=self._wall[0],
+            finished_at=self._wall[1],
             timings=PhaseTimings(
                 build_s=self._timings.get("build_s"),
                 seed_s=self._timings.get("seed_s"),
@@ -494,6 +500,10 @@ class Episode:
         if self._sandbox is None:
             raise SandboxError(f"episode {self.id} has no sandbox: seed() it first")
         return self._sandbox
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def _verifies_separately(task: Task, settings: HarborSettings) -> bool:

@@ -72,6 +72,9 @@ class EpisodeResult(_Record):
     verifier_logs_dir: str | None = None
     solution_exit_code: int | None = None
     response: str | None = None
+    #: Wall-clock UTC times (ISO 8601) of the seed's start and the last turn's end.
+    started_at: str | None = None
+    finished_at: str | None = None
     timings: PhaseTimings = PhaseTimings()
     turns: list[TurnResult] = []
 

@@ -110,7 +110,7 @@ class HarborReporter:
             write_task_rows(self.run.layout, self.run.harness.name, plan)
             skipped = {}
             if self.run.options.skip_unloadable:
-                skipped = {path.name: error.message for path, error in plan.failures.items()}
+                skipped = {path.name: str(error) for path, error in plan.failures.items()}
             self.skipped.start(plan.taskset, skipped)
             for task in plan.tasks:
                 self.run.row_digests[f"{plan.taskset}/{task.id}"] = task.digest

@@ -1,0 +1,196 @@
+"""Settings that change what a run does, on the real engine."""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from datetime import datetime
+
+import docker
+import pytest
+
+from tests.fixtures import BASE_IMAGE, Dataset, SandboxWatcher, containers_of
+
+pytestmark = pytest.mark.docker
+
+RESULTS = "--harbor-results-dir=out"
+
+
+@pytest.fixture
+def dataset(pytester: pytest.Pytester, docker_client: docker.DockerClient) -> Dataset:
+    folder = pytester.path / f"ds-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    return Dataset(folder)
+
+
+def run(pytester: pytest.Pytester, dataset: Dataset, *args: str) -> pytest.RunResult:
+    return pytester.runpytest(f"--harbor-dataset={dataset.path}", RESULTS, *args)
+
+
+def toml(agent: float | None = 60, verifier: float = 30, extra: str = "") -> str:
+    agent_line = f"[agent]\ntimeout_sec = {agent}\n" if agent is not None else ""
+    environment = f'[environment]\ndocker_image = "{BASE_IMAGE}"\n{extra}'
+    return f"{agent_line}[verifier]\ntimeout_sec = {verifier}\n{environment}"
+
+
+def test_verifier_grace_bounds_a_verifier_that_ignores_sigterm(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task(
+        "stubborn",
+        toml=toml(verifier=1),
+        test_sh="trap '' TERM; sleep 120; echo 1 > /logs/verifier/reward.txt\n",
+    )
+    run(pytester, dataset, "--harbor-set=verifier_grace_s=1").assert_outcomes(failed=1)
+    (row,) = dataset.rows(pytester.path / "out")
+    assert row["failure_kind"] == "harbor:verifier_timeout"
+    assert row["timings"]["verify_s"] < 30  # SIGKILL after 1 s + 1 s, not the 120 s sleep
+
+
+def test_metadata_labels_resources_and_lifetime_reach_the_engine(
+    pytester: pytest.Pytester, dataset: Dataset, docker_client: docker.DockerClient
+) -> None:
+    dataset.task(
+        "watched",
+        toml=toml(extra="memory_mb = 2048\ncpus = 1\n"),
+        solve_sh="echo 1 > /tmp/answer; sleep 1\n",
+    )
+    label = f"pytest-harbor.task={dataset.name}/watched"
+    with SandboxWatcher(docker_client, label) as watcher:
+        run(
+            pytester,
+            dataset,
+            "--harbor-set=sandbox_metadata.team=evals",
+            "--harbor-set=sandbox_resources_override={memory_mib: 256}",
+            "--harbor-set=sandbox_ttl_slack_s=5",
+            "--harbor-set=cleanup_timeout_seconds=7",
+        ).assert_outcomes(passed=1)
+    (attrs,) = watcher.seen.values()
+    labels = attrs["Config"]["Labels"]  # type: ignore[index]
+    assert (labels["team"], labels["benchmark"]) == ("evals", "harbor")
+    host = attrs["HostConfig"]  # type: ignore[index]
+    assert host["Memory"] == 256 * 2**20  # the override replaces memory_mb ...
+    assert host["NanoCpus"] == 10**9  # ... and leaves cpus alone
+    assert host["AutoRemove"] is True
+    # Lifetime: the episode's worst-case deadline + cleanup + slack.
+    turns = 300 + 60 + 30 + 30
+    worst = turns + (900 + 7) * 3
+    assert attrs["Config"]["Cmd"] == [str(worst + 7 + 5)]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("retries", "attempts"), [("0", "1 attempt"), ("2", "3 attempts")])
+def test_image_pull_retries(
+    pytester: pytest.Pytester, dataset: Dataset, retries: str, attempts: str
+) -> None:
+    dataset.task("ghost", toml='[environment]\ndocker_image = "pytest-harbor-nowhere:2"\n')
+    result = run(pytester, dataset, f"--harbor-set=image_pull_retries={retries}")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*pulling it failed ({attempts})*"])
+
+
+def test_a_sandbox_slower_than_the_ready_timeout_fails_and_is_not_left(
+    pytester: pytest.Pytester, dataset: Dataset, docker_client: docker.DockerClient
+) -> None:
+    dataset.task("hurried")
+    result = run(pytester, dataset, "--harbor-set=sandbox_ready_timeout_s=0.001")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*did not start within sandbox_ready_timeout_s = 0.001 s*"])
+    # The start given up on may finish a moment later: it then removes what it made.
+    for _ in range(50):
+        time.sleep(0.1)
+        if not containers_of(docker_client, dataset.name, "hurried"):
+            break
+    assert containers_of(docker_client, dataset.name, "hurried") == []
+
+
+def test_max_concurrent_episodes_holds_across_workers(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    for name in ("first", "second", "third"):
+        dataset.task(name, solve_sh="echo 1 > /tmp/answer; sleep 1\n")
+    result = run(
+        pytester,
+        dataset,
+        "-n",
+        "2",
+        "--harbor-set=max_concurrent_episodes=1",
+        "--harbor-set=queue_timeout_seconds=120",
+    )
+    result.assert_outcomes(passed=3)
+    spans = sorted(
+        (datetime.fromisoformat(row["started_at"]), datetime.fromisoformat(row["finished_at"]))
+        for row in dataset.rows(pytester.path / "out")
+    )
+    for (_, finished), (started, _) in itertools.pairwise(spans):
+        assert finished <= started
+
+
+def test_waiting_past_the_queue_timeout_is_an_error(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    for name in ("hog", "late"):
+        dataset.task(name, solve_sh="echo 1 > /tmp/answer; sleep 8\n")
+    result = run(
+        pytester,
+        dataset,
+        "-n",
+        "2",
+        "--harbor-set=max_concurrent_episodes=1",
+        "--harbor-set=queue_timeout_seconds=1",
+    )
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*no episode slot came free within queue_timeout_seconds = 1 s*"])
+
+
+def test_without_enforcement_a_task_that_does_not_fit_is_refused_at_seed(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task("long", toml=toml(agent=3600))
+    result = run(
+        pytester,
+        dataset,
+        "--harbor-set=enforce_task_timeouts=false",
+        "--harbor-set=default_episode_timeout_seconds=600",
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*long does not fit default_episode_timeout_seconds = 600 s with "
+            "enforce_task_timeouts off*"
+        ]
+    )
+
+
+def test_the_episode_deadline_cuts_an_agent_without_a_budget(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task(
+        "endless", toml=toml(agent=None, verifier=2), solve_sh="echo 1 > /tmp/answer; sleep 300\n"
+    )
+    result = run(
+        pytester,
+        dataset,
+        "--harbor-set=default_episode_timeout_seconds=8",
+        "--harbor-set=verifier_grace_s=1",
+    )
+    result.assert_outcomes(failed=1)
+    (row,) = dataset.rows(pytester.path / "out")
+    assert (row["reward"], row["failure_kind"]) == (1.0, "agent_timeout")
+    assert row["timings"]["agent_s"] < 8
+
+
+def test_the_budget_warning_names_its_three_figures(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task("big", toml=toml(agent=5000))
+    result = run(
+        pytester, dataset, "--harbor-set=default_episode_timeout_seconds=3000", "-o", "log_cli=true"
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*WARNING*big: the episode budget is above default_episode_timeout_seconds = 3000 s "
+            "(turns 5360 s, nominal episode 6260 s, worst case 8600 s)*"
+        ]
+    )
