@@ -100,7 +100,9 @@ class HarborRun:
             if self.settings.artifacts_dir
             else None,
         )
-        self.writer = None if is_worker else RolloutsWriter(self.layout)
+        self.writer = (
+            None if is_worker else RolloutsWriter(self.layout, self.settings.secrets.values())
+        )
         #: Digests of the rows as the controller materialized them: `taskset/task` -> digest.
         self.row_digests: dict[str, str] = {}
         self._slots: EpisodeSlots | None = None

@@ -55,10 +55,16 @@ class ResultsLayout:
 
 
 class RolloutsWriter:
-    """The only writer of a run's result files (the xdist controller, or the sole process)."""
+    """The only writer of a run's result files (the xdist controller, or the sole process).
 
-    def __init__(self, layout: ResultsLayout) -> None:
+    Values of `secrets` are replaced by `***` in every verifier file it writes.
+    """
+
+    def __init__(self, layout: ResultsLayout, secrets: Iterable[str] = ()) -> None:
         self.layout = layout
+        self._secrets = sorted(
+            {value.encode() for value in secrets if value}, key=len, reverse=True
+        )
         self._started: set[str] = set()
 
     def start(self, tasksets: Iterable[str]) -> None:
@@ -81,10 +87,18 @@ class RolloutsWriter:
         """Write the verifier folders of `result` (by turn) and append its row, flushed."""
         self._start(result.taskset)
         for step, files in verifier_files.items():
-            _write_files(self.layout.verifier_dir(result.taskset, result.episode_id, step), files)
+            scrubbed = {name: self._scrub(data) for name, data in files.items()}
+            _write_files(
+                self.layout.verifier_dir(result.taskset, result.episode_id, step), scrubbed
+            )
         with self.layout.rollouts_file(result.taskset).open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(result.row(), sort_keys=True) + "\n")
             handle.flush()
+
+    def _scrub(self, data: bytes) -> bytes:
+        for secret in self._secrets:
+            data = data.replace(secret, b"***")
+        return data
 
 
 def _write_files(folder: Path, files: Mapping[str, bytes]) -> None:

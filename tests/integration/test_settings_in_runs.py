@@ -6,6 +6,7 @@ import itertools
 import time
 import uuid
 from datetime import datetime
+from pathlib import Path
 
 import docker
 import pytest
@@ -194,3 +195,39 @@ def test_the_budget_warning_names_its_three_figures(
             "(turns 5360 s, nominal episode 6260 s, worst case 8600 s)*"
         ]
     )
+
+
+def test_secrets_reach_the_verifier_but_not_the_results(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task(
+        "keyed",
+        toml='[verifier]\nenv = { TOKEN = "${API_TOKEN}" }\n'
+        f'[environment]\ndocker_image = "{BASE_IMAGE}"\n',
+        test_sh=(
+            'echo "token=$TOKEN"\n'
+            '[ "$TOKEN" = hunter2-xyz ] && echo 1 > /logs/verifier/reward.txt\n'
+        ),
+    )
+    run(pytester, dataset, "--harbor-set=secrets.API_TOKEN=hunter2-xyz").assert_outcomes(passed=1)
+    (row,) = dataset.rows(pytester.path / "out")
+    assert (Path(row["verifier_logs_dir"]) / "test-stdout.txt").read_text() == "token=***\n"
+    assert (
+        "hunter2"
+        not in (pytester.path / "out")
+        .joinpath("harbor/validation", dataset.name, "rollouts.jsonl")
+        .read_text()
+    )
+
+
+def test_artifacts_dir_moves_the_verifier_folders(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task("moved")
+    run(pytester, dataset, f"--harbor-set=artifacts_dir={pytester.path / 'logs'}").assert_outcomes(
+        passed=1
+    )
+    (row,) = dataset.rows(pytester.path / "out")
+    expected = pytester.path / "logs" / dataset.name / "moved__r0"
+    assert row["verifier_logs_dir"] == str(expected)
+    assert (expected / "reward.txt").read_text() == "1\n"
