@@ -1,4 +1,4 @@
-"""The quick-start dataset: every task passes with the oracle and fails with nop."""
+"""The example datasets: every task passes with the oracle and fails with nop."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import uuid
 import docker
 import pytest
 
-from tests.fixtures import QUICKSTART, Dataset, containers_of
+from tests.fixtures import QUICKSTART, REPO_ROOT, Dataset, containers_of
 
 pytestmark = pytest.mark.docker
 
@@ -52,3 +52,29 @@ def test_nop_fails_every_task(
     assert sorted((row["task_id"], row["reward"]) for row in rows) == [(t, 0.0) for t in TASKS]
     for task in TASKS:
         assert containers_of(docker_client, quickstart.name, task) == []
+
+
+ENVIRONMENTS = REPO_ROOT / "example_datasets" / "environments"
+ENVIRONMENT_TASKS = ["loose-files", "separate-verifier", "service-healthcheck"]
+
+
+@pytest.mark.parametrize("agent", ["oracle", "nop"])
+def test_environments_example(
+    pytester: pytest.Pytester, docker_client: docker.DockerClient, agent: str
+) -> None:
+    copy = pytester.path / f"environments-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(ENVIRONMENTS, copy)
+    dataset = Dataset(copy)
+    result = pytester.runpytest(f"--harbor-dataset={copy}", f"--harbor-agent={agent}", "-n", "2")
+    rows = {
+        row["task_id"]: row for row in dataset.rows(pytester.path / "results", agent == "oracle")
+    }
+    assert sorted(rows) == ENVIRONMENT_TASKS
+    if agent == "oracle":
+        result.assert_outcomes(passed=3)
+        assert rows["separate-verifier"]["verifier_mode"] == "separate"
+    else:
+        result.assert_outcomes(failed=3)
+        assert all(row["reward"] == 0.0 for row in rows.values())
+    for task in ENVIRONMENT_TASKS:
+        assert containers_of(docker_client, dataset.name, task) == []
