@@ -132,3 +132,35 @@ class SandboxWatcher:
                     with contextlib.suppress(docker.errors.APIError):
                         self.seen[container.id] = self.client.api.inspect_container(container.id)
             time.sleep(0.05)
+
+
+#: Where the engine tests keep their results, relative to the pytester folder.
+RESULTS_DIR = "out"
+
+
+@pytest.fixture
+def harbor_dataset(pytester: pytest.Pytester, docker_client: docker.DockerClient) -> Dataset:
+    """A dataset inside the pytester folder, so relative paths and results are its own."""
+    folder = pytester.path / f"ds-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    return Dataset(folder)
+
+
+def run_harbor(pytester: pytest.Pytester, dataset: Dataset, *args: str) -> pytest.RunResult:
+    """pytest on `dataset` in the pytester folder, results under RESULTS_DIR."""
+    return pytester.runpytest(
+        f"--harbor-dataset={dataset.path}", f"--harbor-results-dir={RESULTS_DIR}", *args
+    )
+
+
+@pytest.fixture
+def built_images(docker_client: docker.DockerClient) -> Iterator[list[Path]]:
+    """Build contexts a test makes images from; their images are removed afterwards, so the
+    machine keeps only real caches."""
+    contexts: list[Path] = []
+    yield contexts
+    from pytest_harbor.sandboxes.images import image_tag_for
+
+    for context in contexts:
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            docker_client.images.remove(image_tag_for(context), force=True)

@@ -164,18 +164,24 @@ def read_options(config: pytest.Config) -> HarborOptions:
     )
 
 
-def _folders(config: pytest.Config, name: str) -> tuple[Path, ...]:
-    """Paths from the command line (relative to where pytest runs) or the ini file."""
+def _paths(config: pytest.Config, name: str) -> list[Path]:
+    """Paths from the command line (relative to where pytest runs) or from the ini file
+    (relative to the ini file)."""
     option = _OPTIONS[name]
     given = config.getoption(option.dest)
     if given is not None:
-        paths = [_absolute(config.invocation_params.dir / value) for value in given]
+        base, values = config.invocation_params.dir, given
     else:
         base = config.inipath.parent if config.inipath else config.invocation_params.dir
-        paths = [_absolute(base / value) for value in config.getini(option.dest)]
+        values = config.getini(option.dest)
+    return [_absolute(base / value) for value in values]
+
+
+def _folders(config: pytest.Config, name: str) -> tuple[Path, ...]:
+    paths = _paths(config, name)
     for path in paths:
         if not path.is_dir():
-            raise pytest.UsageError(f"{option.flag}: {path} is not a folder")
+            raise pytest.UsageError(f"{_OPTIONS[name].flag}: {path} is not a folder")
     return tuple(dict.fromkeys(paths))
 
 
@@ -189,12 +195,7 @@ def _settings(config: pytest.Config) -> HarborSettings:
         value = config.getini(f"harbor_{key}")
         if value is not None:
             ini[key] = str(value)
-    base = config.inipath.parent if config.inipath else config.invocation_params.dir
-    given = config.getoption(_OPTIONS["config"].dest)
-    if given is not None:
-        files = [_absolute(config.invocation_params.dir / value) for value in given]
-    else:
-        files = [_absolute(base / value) for value in config.getini(_OPTIONS["config"].dest)]
+    files = _paths(config, "config")
     assignments = config.getoption(_OPTIONS["set"].dest) or config.getini(_OPTIONS["set"].dest)
     try:
         return load_settings(ini, files, assignments)

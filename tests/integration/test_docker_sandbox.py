@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -41,16 +40,6 @@ def start(docker_client: docker.DockerClient, labels: dict[str, str]) -> Iterato
     yield start_sandbox
     for sandbox in started:
         sandbox.stop()
-
-
-@pytest.fixture
-def built_images(docker_client: docker.DockerClient) -> Iterator[list[str]]:
-    """Tags a test builds; removed afterwards so the machine keeps only real caches."""
-    tags: list[str] = []
-    yield tags
-    for tag in tags:
-        with contextlib.suppress(docker.errors.ImageNotFound):
-            docker_client.images.remove(tag, force=True)
 
 
 def processes(sandbox: DockerSandbox) -> list[str]:
@@ -182,7 +171,7 @@ def test_prebuilt_image_is_used_and_a_missing_one_explained(docker_client: objec
 
 
 def test_build_is_tagged_by_content_and_reused(
-    tmp_path: Path, built_images: list[str], docker_client: docker.DockerClient
+    tmp_path: Path, built_images: list[Path], docker_client: docker.DockerClient
 ) -> None:
     (tmp_path / "Dockerfile").write_text(
         f"FROM {BASE_IMAGE}\nRUN echo {uuid.uuid4().hex} > /nonce && date +%s%N > /built-at\n"
@@ -193,8 +182,8 @@ def test_build_is_tagged_by_content_and_reused(
         build_timeout_sec=120,
         labels={"pytest-harbor.run": "t"},
     )
+    built_images.append(tmp_path)
     tag = DockerProvider().prepare_image(source)
-    built_images.append(tag)
     assert tag == image_tag_for(tmp_path)
     first = docker_client.images.get(tag)
     assert first.labels["pytest-harbor.run"] == "t"
@@ -216,12 +205,12 @@ def test_build_failure_names_the_dockerfile_and_shows_the_log(
 
 
 def test_build_past_its_timeout_is_refused(
-    tmp_path: Path, built_images: list[str], docker_client: docker.DockerClient
+    tmp_path: Path, built_images: list[Path], docker_client: docker.DockerClient
 ) -> None:
     (tmp_path / "Dockerfile").write_text(
         f"FROM {BASE_IMAGE}\nRUN echo {uuid.uuid4().hex} && sleep 60\n"
     )
-    built_images.append(image_tag_for(tmp_path))
+    built_images.append(tmp_path)
     source = ImageSource(docker_image=None, context_dir=tmp_path, build_timeout_sec=2)
     with pytest.raises(SandboxStartError, match="build_timeout_sec = 2 s"):
         DockerProvider().prepare_image(source)

@@ -3,42 +3,29 @@ verification, collect hooks, and a task folder edited mid-run."""
 
 from __future__ import annotations
 
-import contextlib
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import docker
 import pytest
 
-from pytest_harbor.sandboxes.images import image_tag_for
-from tests.fixtures import BASE_IMAGE, Dataset
+from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
 
 pytestmark = pytest.mark.docker
 
-RESULTS = "--harbor-results-dir=out"
 PREBUILT = f'[environment]\ndocker_image = "{BASE_IMAGE}"\n'
 
 
 @pytest.fixture
-def dataset(pytester: pytest.Pytester, docker_client: docker.DockerClient) -> Dataset:
-    folder = pytester.path / f"ds-{uuid.uuid4().hex[:8]}"
-    folder.mkdir()
-    return Dataset(folder)
+def dataset(harbor_dataset: Dataset) -> Dataset:
+    return harbor_dataset
 
 
 @pytest.fixture
-def built(docker_client: docker.DockerClient) -> Iterator[list[Path]]:
-    """Build contexts a test makes images from; their images are removed afterwards."""
-    contexts: list[Path] = []
-    yield contexts
-    for context in contexts:
-        with contextlib.suppress(docker.errors.ImageNotFound):
-            docker_client.images.remove(image_tag_for(context), force=True)
+def built(built_images: list[Path]) -> list[Path]:
+    return built_images
 
 
 def run(pytester: pytest.Pytester, dataset: Dataset, *args: str) -> pytest.RunResult:
-    return pytester.runpytest(f"--harbor-dataset={dataset.path}", RESULTS, "-rA", *args)
+    return run_harbor(pytester, dataset, "-rA", *args)
 
 
 ENTRYPOINT_IMAGE = f"""FROM {BASE_IMAGE}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import uuid
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
@@ -13,23 +12,16 @@ import docker
 import pytest
 
 from pytest_harbor.sandboxes.images import image_tag_for
-from tests.fixtures import BASE_IMAGE, Dataset, containers_of
+from tests.fixtures import BASE_IMAGE, Dataset, containers_of, run_harbor
 
 pytestmark = pytest.mark.docker
 
-RESULTS = "--harbor-results-dir=out"
-
-
-def run(pytester: pytest.Pytester, dataset: Dataset, *args: str) -> pytest.RunResult:
-    return pytester.runpytest(f"--harbor-dataset={dataset.path}", RESULTS, *args)
+run = run_harbor
 
 
 @pytest.fixture
-def dataset(pytester: pytest.Pytester, docker_client: docker.DockerClient) -> Dataset:
-    # Inside the pytester folder, so relative paths and the results folder are its own.
-    folder = pytester.path / f"ds-{uuid.uuid4().hex[:8]}"
-    folder.mkdir()
-    return Dataset(folder)
+def dataset(harbor_dataset: Dataset) -> Dataset:
+    return harbor_dataset
 
 
 def test_passing_and_failing_reports_and_rows(pytester: pytest.Pytester, dataset: Dataset) -> None:

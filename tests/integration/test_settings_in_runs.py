@@ -4,29 +4,22 @@ from __future__ import annotations
 
 import itertools
 import time
-import uuid
 from datetime import datetime
 from pathlib import Path
 
 import docker
 import pytest
 
-from tests.fixtures import BASE_IMAGE, Dataset, SandboxWatcher, containers_of
+from tests.fixtures import BASE_IMAGE, Dataset, SandboxWatcher, containers_of, run_harbor
 
 pytestmark = pytest.mark.docker
 
-RESULTS = "--harbor-results-dir=out"
+run = run_harbor
 
 
 @pytest.fixture
-def dataset(pytester: pytest.Pytester, docker_client: docker.DockerClient) -> Dataset:
-    folder = pytester.path / f"ds-{uuid.uuid4().hex[:8]}"
-    folder.mkdir()
-    return Dataset(folder)
-
-
-def run(pytester: pytest.Pytester, dataset: Dataset, *args: str) -> pytest.RunResult:
-    return pytester.runpytest(f"--harbor-dataset={dataset.path}", RESULTS, *args)
+def dataset(harbor_dataset: Dataset) -> Dataset:
+    return harbor_dataset
 
 
 def toml(agent: float | None = 60, verifier: float = 30, extra: str = "") -> str:

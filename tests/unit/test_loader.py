@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pytest_harbor.tasks import discover_task_dirs, is_dataset_dir, load_task
 from pytest_harbor.tasks.loader import strip_canary
 from tests.fixtures import write_task
@@ -123,3 +125,27 @@ def test_unknown_keys_are_listed(tmp_path: Path) -> None:
         tmp_path, "extra", toml='colour = "red"\n[environment]\ndocker_image = "i"\nsize = 3\n'
     )
     assert load_task(task).unknown_keys == ("colour", "environment.size")
+
+
+@pytest.mark.parametrize(
+    ("line", "notes"),
+    [
+        ("", ()),
+        ('multi_step_reward_mode = "aggregate"', ()),
+        (
+            'multi_step_reward_mode = "max"',
+            (
+                "multi_step_reward_mode = 'max' is a pre-1.3 key and was dropped; the task "
+                "rolls up with multi_step_reward_strategy = 'mean'",
+            ),
+        ),
+    ],
+)
+def test_legacy_reward_mode_is_dropped_with_a_note_unless_aggregate(
+    tmp_path: Path, line: str, notes: tuple[str, ...]
+) -> None:
+    task = write_task(tmp_path, "legacy", toml=f'{line}\n[environment]\ndocker_image = "i"\n')
+    loaded = load_task(task)
+    assert loaded.notes == notes
+    assert loaded.config.multi_step_reward_strategy is None
+    assert "multi_step_reward_mode" not in loaded.config.model_dump()

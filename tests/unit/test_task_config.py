@@ -132,3 +132,69 @@ def test_unknown_keys_are_kept_aside_and_listed() -> None:
         "environment.colour",
         "steps[0].extra",
     ]
+
+
+@pytest.mark.parametrize(("storage", "megabytes"), [("10G", 10240), ("300M", 300), (512, 512)])
+def test_legacy_storage_sizes(storage: object, megabytes: int) -> None:
+    config = TaskConfig.model_validate({"environment": {"storage": storage}})
+    assert config.environment.storage_mb == megabytes
+
+
+def test_legacy_spellings_inside_the_verifier_environment() -> None:
+    config = TaskConfig.model_validate(
+        {"verifier": {"environment": {"memory": "1G", "allow_internet": False}}}
+    )
+    assert config.verifier.environment is not None
+    assert config.verifier.environment.memory_mb == 1024
+    assert config.verifier.environment.network_mode == "no-network"
+    assert config.verifier.mode == "separate"
+
+
+def test_hosts_are_normalised() -> None:
+    config = TaskConfig.model_validate(
+        {
+            "environment": {
+                "network_mode": "allowlist",
+                "allowed_hosts": ["PyPI.org.", "*.Example.com", "10.0.0.0/8", "::1"],
+            }
+        }
+    )
+    assert config.environment.allowed_hosts == ["pypi.org", "*.example.com", "10.0.0.0/8", "::1"]
+
+
+def test_artifacts_accept_strings_and_tables() -> None:
+    config = TaskConfig.model_validate(
+        {
+            "artifacts": [
+                "/app/out",
+                {"source": "/var/log", "destination": "logs", "exclude": ["*.gz"]},
+            ]
+        }
+    )
+    assert [(a.source, a.destination, a.exclude) for a in config.artifacts] == [
+        ("/app/out", None, []),
+        ("/var/log", "logs", ["*.gz"]),
+    ]
+
+
+def test_mcp_http_is_streamable_http() -> None:
+    config = TaskConfig.model_validate(
+        {"environment": {"mcp_servers": [{"name": "t", "transport": "http", "url": "http://t"}]}}
+    )
+    assert config.environment.mcp_servers[0].transport == "streamable-http"
+
+
+def test_steps_fall_back_to_the_task() -> None:
+    config = TaskConfig.model_validate(
+        {
+            "steps": [
+                {"name": "one", "min_reward": {"correctness": 1}},
+                {"name": "two", "min_reward": 0.5},
+            ]
+        }
+    )
+    assert config.steps is not None
+    assert config.steps[0].agent.timeout_sec is None
+    assert config.steps[0].verifier.timeout_sec is None
+    assert config.steps[0].min_reward == {"correctness": 1.0}
+    assert config.steps[1].min_reward == 0.5
