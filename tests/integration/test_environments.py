@@ -3,6 +3,7 @@ verification, collect hooks, and a task folder edited mid-run."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,27 @@ def test_a_task_folder_edited_after_its_row_was_written_is_refused(
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([f"*{task} changed since its row was written (sha256:*"])
     assert dataset.rows(pytester.path / "out") == []
+
+
+def test_skip_unloadable_skips_a_task_whose_image_does_not_build(
+    pytester: pytest.Pytester, dataset: Dataset, built: list[Path]
+) -> None:
+    task = dataset.task(
+        "unbuildable",
+        toml="[verifier]\ntimeout_sec = 30\n",
+        dockerfile=f"FROM {BASE_IMAGE}\nRUN echo missing dependency && exit 2\n",
+    )
+    dataset.task("fine")
+    built.append(task / "environment")
+    stopped = run(pytester, dataset)
+    stopped.assert_outcomes(passed=1, errors=1)
+    going = run(pytester, dataset, "--harbor-skip-unloadable")
+    going.assert_outcomes(passed=1, skipped=1)
+    skipped = json.loads(
+        (pytester.path / "out/harbor/validation" / dataset.name / "skipped.json").read_text()
+    )
+    assert list(skipped) == ["unbuildable"]
+    assert skipped["unbuildable"].startswith(
+        f"building {task / 'environment' / 'Dockerfile'} failed"
+    )
+    assert "missing dependency" in skipped["unbuildable"]
