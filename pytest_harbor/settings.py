@@ -31,7 +31,6 @@ NOT_IMPLEMENTED = frozenset(
         "sandbox_provider_options",
         "step_setup_timeout_s",
         "task_mcp_grants",
-        "turn_sessions",
         "compose_variables",
         "compose_overlay",
         "agent_outcome_policy",
@@ -112,9 +111,15 @@ def parse_assignment(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), _scalar(value)
 
 
+#: YAML 1.1 reads these as booleans; settings mean them as words (`task_mcp_grants=off`).
+_WORDS = {"yes", "no", "on", "off", "y", "n"}
+
+
 def _scalar(value: str) -> Any:
+    if not value.strip() or value.strip().lower() in _WORDS:
+        return value.strip()
     try:
-        return yaml.safe_load(value) if value.strip() else ""
+        return yaml.safe_load(value)
     except yaml.YAMLError:
         return value
 

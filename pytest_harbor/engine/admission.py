@@ -56,8 +56,6 @@ def refuse_unrunnable(task: Task, capabilities: SandboxCapabilities, provider: s
                     "lacks",
                     key=f"artifacts[{index}].service",
                 )
-    if config.is_multi_step:
-        raise TaskLoadError(task_file, "multi-step tasks are not run by this release", key="steps")
 
 
 def _environments(task: Task) -> Iterator[tuple[str, EnvironmentConfig]]:

@@ -24,7 +24,9 @@ from pytest_harbor.engine.results import (
     episode_id,
 )
 from pytest_harbor.engine.rewards import RewardReading
+from pytest_harbor.engine.rollup import roll_up, stop_reason
 from pytest_harbor.engine.verification import (
+    CLEAR_FOR_NEXT_TURN,
     ENTRYPOINT_EXIT,
     RUN_DIR,
     SANDBOX_DIRECTORIES,
@@ -105,6 +107,11 @@ class Episode:
         self._deadline: float | None = None
         self._masked: RewardReading | None = None
         self._has_entrypoint = False
+        self._stopped_after: str | None = None
+        self._stop_reason: str | None = None
+        #: Numeric users of the task's turns, resolved to names at seed.
+        self._users: dict[str, str] = {}
+        self._workdir_owner: str | None = None
         self._budget: EpisodeBudget | None = None
 
     @property
@@ -186,6 +193,7 @@ class Episode:
         self._wall[0] = _now()
         self._deadline = started + budget.deadline_s
         self._check_digest()
+        self._refuse_what_cannot_run()
         environment = self.task.config.environment
         try:
             self._sandbox = self._start(self._image, environment)
@@ -195,10 +203,53 @@ class Episode:
             self._has_entrypoint = self._start_entrypoint(self._sandbox, self._image)
         except SandboxError as error:
             raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
+        self._users = self._resolve_uids(self._sandbox)
         if environment.healthcheck is not None:
             self._wait_healthy(self._sandbox, environment.healthcheck)
         self._note_entrypoint(self._sandbox)
         self._timings["seed_s"] = time.monotonic() - started
+
+    def _refuse_what_cannot_run(self) -> None:
+        """Seed-time refusals that depend on the settings, the harness or the provider."""
+        config = self.task.config
+        multi_step = config.is_multi_step
+        if (
+            multi_step
+            and self.settings.turn_sessions == "continue"
+            and not self.harness.can_continue
+        ):
+            raise EpisodeError(
+                FailureKind.TASK_REFUSED,
+                f"turn_sessions = continue needs a harness that can continue a session; "
+                f"{self.harness.name} cannot (set turn_sessions to fresh)",
+            )
+        if multi_step and self.settings.separate_verifier_for_artifacts and config.artifacts:
+            raise EpisodeError(
+                FailureKind.TASK_REFUSED,
+                "separate_verifier_for_artifacts cannot send a multi-step task to a separate "
+                "verifier: multi-step tasks verify in their agent's sandbox",
+            )
+        if not self.provider.capabilities.user_groups:
+            for turn in self.task.turns:
+                for role, user in (("agent", turn.agent_user), ("verifier", turn.verifier_user)):
+                    if user is not None and ":" in user:
+                        raise EpisodeError(
+                            FailureKind.TASK_REFUSED,
+                            f"step {turn.name!r}: the {role} user {user!r} names a group, "
+                            f"which the {self.provider.name} sandbox cannot apply",
+                        )
+
+    def _resolve_uids(self, sandbox: Sandbox) -> dict[str, str]:
+        """Numeric agent users, as names (once per episode); an unknown uid stays a number."""
+        uids = sorted(
+            {t.agent_user for t in self.task.turns if t.agent_user and t.agent_user.isdigit()}
+        )
+        names: dict[str, str] = {}
+        for uid in uids:
+            found = sandbox.exec(["getent", "passwd", uid], user="root")
+            name = found.stdout.split(":", 1)[0].strip() if found.exit_code == 0 else ""
+            names[uid] = name or uid
+        return names
 
     def _check_digest(self) -> None:
         if self.expected_digest is None:
@@ -298,10 +349,19 @@ class Episode:
     # ------------------------------------------------------------------------ turns
 
     def run_turn(self, turn: Turn) -> TurnOutput:
-        """Let the harness work on `turn`, run the collect hooks, then verify."""
+        """Prepare the sandbox for `turn`, let the harness work on it, run the collect
+        hooks, then verify. After a turn that stops the episode, `stopped_after` is set."""
         sandbox = self._require_sandbox()
+        if self.stopped_after is not None:
+            raise RuntimeError(f"episode {self.id} stopped after turn {self.stopped_after}")
         if self._masked is not None:
             return self._record(turn, AgentRun(), VerifierRun(self._masked), 0.0, 0.0)
+        try:
+            if self._turns:
+                self._clear_grading_files(sandbox)
+            turn = self._as_user(sandbox, turn)
+        except SandboxError as error:
+            raise EpisodeError(FailureKind.SANDBOX_LOST, str(error)) from None
         started = time.monotonic()
         agent = self.harness.run_turn(sandbox, self._bounded(turn), workdir=self.workdir)
         self._require_time("the agent")
@@ -321,6 +381,33 @@ class Episode:
         verify_s = time.monotonic() - started
         return self._record(turn, agent, verification, agent_s, verify_s, notes)
 
+    @property
+    def stopped_after(self) -> str | None:
+        """The step after which the episode stopped early (its later turns do not run)."""
+        return self._stopped_after
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self._stop_reason
+
+    def _clear_grading_files(self, sandbox: Sandbox) -> None:
+        """Before a later turn: the previous turn's tests, reward and transcript go; the
+        agent's own files under /logs/agent stay."""
+        cleared = sandbox.exec(["/bin/sh", "-c", CLEAR_FOR_NEXT_TURN], user="root")
+        if cleared.exit_code != 0:
+            raise SandboxError(f"cannot clear the previous turn's files: {cleared.stderr.strip()}")
+
+    def _as_user(self, sandbox: Sandbox, turn: Turn) -> Turn:
+        """The turn's agent user (a uid resolved to its name) owns the working directory."""
+        user = self._users.get(turn.agent_user or "", turn.agent_user)
+        if user not in (None, "root", "0") and user != self._workdir_owner:
+            workdir = self.workdir or self._image_workdir(self._image or "")
+            owned = sandbox.exec(["chown", user, workdir], user="root")
+            if owned.exit_code != 0:
+                raise SandboxError(f"cannot hand {workdir} to {user}: {owned.stderr.strip()}")
+            self._workdir_owner = user
+        return turn if user == turn.agent_user else dataclasses.replace(turn, agent_user=user)
+
     def _record(
         self,
         turn: Turn,
@@ -333,9 +420,14 @@ class Episode:
         result = _turn_result(
             turn, agent, verification, agent_s, verify_s, oracle=self.harness.validates
         )
-        if notes:
-            result = result.model_copy(update={"notes": notes})
+        result = result.model_copy(
+            update={"verifier_mode": self.verifier_mode, "notes": notes or []}
+        )
         self._turns.append(result)
+        if self.task.config.is_multi_step:
+            reason = stop_reason(result, turn.min_reward)
+            if reason is not None and turn is not self.task.turns[-1]:
+                self._stopped_after, self._stop_reason = turn.name, reason
         self._clock_end["turn"] = time.monotonic()
         self._wall[1] = _now()
         return TurnOutput(result, verification.files)
@@ -431,7 +523,8 @@ class Episode:
         return self.result()
 
     def result(self) -> EpisodeResult:
-        """The result of the turns that ran (single-step: its one turn).
+        """The result of the turns that ran: a single-step task's one turn, or a multi-step
+        task's turns rolled up by its `multi_step_reward_strategy`.
 
         `cleanup_s` is set only once cleanup() has run; `total_s` runs from the start of
         the seed to the end of cleanup, or of the last turn when cleanup is still to come.
@@ -442,26 +535,35 @@ class Episode:
         total = None
         if self._clock_start is not None:
             total = self._clock_end.get("cleanup", self._clock_end["turn"]) - self._clock_start
+        strategy = self.task.config.multi_step_reward_strategy or "mean"
+        rolled = roll_up(self._turns, strategy, self._stopped_after, self._stop_reason)
+        exit_codes = [turn.agent_exit_code for turn in self._turns]
         return EpisodeResult(
             task_id=self.task.id,
             taskset=self.taskset,
             repeat=self.repeat,
             agent=self.harness.name,
             digest=self.task.digest,
-            reward=last.reward,
-            verifier_rewards=last.verifier_rewards,
-            mask_sample=last.mask_sample,
-            failure_kind=last.failure_kind,
-            failure_reason=last.failure_reason,
-            verifier_mode=self.verifier_mode,
-            solution_exit_code=last.agent_exit_code if self.harness.validates else None,
+            reward=rolled.reward,
+            verifier_rewards=rolled.verifier_rewards,
+            mask_sample=rolled.mask_sample,
+            failure_kind=rolled.failure_kind,
+            failure_reason=rolled.failure_reason,
+            verifier_mode=rolled.verifier_mode,
+            solution_exit_code=(
+                next((code for code in exit_codes if code != 0), 0)
+                if self.harness.validates
+                else None
+            ),
+            response=last.response,
+            stopped_after_turn=self._stopped_after,
             started_at=self._wall[0],
             finished_at=self._wall[1],
             timings=PhaseTimings(
                 build_s=self._timings.get("build_s"),
                 seed_s=self._timings.get("seed_s"),
-                agent_s=last.timings.agent_s,
-                verify_s=last.timings.verify_s,
+                agent_s=sum(turn.timings.agent_s or 0.0 for turn in self._turns),
+                verify_s=sum(turn.timings.verify_s or 0.0 for turn in self._turns),
                 cleanup_s=self._timings.get("cleanup_s"),
                 total_s=total,
             ),
@@ -508,7 +610,7 @@ def _now() -> str:
 
 def _verifies_separately(task: Task, settings: HarborSettings) -> bool:
     if task.config.is_multi_step:
-        return False
+        return False  # the loader refuses separate verification for multi-step tasks
     return (
         task.config.verifier.mode == "separate"
         or task.verifier_dockerfile is not None
@@ -579,5 +681,6 @@ def _turn_result(
         verifier_exit_code=verification.exit_code,
         verifier_timed_out=verification.timed_out,
         agent_log_tail=agent.log_tail,
+        response=agent.response,
         timings=TurnTimings(agent_s=agent_s, verify_s=verify_s),
     )

@@ -22,6 +22,8 @@ class FailureKind:
     HEALTHCHECK_FAILED = "harbor:healthcheck_failed"
     QUEUE_TIMEOUT = "harbor:queue_timeout"
     BUDGET_REFUSED = "harbor:budget_refused"
+    TASK_REFUSED = "harbor:task_refused"
+    MIN_REWARD_MISSED = "harbor:min_reward_missed"
 
 
 class EpisodeError(Exception):

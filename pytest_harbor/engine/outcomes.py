@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pytest_harbor.engine.results import EpisodeResult
+from pytest_harbor.engine.results import TurnResult
 
 __all__ = ["Outcome", "decide_outcome"]
 
@@ -18,8 +18,9 @@ class Outcome:
     headline: str
 
 
-def decide_outcome(result: EpisodeResult, *, validation: bool, pass_reward: float) -> Outcome:
-    """Map a scored episode to passed / failed / error / skipped.
+def decide_outcome(result: TurnResult, *, validation: bool, pass_reward: float) -> Outcome:
+    """Map a scored turn (a single-step episode's one turn) to passed / failed / error /
+    skipped.
 
     Validation (oracle) runs pass when the reward is exactly 1 and solve.sh exited 0; a
     masked sample is an error. Agent runs pass when the reward reaches `pass_reward`; a
@@ -29,13 +30,13 @@ def decide_outcome(result: EpisodeResult, *, validation: bool, pass_reward: floa
     if result.mask_sample:
         return Outcome("error" if validation else "skipped", f"masked: {headline}")
     if validation:
-        passed = result.reward == 1.0 and result.solution_exit_code == 0
+        passed = result.reward == 1.0 and result.agent_exit_code == 0
     else:
         passed = result.reward >= pass_reward
     return Outcome("passed" if passed else "failed", headline)
 
 
-def _headline(result: EpisodeResult) -> str:
+def _headline(result: TurnResult) -> str:
     text = f"reward {result.reward:g}"
     if result.failure_kind:
         text += f" ({result.failure_kind})"

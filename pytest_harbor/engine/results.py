@@ -49,6 +49,10 @@ class TurnResult(_Record):
     verifier_exit_code: int | None = None
     verifier_timed_out: bool = False
     agent_log_tail: str = ""
+    verifier_mode: str = "shared"
+    #: The folder this turn's /logs/verifier was written to (set by whoever writes it).
+    verifier_logs_dir: str | None = None
+    response: str | None = None
     timings: TurnTimings = TurnTimings()
     #: What went wrong without deciding the reward (a failing collect hook, say).
     notes: list[str] = []
@@ -69,8 +73,11 @@ class EpisodeResult(_Record):
     failure_kind: str | None = None
     failure_reason: str | None = None
     verifier_mode: str = "shared"
+    #: The episode's verifier folder; None for a multi-step episode (each turn has one).
     verifier_logs_dir: str | None = None
     solution_exit_code: int | None = None
+    #: The step after which the episode stopped early, if it did.
+    stopped_after_turn: str | None = None
     response: str | None = None
     #: Wall-clock UTC times (ISO 8601) of the seed's start and the last turn's end.
     started_at: str | None = None

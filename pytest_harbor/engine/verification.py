@@ -12,6 +12,7 @@ from pytest_harbor.sandboxes.base import Sandbox, SandboxError
 from pytest_harbor.tasks import Turn
 
 __all__ = [
+    "CLEAR_FOR_NEXT_TURN",
     "ENTRYPOINT_EXIT",
     "RUN_DIR",
     "SANDBOX_DIRECTORIES",
@@ -38,6 +39,12 @@ SANDBOX_DIRECTORIES = {
     "/run": 0o755,
     RUN_DIR: 0o1777,
 }
+
+#: Before a later turn, as root: the previous turn's tests, reward files and transcript go.
+CLEAR_FOR_NEXT_TURN = (
+    f"for dir in {TESTS_DIR} {VERIFIER_LOGS}; do "
+    'rm -rf "$dir"/* "$dir"/.[!.]* "$dir"/..?*; done; rm -f /logs/agent/trajectory.json'
+)
 
 _MISSING = "pytest-harbor-missing:"
 _BROKEN = "pytest-harbor-error:"

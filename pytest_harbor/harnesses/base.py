@@ -27,6 +27,9 @@ class Harness(Protocol):
     name: str
     #: True for the oracle: outcomes follow the validation contract (reward 1, exit 0).
     validates: bool
+    #: Whether one session can carry on across the turns of a multi-step task
+    #: (`turn_sessions = continue`); a fresh session per turn is the default.
+    can_continue: bool
 
     def unavailable_reason(self, task: Task) -> str | None:
         """Why this harness cannot run `task` (its items are skipped), or None."""

@@ -12,6 +12,7 @@ __all__ = ["NopHarness"]
 class NopHarness:
     name = "nop"
     validates = False
+    can_continue = False
 
     def unavailable_reason(self, task: Task) -> str | None:
         return None

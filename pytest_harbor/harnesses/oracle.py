@@ -11,6 +11,9 @@ __all__ = ["OracleHarness"]
 SOLUTION_DIR = "/solution"
 ORACLE_LOG = "/logs/agent/oracle.txt"
 _LOG_TAIL_BYTES = 4000
+_NEXT_TURN = (
+    f"rm -rf {SOLUTION_DIR}/* {SOLUTION_DIR}/.[!.]* {SOLUTION_DIR}/..?*; rm -f {ORACLE_LOG}"
+)
 
 
 class OracleHarness:
@@ -18,17 +21,28 @@ class OracleHarness:
 
     name = "oracle"
     validates = True
+    can_continue = False
+
+    def __init__(self) -> None:
+        #: Sandboxes whose /solution holds an earlier turn's solution.
+        self._filled: set[str] = set()
 
     def unavailable_reason(self, task: Task) -> str | None:
         missing = [turn.name for turn in task.turns if turn.solve_script is None]
         if not missing:
             return None
-        return "unvalidated: the task has no solution/solve.sh"
+        if not task.config.is_multi_step:
+            return "unvalidated: the task has no solution/solve.sh"
+        return f"unvalidated: step {missing[0]!r} has no solve.sh (its own or the task's)"
 
     def run_turn(self, sandbox: Sandbox, turn: Turn, *, workdir: str | None) -> AgentRun:
         if turn.solution_dir is None:
             raise ValueError(f"turn {turn.name} has no solution")
+        if sandbox.id in self._filled:
+            # A later turn: its own solution only, and a log the turn's user can write.
+            sandbox.exec(["/bin/sh", "-c", _NEXT_TURN], user="root")
         sandbox.upload(turn.solution_dir, SOLUTION_DIR)
+        self._filled.add(sandbox.id)
         result = sandbox.exec(
             ["bash", "-c", f"bash {SOLUTION_DIR}/solve.sh > {ORACLE_LOG} 2>&1"],
             user=turn.agent_user,

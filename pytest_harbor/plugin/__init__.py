@@ -29,12 +29,18 @@ from pytest_harbor.plugin.run import (
     new_run_id,
     owner_of_this_process,
 )
+from pytest_harbor.plugin.scheduling import (
+    SPLITTING_MODES,
+    keep_turns_together,
+    trial_scheduler,
+)
 from pytest_harbor.sandboxes import SandboxError
 from pytest_harbor.tasks import is_task_dir
 
 __all__ = [
     "pytest_addoption",
     "pytest_collect_directory",
+    "pytest_collection_modifyitems",
     "pytest_configure",
     "pytest_configure_node",
     "pytest_ignore_collect",
@@ -43,6 +49,7 @@ __all__ = [
     "pytest_runtest_makereport",
     "pytest_sessionfinish",
     "pytest_unconfigure",
+    "pytest_xdist_make_scheduler",
 ]
 
 _WORKER_RUN_ID = "harbor_run_id"
@@ -83,6 +90,25 @@ def _conftest_anchor(invocation_dir: Path, arg: str) -> str:
     return str(path.parent) if is_task_dir(path) else arg
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> Generator[None, None, None]:
+    """After every other plugin selected and ordered: keep each trial's turns together."""
+    result = yield
+    keep_turns_together(items, config)
+    return result
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's default `load` distribution, by trial: a trial's turns go to one worker."""
+    run = config.stash.get(HARBOR_RUN, None)
+    if run is None or not run.targets or config.getvalue("dist") != "load":
+        return None
+    return trial_scheduler(config, log, frozenset(run.trial_ids))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     options = read_options(config)
     worker_input: dict[str, Any] | None = getattr(config, "workerinput", None)
@@ -95,6 +121,12 @@ def pytest_configure(config: pytest.Config) -> None:
         else:
             config.args += [arg for arg in dataset_args if arg not in config.args]
     targets = _targets(config, options.datasets)
+    dist = getattr(config.option, "dist", "no")
+    if targets and dist in SPLITTING_MODES:
+        raise pytest.UsageError(
+            f"--dist {dist} may split the turns of a trial across workers; use -n alone "
+            "(trial-grouped load balancing), --dist loadscope or --dist loadfile"
+        )
     run = HarborRun(
         options,
         run_id=(worker_input or {}).get(_WORKER_RUN_ID) or new_run_id(),

@@ -10,7 +10,7 @@ from typing import Any, cast
 import pluggy
 import pytest
 
-from pytest_harbor.engine import Episode, EpisodeResult, decide_outcome
+from pytest_harbor.engine import Episode, EpisodeResult, TurnResult, decide_outcome
 from pytest_harbor.engine.failures import EpisodeError
 from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.engine.slots import Slot
@@ -20,10 +20,10 @@ from pytest_harbor.tasks import Task, TaskLoadError, Turn
 
 __all__ = [
     "HarborDataset",
-    "HarborEpisodeItem",
     "HarborTask",
     "HarborTaskset",
     "HarborTrial",
+    "HarborTurnItem",
     "HarborWarning",
 ]
 
@@ -143,7 +143,8 @@ class HarborTask(_HarborNode, pytest.Collector):
 
 
 class HarborTrial(_HarborNode, pytest.Collector):
-    """One repeat of a task; its sandbox lives from setup() to teardown()."""
+    """One repeat of a task; its sandbox lives from setup() to teardown(), shared by the
+    items of its turns, which run in order on one worker."""
 
     def __init__(self, *, task: Task, repeat: int, skip_reason: str | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -157,13 +158,19 @@ class HarborTrial(_HarborNode, pytest.Collector):
         self.slot: Slot | None = None
         #: Why the task could not be built, when --harbor-skip-unloadable skipped it.
         self.unloadable: str | None = None
+        #: One item per turn, in the task's order; `selected` is what this session runs.
+        self.turn_items: list[HarborTurnItem] = []
+        self.selected: list[HarborTurnItem] = []
 
-    def collect(self) -> Iterator[HarborEpisodeItem]:
+    def collect(self) -> Iterator[HarborTurnItem]:
+        self.turn_items = []
         for turn in self.task.turns:
-            item = HarborEpisodeItem.from_parent(self, name=turn.name, turn=turn)
+            item = HarborTurnItem.from_parent(self, name=turn.name, turn=turn)
             if self.skip_reason is not None:
                 item.add_marker(pytest.mark.skip(reason=self.skip_reason))
-            yield item
+            self.turn_items.append(item)
+        self.selected = list(self.turn_items)
+        yield from self.turn_items
 
     def setup(self) -> None:
         run = _run(self)
@@ -196,8 +203,9 @@ class HarborTrial(_HarborNode, pytest.Collector):
             self.slot.release()
 
 
-class HarborEpisodeItem(_HarborNode, pytest.Item):
-    """One turn of an episode; the item of the last turn also finishes the episode."""
+class HarborTurnItem(_HarborNode, pytest.Item):
+    """One turn of an episode (a single-step task has one, `episode`). The item that ends
+    the episode (its last selected turn, or the turn it stopped after) carries the row."""
 
     def __init__(self, *, turn: Turn, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -212,49 +220,72 @@ class HarborEpisodeItem(_HarborNode, pytest.Item):
         run = _run(self)
         episode = self.trial.episode
         assert episode is not None, "the trial's setup() seeds the episode"
+        if episode.stopped_after is not None:
+            pytest.skip(f"stopped after turn {episode.stopped_after}: {episode.stop_reason}")
         output = episode.run_turn(self.turn)
-        result = episode.result()
-        logs_dir = run.layout.verifier_dir(self.trial.taskset, result.episode_id, self.turn.name)
-        result = result.model_copy(update={"verifier_logs_dir": str(logs_dir)})
-        outcome = decide_outcome(
-            result, validation=run.harness.validates, pass_reward=run.options.pass_reward
+        turn = output.result.model_copy(
+            update={"verifier_logs_dir": str(self._logs_dir(episode.id, self.turn.name))}
         )
         self.harbor_payload = {
-            "result": result.model_dump(mode="json"),
+            "episode_id": episode.id,
+            "step": self.turn.name,
             "verifier_files": {
-                self.turn.name: {
-                    name: base64.b64encode(data).decode("ascii")
-                    for name, data in output.verifier_files.items()
-                }
+                name: base64.b64encode(data).decode("ascii")
+                for name, data in output.verifier_files.items()
             },
-            "status": outcome.status,
         }
-        self.user_properties.append(("reward", result.reward))
-        self.user_properties.append(("failure_kind", result.failure_kind or ""))
+        if episode.stopped_after is not None or self is self.trial.selected[-1]:
+            self.harbor_payload["result"] = self._row(episode).model_dump(mode="json")
+        outcome = decide_outcome(
+            turn, validation=run.harness.validates, pass_reward=run.options.pass_reward
+        )
+        self.harbor_payload["status"] = outcome.status
+        self.user_properties.append(("reward", turn.reward))
+        self.user_properties.append(("failure_kind", turn.failure_kind or ""))
         if outcome.status == "passed":
             return
         if outcome.status == "skipped":
             pytest.skip(outcome.headline)
         stdout = output.verifier_files.get("test-stdout.txt", b"")
-        pytest.fail(f"{outcome.headline}\n{_details(result, stdout)}", pytrace=False)
+        pytest.fail(f"{outcome.headline}\n{_details(turn, stdout)}", pytrace=False)
+
+    def _logs_dir(self, episode_id: str, step: str) -> Path:
+        return _run(self).layout.verifier_dir(self.trial.taskset, episode_id, step)
+
+    def _row(self, episode: Episode) -> EpisodeResult:
+        """The episode's result, with each turn's verifier folder (and, single-step, the
+        episode's)."""
+        result = episode.result()
+        turns = [
+            turn.model_copy(
+                update={"verifier_logs_dir": str(self._logs_dir(episode.id, turn.step))}
+            )
+            for turn in result.turns
+        ]
+        single = not self.trial.task.config.is_multi_step
+        return result.model_copy(
+            update={
+                "turns": turns,
+                "verifier_logs_dir": turns[0].verifier_logs_dir if single else None,
+            }
+        )
 
     def reportinfo(self) -> tuple[Path, int, str]:
         # Line 0: task.toml has no line for an episode, and skip reports need a number.
         return self.path / "task.toml", 0, self.nodeid
 
 
-def _details(result: EpisodeResult, test_stdout: bytes) -> str:
+def _details(turn: TurnResult, test_stdout: bytes) -> str:
     lines = []
-    if result.verifier_rewards is not None and list(result.verifier_rewards) != ["reward"]:
-        lines.append(f"verifier rewards: {result.verifier_rewards}")
-    if result.solution_exit_code is not None:
-        lines.append(f"solve.sh exit code: {result.solution_exit_code}")
-    lines.append(f"verifier logs: {result.verifier_logs_dir}")
+    if turn.verifier_rewards is not None and list(turn.verifier_rewards) != ["reward"]:
+        lines.append(f"verifier rewards: {turn.verifier_rewards}")
+    if turn.agent_exit_code is not None:
+        lines.append(f"solve.sh exit code: {turn.agent_exit_code}")
+    lines.append(f"verifier logs: {turn.verifier_logs_dir}")
     tail = test_stdout.decode("utf-8", errors="replace").splitlines()[-_TAIL_LINES:]
     lines.append("---- last lines of test-stdout.txt ----")
     lines.extend(tail or ["(empty)"])
-    agent_tail = result.turns[-1].agent_log_tail if result.turns else ""
-    if agent_tail:
+    if turn.agent_log_tail:
         lines.append("---- last lines of /logs/agent/oracle.txt ----")
-        lines.extend(agent_tail.splitlines()[-_TAIL_LINES:])
+        lines.extend(turn.agent_log_tail.splitlines()[-_TAIL_LINES:])
     return "\n".join(lines)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pytest_harbor.engine import EpisodeError, EpisodeResult
-from pytest_harbor.plugin.nodes import HarborEpisodeItem
+from pytest_harbor.plugin.nodes import HarborTurnItem
 from pytest_harbor.plugin.run import HarborRun
 from pytest_harbor.sandboxes import SandboxError
 from pytest_harbor.tasks import TaskLoadError
@@ -34,10 +34,13 @@ class _Tally:
     items: int = 0
     unvalidated: int = 0
 
-    def count(self, result: EpisodeResult, status: str) -> None:
+    def episode(self, result: EpisodeResult) -> None:
         tally = self.tasksets.setdefault(result.taskset, _TasksetTally())
         tally.episodes += 1
         tally.reward_sum += result.reward
+
+    def outcome(self, taskset: str, status: str) -> None:
+        tally = self.tasksets.setdefault(taskset, _TasksetTally())
         tally.outcomes[status] = tally.outcomes.get(status, 0) + 1
 
     @property
@@ -50,7 +53,7 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if not isinstance(item, HarborEpisodeItem):
+    if not isinstance(item, HarborTurnItem):
         return report
     data: dict[str, Any] = {"taskset": item.trial.taskset, "task_id": item.trial.task.id}
     if call.when == "setup":
@@ -63,6 +66,10 @@ def pytest_runtest_makereport(
         elif call.excinfo is not None and not isinstance(call.excinfo.value, pytest.skip.Exception):
             # The episode broke down before it had a result: that is an error, not a fail.
             data["status"] = "error"
+    if report.skipped and isinstance(report.longrepr, tuple):
+        # Skips from inside runtest point at this package; point at the task instead.
+        path, line, _ = item.reportinfo()
+        report.longrepr = (str(path), (line or 0) + 1, report.longrepr[2])
     error = call.excinfo.value if call.excinfo is not None else None
     if isinstance(error, EpisodeError):
         data["failure"] = {"kind": error.failure_kind, "reason": error.reason}
@@ -114,6 +121,9 @@ class HarborReporter:
             self.skipped.start(plan.taskset, skipped)
             for task in plan.tasks:
                 self.run.row_digests[f"{plan.taskset}/{task.id}"] = task.digest
+                self.run.trial_ids.update(
+                    f"{plan.taskset}/{task.id}::r{repeat}" for repeat in range(plan.repeats)
+                )
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = getattr(report, "harbor", None)
@@ -124,14 +134,17 @@ class HarborReporter:
             self.tally.unvalidated += int(bool(data.get("unvalidated")))
             if "unloadable" in data:
                 self.skipped.add(data["taskset"], data["task_id"], data["unloadable"])
-        if report.when == "call" and "result" in data:
+        if report.when != "call":
+            return
+        if "verifier_files" in data:
+            files = {name: base64.b64decode(blob) for name, blob in data["verifier_files"].items()}
+            self.writer.write_turn_files(data["taskset"], data["episode_id"], data["step"], files)
+        if "status" in data:
+            self.tally.outcome(data["taskset"], str(data["status"]))
+        if "result" in data:
             result = EpisodeResult.model_validate(data["result"])
-            files = {
-                step: {name: base64.b64decode(blob) for name, blob in step_files.items()}
-                for step, step_files in data.get("verifier_files", {}).items()
-            }
-            self.writer.write(result, files)
-            self.tally.count(result, str(data.get("status")))
+            self.writer.append_row(result)
+            self.tally.episode(result)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.run.harness.validates and self.tally.nothing_validatable:
@@ -142,7 +155,7 @@ class HarborReporter:
             return
         terminalreporter.section("harbor")
         for taskset, counts in sorted(self.tally.tasksets.items()):
-            mean = counts.reward_sum / counts.episodes
+            mean = counts.reward_sum / counts.episodes if counts.episodes else 0.0
             outcomes = ", ".join(f"{n} {status}" for status, n in sorted(counts.outcomes.items()))
             terminalreporter.write_line(
                 f"{taskset}: {counts.episodes} episodes, mean reward {mean:.3f} ({outcomes}); "

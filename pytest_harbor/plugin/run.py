@@ -105,6 +105,8 @@ class HarborRun:
         )
         #: Digests of the rows as the controller materialized them: `taskset/task` -> digest.
         self.row_digests: dict[str, str] = {}
+        #: Node ids of every trial the controller planned: `<taskset>/<task>::r<N>`.
+        self.trial_ids: set[str] = set()
         self._slots: EpisodeSlots | None = None
         self._cleanups: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []

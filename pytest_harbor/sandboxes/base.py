@@ -41,6 +41,8 @@ class SandboxCapabilities:
     windows: bool = False
     network_allowlists: bool = False
     compose: bool = False
+    #: Users written `name:group` or `uid:gid` are applied as such.
+    user_groups: bool = False
 
 
 @dataclass(frozen=True)

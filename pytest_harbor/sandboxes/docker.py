@@ -98,8 +98,9 @@ class DockerProvider:
     """Starts one container per sandbox: keep-alive sleep, labels, limits, forceful removal."""
 
     name = "docker"
-    #: Plain containers on one engine: no accelerators, no egress filtering, no groups.
-    capabilities = SandboxCapabilities()
+    #: Plain containers on one engine: no accelerators or egress filtering; `--user`
+    #: takes a group.
+    capabilities = SandboxCapabilities(user_groups=True)
 
     def __init__(self) -> None:
         self._present: set[str] = set()

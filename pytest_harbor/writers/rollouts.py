@@ -81,16 +81,18 @@ class RolloutsWriter:
         (folder / ROLLOUTS).write_text("")
         self._started.add(taskset)
 
-    def write(
-        self, result: EpisodeResult, verifier_files: Mapping[str, Mapping[str, bytes]]
-    ) -> None:
-        """Write the verifier folders of `result` (by turn) and append its row, flushed."""
+    def write_turn_files(
+        self, taskset: str, episode_id: str, step: str, files: Mapping[str, bytes]
+    ) -> Path:
+        """Write what a turn's verifier left in /logs/verifier; returns the folder."""
+        self._start(taskset)
+        folder = self.layout.verifier_dir(taskset, episode_id, step)
+        _write_files(folder, {name: self._scrub(data) for name, data in files.items()})
+        return folder
+
+    def append_row(self, result: EpisodeResult) -> None:
+        """Append the episode's row to rollouts.jsonl, flushed."""
         self._start(result.taskset)
-        for step, files in verifier_files.items():
-            scrubbed = {name: self._scrub(data) for name, data in files.items()}
-            _write_files(
-                self.layout.verifier_dir(result.taskset, result.episode_id, step), scrubbed
-            )
         with self.layout.rollouts_file(result.taskset).open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(result.row(), sort_keys=True) + "\n")
             handle.flush()

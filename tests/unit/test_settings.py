@@ -101,9 +101,9 @@ def test_values_are_yaml(tmp_path: Path) -> None:
         (
             {},
             [],
-            ["turn_sessions=continue"],
+            ["task_mcp_grants=required"],
             "not implemented in this release, so not accepted: "
-            "turn_sessions (from --harbor-set turn_sessions=continue)",
+            "task_mcp_grants (from --harbor-set task_mcp_grants=required)",
         ),
         (
             {},
@@ -126,7 +126,7 @@ def test_refused(
 
 
 def test_an_unimplemented_key_at_its_default_is_accepted() -> None:
-    assert load_settings({}, [], ["turn_sessions=fresh"]).turn_sessions == "fresh"
+    assert load_settings({}, [], ["task_mcp_grants=off"]).task_mcp_grants == "off"
 
 
 def test_config_file_needs_the_harbor_block(tmp_path: Path) -> None:

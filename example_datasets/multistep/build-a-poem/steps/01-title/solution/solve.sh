@@ -1,0 +1,2 @@
+#!/bin/bash
+echo 'The Harbor at Dusk' > poem.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo 'Boats sleep under lantern light' >> poem.txt

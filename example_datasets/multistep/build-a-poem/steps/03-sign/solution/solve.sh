@@ -1,0 +1,2 @@
+#!/bin/bash
+echo '-- the keeper' >> poem.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo 'check the moorings' > notes.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+grep -q moorings notes.txt && echo 'moorings checked' > reply.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+mkdir -p /etc/harbor
+echo 'mode=draft' > /etc/harbor/app.conf

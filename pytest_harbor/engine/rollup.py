@@ -1,0 +1,83 @@
+"""A multi-step episode's result from its turns: roll-up and the early-stop rule."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pytest_harbor.engine.failures import FailureKind
+from pytest_harbor.engine.results import TurnResult
+
+__all__ = ["RollUp", "roll_up", "stop_reason"]
+
+
+@dataclass(frozen=True)
+class RollUp:
+    reward: float
+    verifier_rewards: dict[str, float] | None
+    mask_sample: bool
+    failure_kind: str | None
+    failure_reason: str | None
+    verifier_mode: str
+
+
+def roll_up(
+    turns: Sequence[TurnResult],
+    strategy: str,
+    stopped_after: str | None = None,
+    stop_reason: str | None = None,
+) -> RollUp:
+    """`mean`: over every turn that ran, a turn without a valid reward counting 0 on every
+    key and a key a turn lacks counting 0; `final`: the last turn that ran. One masked turn
+    masks the episode. The failure is the stopping turn's (`harbor:min_reward_missed` when
+    its only fault was its gate), else the first turn's that has one."""
+    if strategy == "final":
+        reward, rewards = turns[-1].reward, turns[-1].verifier_rewards
+    else:
+        reward = sum(turn.reward for turn in turns) / len(turns)
+        keys = sorted({key for turn in turns for key in (turn.verifier_rewards or {})})
+        rewards = {
+            key: sum((turn.verifier_rewards or {}).get(key, 0.0) for turn in turns) / len(turns)
+            for key in keys
+        } or None
+    failing = next((turn for turn in turns if turn.step == stopped_after), None) or next(
+        (turn for turn in turns if turn.failure_kind is not None), None
+    )
+    kind = failing.failure_kind if failing else None
+    reason = failing.failure_reason if failing else None
+    if stopped_after is not None and kind is None:
+        kind, reason = FailureKind.MIN_REWARD_MISSED, stop_reason
+    modes = {turn.verifier_mode for turn in turns}
+    return RollUp(
+        reward=reward,
+        verifier_rewards=rewards,
+        mask_sample=any(turn.mask_sample for turn in turns),
+        failure_kind=kind,
+        failure_reason=reason,
+        verifier_mode=modes.pop() if len(modes) == 1 else "mixed",
+    )
+
+
+def stop_reason(turn: TurnResult, min_reward: float | dict[str, float] | None) -> str | None:
+    """Why the episode stops after `turn`, or None to go on.
+
+    It stops after a masked turn, a turn without a valid reward, and a turn below its
+    `min_reward`: a number gates the turn's reward, a table each key it names (a missing
+    key, or no verifier result at all, fails the gate).
+    """
+    if turn.mask_sample:
+        return f"turn {turn.step} was masked ({turn.failure_kind})"
+    if turn.verifier_rewards is None:
+        return f"turn {turn.step} has no valid reward ({turn.failure_kind})"
+    if min_reward is None:
+        return None
+    if isinstance(min_reward, dict):
+        gates = {key: turn.verifier_rewards.get(key) for key in min_reward}
+        thresholds = min_reward
+    else:
+        gates, thresholds = {"reward": turn.reward}, {"reward": min_reward}
+    for key, value in gates.items():
+        if value is None or value < thresholds[key]:
+            shown = "missing" if value is None else f"{value:g}"
+            return f"turn {turn.step}: {key} {shown} is below its min_reward {thresholds[key]:g}"
+    return None
