@@ -186,6 +186,7 @@ class Episode:
         budget = self.budget
         if budget.warning:
             log.warning(budget.warning)
+        self._refuse_what_cannot_run()
         if self._image is None:
             self.prepare()
         assert self._image is not None
@@ -193,7 +194,6 @@ class Episode:
         self._wall[0] = _now()
         self._deadline = started + budget.deadline_s
         self._check_digest()
-        self._refuse_what_cannot_run()
         environment = self.task.config.environment
         try:
             self._sandbox = self._start(self._image, environment)
@@ -400,7 +400,7 @@ class Episode:
     def _as_user(self, sandbox: Sandbox, turn: Turn) -> Turn:
         """The turn's agent user (a uid resolved to its name) owns the working directory."""
         user = self._users.get(turn.agent_user or "", turn.agent_user)
-        if user not in (None, "root", "0") and user != self._workdir_owner:
+        if user is not None and user != self._workdir_owner:
             workdir = self.workdir or self._image_workdir(self._image or "")
             owned = sandbox.exec(["chown", user, workdir], user="root")
             if owned.exit_code != 0:

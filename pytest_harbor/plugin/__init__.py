@@ -40,7 +40,7 @@ from pytest_harbor.tasks import is_task_dir
 __all__ = [
     "pytest_addoption",
     "pytest_collect_directory",
-    "pytest_collection_modifyitems",
+    "pytest_collection_finish",
     "pytest_configure",
     "pytest_configure_node",
     "pytest_ignore_collect",
@@ -90,14 +90,11 @@ def _conftest_anchor(invocation_dir: Path, arg: str) -> str:
     return str(path.parent) if is_task_dir(path) else arg
 
 
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_collection_modifyitems(
-    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-) -> Generator[None, None, None]:
-    """After every other plugin selected and ordered: keep each trial's turns together."""
-    result = yield
-    keep_turns_together(items, config)
-    return result
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """After every plugin selected and ordered (-k, -m, --lf, shufflers), before anyone
+    reports or sends the items: keep each trial's turns together, with the earlier ones."""
+    keep_turns_together(session.items, session.config)
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
