@@ -127,10 +127,13 @@ class SandboxWatcher:
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            for container in self.client.containers.list(filters={"label": self.label}):
-                if container.id not in self.seen:
-                    with contextlib.suppress(docker.errors.APIError):
-                        self.seen[container.id] = self.client.api.inspect_container(container.id)
+            # Containers come and go while we look: a vanished one is simply not seen.
+            with contextlib.suppress(docker.errors.APIError):
+                for container in self.client.api.containers(filters={"label": self.label}):
+                    if container["Id"] not in self.seen:
+                        with contextlib.suppress(docker.errors.APIError):
+                            attrs = self.client.api.inspect_container(container["Id"])
+                            self.seen[container["Id"]] = attrs
             time.sleep(0.05)
 
 
