@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from pytest_harbor.engine.budget import EpisodeBudget, episode_budget
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
+from pytest_harbor.engine.readiness import entrypoint_failure, start_entrypoint, wait_healthy
 from pytest_harbor.engine.results import (
     EpisodeResult,
     PhaseTimings,
@@ -27,11 +28,8 @@ from pytest_harbor.engine.rewards import RewardReading
 from pytest_harbor.engine.rollup import roll_up, stop_reason
 from pytest_harbor.engine.verification import (
     CLEAR_FOR_NEXT_TURN,
-    ENTRYPOINT_EXIT,
-    RUN_DIR,
     SANDBOX_DIRECTORIES,
     VerifierRun,
-    entrypoint_command,
     run_verifier,
 )
 from pytest_harbor.harnesses.base import AgentRun, Harness
@@ -46,7 +44,7 @@ from pytest_harbor.sandboxes.base import (
 )
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task, Turn, task_digest
-from pytest_harbor.tasks.config import EnvironmentConfig, HealthcheckConfig
+from pytest_harbor.tasks.config import EnvironmentConfig
 
 __all__ = ["Episode", "TurnOutput"]
 
@@ -200,12 +198,20 @@ class Episode:
             if self.task.loose_environment_files:
                 target = self.workdir or self._image_workdir(self._image)
                 self._sandbox.upload(self.task.environment_dir, target)
-            self._has_entrypoint = self._start_entrypoint(self._sandbox, self._image)
+            self._has_entrypoint = start_entrypoint(
+                self._sandbox, self.provider.image_config(self._image), self.workdir
+            )
         except SandboxError as error:
             raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
         self._users = self._resolve_uids(self._sandbox)
         if environment.healthcheck is not None:
-            self._wait_healthy(self._sandbox, environment.healthcheck)
+            wait_healthy(
+                self._sandbox,
+                environment.healthcheck,
+                workdir=self.workdir,
+                user=_user(self.task.config.agent.user),
+                remaining=self._remaining,
+            )
         self._note_entrypoint(self._sandbox)
         self._timings["seed_s"] = time.monotonic() - started
 
@@ -292,59 +298,15 @@ class Episode:
     def _image_workdir(self, image: str) -> str:
         return self.provider.image_config(image).workdir or "/"
 
-    def _start_entrypoint(self, sandbox: Sandbox, image: str) -> bool:
-        """The sandbox runs a keep-alive instead of the image's ENTRYPOINT: start it here.
-        Returns whether the image has one."""
-        config = self.provider.image_config(image)
-        if not config.entrypoint:
-            return False
-        started = sandbox.exec(
-            ["/bin/sh", "-c", entrypoint_command(), "sh", *config.entrypoint, *config.cmd],
-            user=config.user or None,
-            workdir=self.workdir,
-            timeout=30.0,
-        )
-        if started.exit_code != 0:
-            raise SandboxError(f"cannot start the image's ENTRYPOINT: {started.stderr.strip()}")
-        return True
-
     def _note_entrypoint(self, sandbox: Sandbox) -> RewardReading | None:
         """An ENTRYPOINT that exited non-zero masks the sample; returns the masking reading."""
         if self._masked is None and self._has_entrypoint:
-            failure = _entrypoint_failure(sandbox)
+            failure = entrypoint_failure(sandbox)
             if failure is not None:
                 self._masked = RewardReading.failed(
                     FailureKind.ENTRYPOINT_FAILED, failure, masked=True
                 )
         return self._masked
-
-    def _wait_healthy(self, sandbox: Sandbox, check: HealthcheckConfig) -> None:
-        """Run the check until it passes once; failures in the start period do not count,
-        `retries` consecutive failures after it fail the seed. An exec timeout is a failure."""
-        started = time.monotonic()
-        failures = 0
-        while True:
-            probe = sandbox.exec(
-                ["bash", "-c", check.command],
-                workdir=self.workdir,
-                user=_user(self.task.config.agent.user),
-                timeout=min(check.timeout_sec, self._remaining()),
-            )
-            if probe.exit_code == 0 and not probe.timed_out:
-                return
-            self._require_time("the healthcheck")
-            if time.monotonic() - started < check.start_period_sec:
-                time.sleep(check.start_interval_sec)
-                continue
-            failures += 1
-            if failures >= check.retries:
-                why = "timed out" if probe.timed_out else f"exited {probe.exit_code}"
-                raise EpisodeError(
-                    FailureKind.HEALTHCHECK_FAILED,
-                    f"the healthcheck `{check.command}` failed {failures} times in a row "
-                    f"(last: {why}; {(probe.stderr or probe.stdout).strip()[-300:]})",
-                )
-            time.sleep(check.interval_sec)
 
     # ------------------------------------------------------------------------ turns
 
@@ -481,9 +443,11 @@ class Episode:
         except SandboxStartError as error:
             raise SandboxError(f"the separate verifier did not start: {error}") from None
         try:
-            has_entrypoint = self._start_entrypoint(verifier, self._verifier_image)
+            has_entrypoint = start_entrypoint(
+                verifier, self.provider.image_config(self._verifier_image), environment.workdir
+            )
             self._copy_artifacts(agent_sandbox, verifier)
-            failure = _entrypoint_failure(verifier) if has_entrypoint else None
+            failure = entrypoint_failure(verifier) if has_entrypoint else None
             if failure is not None:
                 return VerifierRun(
                     RewardReading.failed(FailureKind.ENTRYPOINT_FAILED, failure, masked=True)
@@ -616,18 +580,6 @@ def _verifies_separately(task: Task, settings: HarborSettings) -> bool:
         or task.verifier_dockerfile is not None
         or (settings.separate_verifier_for_artifacts and bool(task.config.artifacts))
     )
-
-
-def _entrypoint_failure(sandbox: Sandbox) -> str | None:
-    exit_file = sandbox.download(f"{RUN_DIR}/{ENTRYPOINT_EXIT}").get(ENTRYPOINT_EXIT)
-    if exit_file is None:
-        return None
-    code = exit_file.decode().strip()
-    if code in ("", "0"):
-        return None
-    log_tail = sandbox.download(f"{RUN_DIR}/entrypoint.log").get("entrypoint.log", b"")
-    tail = log_tail.decode("utf-8", errors="replace").strip()[-300:]
-    return f"the image's ENTRYPOINT exited with code {code}" + (f": {tail}" if tail else "")
 
 
 def _stop_within(sandbox: Sandbox, seconds: float) -> None:

@@ -17,7 +17,6 @@ __all__ = [
     "RUN_DIR",
     "SANDBOX_DIRECTORIES",
     "VerifierRun",
-    "entrypoint_command",
     "run_verifier",
 ]
 
@@ -73,14 +72,6 @@ _RUN = (
     "timeout -k {grace} {budget} bash {tests}/test.sh > {logs}/test-stdout.txt 2>&1; "
     "code=$?; tar -c -f - -C {logs} .; exit $code"
 )
-
-
-def entrypoint_command() -> str:
-    """A `sh -c` script that starts "$@" in the background, keeping its output and exit code."""
-    return (
-        f'( "$@" > {RUN_DIR}/entrypoint.log 2>&1; echo $? > {RUN_DIR}/{ENTRYPOINT_EXIT} ) '
-        "> /dev/null 2>&1 &"
-    )
 
 
 @dataclass(frozen=True)
