@@ -452,10 +452,15 @@ class Episode:
                 return VerifierRun(
                     RewardReading.failed(FailureKind.ENTRYPOINT_FAILED, failure, masked=True)
                 )
-            bundled = self._verifier_source().docker_image is not None or (
-                self.task.verifier_dockerfile is not None
+            # A verifier image of its own ([verifier.environment] or tests/Dockerfile) may
+            # ship its tests; the agent's image never counts as shipping them.
+            own_image = self.task.verifier_dockerfile is not None or bool(
+                self.task.config.verifier.environment
+                and self.task.config.verifier.environment.docker_image
             )
-            ships_tests = bundled and verifier.exec(["test", "-f", "/tests/test.sh"]).exit_code == 0
+            ships_tests = (
+                own_image and verifier.exec(["test", "-f", "/tests/test.sh"]).exit_code == 0
+            )
             return run_verifier(
                 verifier,
                 turn,
