@@ -26,6 +26,7 @@ from pytest_harbor.engine.results import (
 )
 from pytest_harbor.engine.rewards import RewardReading
 from pytest_harbor.engine.rollup import roll_up, stop_reason
+from pytest_harbor.engine.trajectory import trajectory
 from pytest_harbor.engine.verification import (
     CLEAR_FOR_NEXT_TURN,
     SANDBOX_DIRECTORIES,
@@ -111,6 +112,7 @@ class Episode:
         self._users: dict[str, str] = {}
         self._workdir_owner: str | None = None
         self._budget: EpisodeBudget | None = None
+        self._early: _EarlyStart | None = None
 
     @property
     def id(self) -> str:
@@ -137,6 +139,16 @@ class Episode:
 
     def prepare(self) -> None:
         """Make the images (build once per content hash, or fetch the prebuilt one)."""
+        if self._early is not None:
+            self._early.join()
+            if self._early.prepare_error is not None:
+                raise self._early.prepare_error
+            return
+        self._prepare_now()
+
+    def _prepare_now(self) -> None:
+        if self._image is not None:
+            return
         started = time.monotonic()
         try:
             self._image = self.provider.prepare_image(
@@ -147,6 +159,13 @@ class Episode:
         except SandboxStartError as error:
             raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
         self._timings["build_s"] = time.monotonic() - started
+
+    def start_early(self) -> None:
+        """Make the images and start the sandbox in the background, so that a later seed()
+        finds it running (while another episode still works, say). The seed still checks
+        the folder, opens the deadline and does everything else."""
+        if self._early is None and self._sandbox is None:
+            self._early = _EarlyStart(self)
 
     def _image_source(self, environment: EnvironmentConfig) -> ImageSource:
         dockerfile = self.task.dockerfile
@@ -194,7 +213,7 @@ class Episode:
         self._check_digest()
         environment = self.task.config.environment
         try:
-            self._sandbox = self._start(self._image, environment)
+            self._sandbox = self._take_early_sandbox() or self._start(self._image, environment)
             if self.task.loose_environment_files:
                 target = self.workdir or self._image_workdir(self._image)
                 self._sandbox.upload(self.task.environment_dir, target)
@@ -214,6 +233,15 @@ class Episode:
             )
         self._note_entrypoint(self._sandbox)
         self._timings["seed_s"] = time.monotonic() - started
+
+    def _take_early_sandbox(self) -> Sandbox | None:
+        if self._early is None:
+            return None
+        early, self._early = self._early, None
+        early.join()
+        if early.start_error is not None:
+            raise early.start_error
+        return early.sandbox
 
     def _refuse_what_cannot_run(self) -> None:
         """Seed-time refusals that depend on the settings, the harness or the provider."""
@@ -268,7 +296,7 @@ class Episode:
                 f"then, {now} now); run again to materialize it afresh",
             )
 
-    def _start(self, image: str, environment: EnvironmentConfig) -> Sandbox:
+    def _start(self, image: str, environment: EnvironmentConfig, *, record: bool = True) -> Sandbox:
         override = self.settings.sandbox_resources_override
         cpus, memory = environment.cpus, environment.memory_mb
         if override is not None:
@@ -280,7 +308,8 @@ class Episode:
             + self.settings.cleanup_timeout_seconds
             + self.settings.sandbox_ttl_slack_s
         )
-        return self.provider.start(
+        started = time.monotonic()
+        sandbox = self.provider.start(
             SandboxSpec(
                 image=image,
                 workdir=environment.workdir,
@@ -294,6 +323,9 @@ class Episode:
                 ready_timeout_s=self.settings.sandbox_ready_timeout_s,
             )
         )
+        if record:
+            self._timings["start_s"] = time.monotonic() - started
+        return sandbox
 
     def _image_workdir(self, image: str) -> str:
         return self.provider.image_config(image).workdir or "/"
@@ -334,8 +366,9 @@ class Episode:
         if masked is not None:
             verification = VerifierRun(masked)
         else:
+            transcript = trajectory(f"{self.id}/{turn.name}", self.harness.name, turn, agent)
             try:
-                verification = self._verify(sandbox, turn)
+                verification = self._verify(sandbox, turn, transcript)
             except SandboxError as error:
                 lost = RewardReading.failed(FailureKind.SANDBOX_LOST, str(error), masked=True)
                 verification = VerifierRun(lost)
@@ -420,7 +453,7 @@ class Episode:
                 notes.append(f"collect hook `{hook.command}` {why}")
         return notes
 
-    def _verify(self, sandbox: Sandbox, turn: Turn) -> VerifierRun:
+    def _verify(self, sandbox: Sandbox, turn: Turn, transcript: bytes) -> VerifierRun:
         if not self.separate_verifier:
             return run_verifier(
                 sandbox,
@@ -428,18 +461,21 @@ class Episode:
                 workdir=self.workdir,
                 grace_s=self.settings.verifier_grace_s,
                 budget_s=self._verifier_budget(turn),
+                trajectory=transcript,
             )
-        return self._verify_separately(sandbox, turn)
+        return self._verify_separately(sandbox, turn, transcript)
 
     def _verifier_budget(self, turn: Turn) -> float:
         return min(turn.verifier_timeout_sec, self._remaining() - self.settings.verifier_grace_s)
 
-    def _verify_separately(self, agent_sandbox: Sandbox, turn: Turn) -> VerifierRun:
+    def _verify_separately(
+        self, agent_sandbox: Sandbox, turn: Turn, transcript: bytes
+    ) -> VerifierRun:
         """A fresh sandbox from the verifier's image, holding the agent's artifacts."""
         assert self._verifier_image is not None
         environment = self.task.config.verifier.environment or self.task.config.environment
         try:
-            verifier = self._start(self._verifier_image, environment)
+            verifier = self._start(self._verifier_image, environment, record=False)
         except SandboxStartError as error:
             raise SandboxError(f"the separate verifier did not start: {error}") from None
         try:
@@ -467,6 +503,7 @@ class Episode:
                 workdir=environment.workdir,
                 grace_s=self.settings.verifier_grace_s,
                 budget_s=self._verifier_budget(turn),
+                trajectory=transcript,
                 upload_tests=not ships_tests,
             )
         finally:
@@ -530,6 +567,7 @@ class Episode:
             finished_at=self._wall[1],
             timings=PhaseTimings(
                 build_s=self._timings.get("build_s"),
+                start_s=self._timings.get("start_s"),
                 seed_s=self._timings.get("seed_s"),
                 agent_s=sum(turn.timings.agent_s or 0.0 for turn in self._turns),
                 verify_s=sum(turn.timings.verify_s or 0.0 for turn in self._turns),
@@ -542,6 +580,11 @@ class Episode:
     def cleanup(self) -> None:
         """Remove the sandbox at once, whatever happened before; idempotent. A removal that
         takes longer than `cleanup_timeout_seconds` is left to the end-of-run sweep."""
+        early, self._early = self._early, None
+        if early is not None:
+            early.join()
+            if self._sandbox is None:
+                self._sandbox = early.sandbox
         if self._sandbox is None:
             return
         started = time.monotonic()
@@ -571,6 +614,36 @@ class Episode:
         if self._sandbox is None:
             raise SandboxError(f"episode {self.id} has no sandbox: seed() it first")
         return self._sandbox
+
+
+class _EarlyStart:
+    """prepare() and the sandbox's start, run in a thread of their own."""
+
+    def __init__(self, episode: Episode) -> None:
+        self.sandbox: Sandbox | None = None
+        self.prepare_error: EpisodeError | None = None
+        self.start_error: EpisodeError | None = None
+        self._episode = episode
+        self._thread = threading.Thread(target=self._run, name="harbor-early", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        episode = self._episode
+        try:
+            episode._prepare_now()
+        except EpisodeError as error:
+            self.prepare_error = error
+            return
+        assert episode._image is not None
+        try:
+            self.sandbox = episode._start(episode._image, episode.task.config.environment)
+        except EpisodeError as error:
+            self.start_error = error
+        except SandboxError as error:
+            self.start_error = EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error))
+
+    def join(self) -> None:
+        self._thread.join()
 
 
 def _now() -> str:

@@ -14,12 +14,16 @@ class _Record(BaseModel):
 class PhaseTimings(_Record):
     """Seconds spent in each phase of an episode.
 
-    `build_s` (making the image) is outside the episode's clock. `total_s` runs from the
+    `build_s` (making the image) is outside the episode's clock; so is `start_s` when the
+    sandbox started early. `total_s` runs from the
     start of the seed to the end of cleanup, or to the end of the last turn when the
     sandbox is removed after the row is written (as under pytest).
     """
 
     build_s: float | None = None
+    #: Creating and starting the sandbox, wherever that happened (it may have started
+    #: early, while the episode before it ran: then it is not part of seed_s).
+    start_s: float | None = None
     seed_s: float | None = None
     agent_s: float | None = None
     verify_s: float | None = None

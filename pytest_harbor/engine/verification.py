@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from pytest_harbor.engine.failures import FailureKind
 from pytest_harbor.engine.rewards import RewardReading, read_reward
-from pytest_harbor.sandboxes.archives import pack_folders, unpack_files
+from pytest_harbor.sandboxes.archives import pack_tree, unpack_files
 from pytest_harbor.sandboxes.base import Sandbox, SandboxError
 from pytest_harbor.tasks import Turn
 
@@ -16,11 +16,14 @@ __all__ = [
     "ENTRYPOINT_EXIT",
     "RUN_DIR",
     "SANDBOX_DIRECTORIES",
+    "TRAJECTORY",
     "VerifierRun",
     "run_verifier",
 ]
 
 TESTS_DIR = "/tests"
+#: Where the verifier finds the agent's transcript (ATIF), written just before it runs.
+TRAJECTORY = "/logs/agent/trajectory.json"
 VERIFIER_LOGS = "/logs/verifier"
 REQUIRED_TOOLS = ("bash", "timeout", "tar")
 #: The engine's own notes inside a sandbox (the ENTRYPOINT's log and exit code).
@@ -63,9 +66,8 @@ done
 mkdir -p {TESTS_DIR} {VERIFIER_LOGS} && chmod 777 {VERIFIER_LOGS} \\
   || {{{{ echo "{_BROKEN} cannot make {VERIFIER_LOGS}" >&2; exit 1; }}}}
 """
-_UNPACK = (
-    f'tar -x -f - -C {TESTS_DIR} || {{ echo "{_BROKEN} cannot unpack the tests" >&2; exit 1; }}\n'
-)
+# Unpacks stdin at / : the tests under tests/, the transcript as logs/agent/trajectory.json.
+_UNPACK = f'tar -x -f - -C / || {{ echo "{_BROKEN} cannot unpack the tests" >&2; exit 1; }}\n'
 
 # Runs test.sh under `timeout`, then writes /logs/verifier as a tar to stdout.
 _RUN = (
@@ -91,19 +93,25 @@ def run_verifier(
     workdir: str | None,
     grace_s: float,
     budget_s: float,
+    trajectory: bytes,
     upload_tests: bool = True,
 ) -> VerifierRun:
-    """Empty /tests and /logs/verifier, upload the tests, run test.sh, read the reward.
+    """Empty /tests and /logs/verifier, upload the tests (unless the image ships them),
+    write the transcript to /logs/agent/trajectory.json, run test.sh, read the reward.
 
     As root this is one exec; a verifier user needs a second one, since emptying the
-    folders needs root.
+    folders needs root. The files returned include the transcript as `trajectory.json`.
     """
     budget = max(budget_s, 1.0)
     run = _RUN.format(
         grace=f"{grace_s:g}", budget=f"{budget:g}", tests=TESTS_DIR, logs=VERIFIER_LOGS
     )
     folders = f"{TESTS_DIR} {VERIFIER_LOGS}" if upload_tests else VERIFIER_LOGS
-    prepare = _PREPARE.format(folders=folders) + (_UNPACK if upload_tests else "")
+    prepare = _PREPARE.format(folders=folders) + _UNPACK
+    payload = pack_tree(
+        {"tests": turn.tests_dirs if upload_tests else ()},
+        {TRAJECTORY.lstrip("/"): trajectory},
+    )
     as_root = turn.verifier_user in (None, "root", "0")
     started = time.monotonic()
     first = sandbox.exec(
@@ -112,7 +120,7 @@ def run_verifier(
         workdir=workdir,
         env=turn.verifier_env if as_root else None,
         timeout=budget + grace_s + 10.0 if as_root else 60.0,
-        stdin=pack_folders(turn.tests_dirs) if upload_tests else None,
+        stdin=payload,
     )
     problem = _marked(first.stderr, _BROKEN)
     if problem is not None:
@@ -141,6 +149,7 @@ def run_verifier(
     # `timeout` exits 124 after SIGTERM worked, 137 when SIGKILL was needed.
     timed_out = result.timed_out or (result.exit_code in (124, 137) and elapsed >= budget)
     files = unpack_files(result.stdout_bytes) if result.stdout_bytes else {}
+    files.setdefault("trajectory.json", trajectory)
     if timed_out:
         reading = RewardReading.failed(
             FailureKind.VERIFIER_TIMEOUT,

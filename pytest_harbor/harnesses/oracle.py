@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pytest_harbor.harnesses.base import AgentRun
-from pytest_harbor.sandboxes.base import Sandbox
+from pytest_harbor.sandboxes.archives import pack_folder
+from pytest_harbor.sandboxes.base import ExecResult, Sandbox
 from pytest_harbor.tasks.task import Task, Turn
 
 __all__ = ["OracleHarness"]
@@ -14,6 +15,8 @@ _LOG_TAIL_BYTES = 4000
 _NEXT_TURN = (
     f"rm -rf {SOLUTION_DIR}/* {SOLUTION_DIR}/.[!.]* {SOLUTION_DIR}/..?*; rm -f {ORACLE_LOG}"
 )
+_UNPACK_FAILED = "pytest-harbor-error: cannot unpack the solution"
+_UNPACK = f'tar -x -f - -C {SOLUTION_DIR} || {{ echo "{_UNPACK_FAILED}" >&2; exit 97; }}; '
 
 
 class OracleHarness:
@@ -38,18 +41,36 @@ class OracleHarness:
     def run_turn(self, sandbox: Sandbox, turn: Turn, *, workdir: str | None) -> AgentRun:
         if turn.solution_dir is None:
             raise ValueError(f"turn {turn.name} has no solution")
-        if sandbox.id in self._filled:
-            # A later turn: its own solution only, and a log the turn's user can write.
-            sandbox.exec(["/bin/sh", "-c", _NEXT_TURN], user="root")
-        sandbox.upload(turn.solution_dir, SOLUTION_DIR)
+        solution = turn.solution_dir
+
+        def execute(script: str, stdin: bytes | None = None) -> ExecResult:
+            return sandbox.exec(
+                ["bash", "-c", script],
+                user=turn.agent_user,
+                workdir=workdir,
+                env={"DEBIAN_FRONTEND": "noninteractive", **turn.solution_env},
+                timeout=turn.agent_timeout_sec,
+                stdin=stdin,
+            )
+
+        # A later turn gets its own solution only, and a log its user can write.
+        later = sandbox.id in self._filled
         self._filled.add(sandbox.id)
-        result = sandbox.exec(
-            ["bash", "-c", f"bash {SOLUTION_DIR}/solve.sh > {ORACLE_LOG} 2>&1"],
-            user=turn.agent_user,
-            workdir=workdir,
-            env={"DEBIAN_FRONTEND": "noninteractive", **turn.solution_env},
-            timeout=turn.agent_timeout_sec,
-        )
+        run = f"bash {SOLUTION_DIR}/solve.sh > {ORACLE_LOG} 2>&1"
+        if turn.agent_user in (None, "root", "0"):
+            # As root, one exec: clear, unpack the solution from stdin, run it.
+            result = execute(
+                (_NEXT_TURN + "; " if later else "") + _UNPACK + run, pack_folder(solution)
+            )
+            if _UNPACK_FAILED not in result.stderr:
+                return self._ran(sandbox, result)
+            # An image without tar: upload the solution through the engine instead.
+        elif later:
+            sandbox.exec(["/bin/sh", "-c", _NEXT_TURN], user="root")
+        sandbox.upload(solution, SOLUTION_DIR)
+        return self._ran(sandbox, execute(run))
+
+    def _ran(self, sandbox: Sandbox, result: ExecResult) -> AgentRun:
         log_tail = ""
         if result.exit_code != 0 or result.timed_out:
             log = sandbox.download(ORACLE_LOG).get("oracle.txt", b"")

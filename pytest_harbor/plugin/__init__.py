@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_harbor.plugin.nodes import HarborTaskset, HarborWarning
+from pytest_harbor.plugin.nodes import HarborTaskset, HarborTurnItem, HarborWarning
 from pytest_harbor.plugin.options import add_options, read_options
 from pytest_harbor.plugin.reporting import (
     HarborReporter,
@@ -46,7 +46,9 @@ __all__ = [
     "pytest_ignore_collect",
     "pytest_load_initial_conftests",
     "pytest_report_teststatus",
+    "pytest_runtest_call",
     "pytest_runtest_makereport",
+    "pytest_runtest_protocol",
     "pytest_sessionfinish",
     "pytest_unconfigure",
     "pytest_xdist_make_scheduler",
@@ -88,6 +90,21 @@ def pytest_load_initial_conftests(
 def _conftest_anchor(invocation_dir: Path, arg: str) -> str:
     path = _absolute(invocation_dir / arg.split("::")[0])
     return str(path.parent) if is_task_dir(path) else arg
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    if isinstance(item, HarborTurnItem):
+        item.next_item = nextitem
+    return (yield)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    if isinstance(item, HarborTurnItem):
+        item.start_next_trial_early()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -172,29 +172,44 @@ class HarborTrial(_HarborNode, pytest.Collector):
         self.selected = list(self.turn_items)
         yield from self.turn_items
 
+    def _episode(self) -> Episode:
+        if self.episode is None:
+            run = _run(self)
+            key = f"{self.taskset}/{self.task.id}"
+            self.episode = Episode(
+                self.task,
+                taskset=self.taskset,
+                repeat=self.repeat,
+                harness=run.harness,
+                provider=run.provider,
+                labels=run.labels(task=key, trial=self.nodeid),
+                image_labels=run.image_labels(),
+                settings=run.settings,
+                expected_digest=run.row_digests.get(key, self.task.digest),
+            )
+        return self.episode
+
+    def start_early(self) -> None:
+        """Start this trial's sandbox while the episode before it still runs (not under a
+        cap on episodes at once, which a waiting sandbox would dodge)."""
+        run = _run(self)
+        if self.skip_reason is None and run.settings.max_concurrent_episodes is None:
+            episode = self._episode()
+            episode.start_early()
+            run.started_early.append(episode)
+
     def setup(self) -> None:
         run = _run(self)
-        key = f"{self.taskset}/{self.task.id}"
-        self.episode = Episode(
-            self.task,
-            taskset=self.taskset,
-            repeat=self.repeat,
-            harness=run.harness,
-            provider=run.provider,
-            labels=run.labels(task=key, trial=self.nodeid),
-            image_labels=run.image_labels(),
-            settings=run.settings,
-            expected_digest=run.row_digests.get(key, self.task.digest),
-        )
+        episode = self._episode()
         try:
-            self.episode.prepare()
+            episode.prepare()
         except EpisodeError as error:
             if not run.options.skip_unloadable:
                 raise
             self.unloadable = error.reason
             pytest.skip(f"unloadable: {error.reason}")
         self.slot = run.acquire_slot()
-        self.episode.seed()
+        episode.seed()
 
     def teardown(self) -> None:
         if self.episode is not None:
@@ -215,6 +230,14 @@ class HarborTurnItem(_HarborNode, pytest.Item):
         self._hook_path = self.parent._hook_path
         #: JSON-ready data for the report of the call phase (see reporting.py).
         self.harbor_payload: dict[str, Any] | None = None
+        #: The item pytest runs after this one, when it knows it.
+        self.next_item: pytest.Item | None = None
+
+    def start_next_trial_early(self) -> None:
+        """Once this turn runs (its sandbox ready), start the next trial's sandbox."""
+        following = self.next_item
+        if isinstance(following, HarborTurnItem) and following.trial is not self.trial:
+            following.trial.start_early()
 
     def runtest(self) -> None:
         run = _run(self)

@@ -108,6 +108,8 @@ class HarborRun:
         #: Node ids of every trial the controller planned: `<taskset>/<task>::r<N>`.
         self.trial_ids: set[str] = set()
         self._slots: EpisodeSlots | None = None
+        #: Episodes whose sandbox started ahead of their trial (see HarborTrial.start_early).
+        self.started_early: list[Episode] = []
         self._cleanups: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
 
@@ -168,7 +170,11 @@ class HarborRun:
         self._pending.append(self._cleanups.submit(clean))
 
     def wait_for_cleanup(self) -> list[str]:
-        """Wait until every released sandbox is gone; return the errors met."""
+        """Wait until every released sandbox is gone, those started early for a trial that
+        never ran included; return the errors met."""
+        for episode in self.started_early:
+            self.release(episode)
+        self.started_early = []
         errors = []
         pending, self._pending = self._pending, []
         for future in pending:

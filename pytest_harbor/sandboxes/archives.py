@@ -15,6 +15,7 @@ __all__ = [
     "pack_files",
     "pack_folder",
     "pack_folders",
+    "pack_tree",
     "unpack_files",
 ]
 
@@ -37,6 +38,23 @@ def pack_folders(folders: Iterable[Path]) -> bytes:
         for folder in folders:
             for entry in sorted(os.listdir(folder)):
                 archive.add(folder / entry, arcname=entry, filter=_root_owned)
+    return buffer.getvalue()
+
+
+def pack_tree(folders: Mapping[str, Iterable[Path]], files: Mapping[str, bytes]) -> bytes:
+    """One stream to unpack at `/`: each folder's contents under its prefix (later
+    folders of a prefix win), then named files (relative paths), all owned by root."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for prefix, sources in folders.items():
+            for folder in sources:
+                for entry in sorted(os.listdir(folder)):
+                    archive.add(folder / entry, arcname=f"{prefix}/{entry}", filter=_root_owned)
+        for name, data in sorted(files.items()):
+            info = _root_owned(tarfile.TarInfo(name))
+            info.size = len(data)
+            info.mode = 0o644
+            archive.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
 
 

@@ -112,7 +112,8 @@ def test_a_later_turn_starts_clean_but_keeps_the_agents_own_files(
     )
     second_test = (
         "ls -A /tests /logs/verifier; cat /work/solution-state\n"
-        "[ -f /logs/agent/notes.txt ] && [ ! -e /logs/agent/trajectory.json ] "
+        # The transcript is this turn's, written for the verifier, not what step 1 planted.
+        "[ -f /logs/agent/notes.txt ] && grep -q 'Do second.' /logs/agent/trajectory.json "
         "&& [ ! -e /tests/planted ] && [ ! -e /tests/first-only.sh ] "
         '&& [ "$(cat /work/solution-state)" = clean ] && echo 1 > /logs/verifier/reward.txt\n'
     )
