@@ -14,10 +14,18 @@ from pytest_harbor.engine.failures import EpisodeError, FailureKind
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task
 
-__all__ = ["HOOK_ALLOWANCE_S", "EpisodeBudget", "episode_budget"]
+__all__ = [
+    "BACKSTOP_MARGIN_S",
+    "HOOK_ALLOWANCE_S",
+    "EpisodeBudget",
+    "backstop_seconds",
+    "episode_budget",
+]
 
 #: What the budget counts for each `[[verifier.collect]]` hook.
 HOOK_ALLOWANCE_S = 30.0
+#: What the backstop adds on top of everything an episode may legitimately take.
+BACKSTOP_MARGIN_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -88,3 +96,21 @@ def _turns_seconds(task: Task, settings: HarborSettings, separate_verifier: bool
             + (settings.sandbox_ready_timeout_s if separate_verifier else 0.0)
         )
     return total
+
+
+def backstop_seconds(task: Task, settings: HarborSettings, *, separate_verifier: bool) -> float:
+    """The longest a pytest item of the task may run before the backstop stops it: the
+    image builds, the wait for a place under the cap, the episode deadline, the cleanup
+    and a margin. The engine's own deadlines end an episode well before."""
+    try:
+        deadline = episode_budget(task, settings, separate_verifier=separate_verifier).deadline_s
+    except EpisodeError:
+        deadline = settings.default_episode_timeout_seconds  # refused at seed, at once
+    builds = task.config.environment.build_timeout_sec * (2 if separate_verifier else 1)
+    return (
+        builds
+        + (settings.queue_timeout_seconds or 0.0)
+        + deadline
+        + settings.cleanup_timeout_seconds
+        + BACKSTOP_MARGIN_S
+    )

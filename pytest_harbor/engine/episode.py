@@ -47,7 +47,7 @@ from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task, Turn, task_digest
 from pytest_harbor.tasks.config import EnvironmentConfig
 
-__all__ = ["Episode", "TurnOutput"]
+__all__ = ["Episode", "TurnOutput", "verifies_separately"]
 
 log = logging.getLogger("pytest_harbor")
 
@@ -94,7 +94,7 @@ class Episode:
         self.image_labels = dict(labels if image_labels is None else image_labels)
         self.settings = settings or HarborSettings()
         self.expected_digest = expected_digest
-        self.separate_verifier = _verifies_separately(task, self.settings)
+        self.separate_verifier = verifies_separately(task, self.settings)
         self._image: str | None = None
         self._verifier_image: str | None = None
         self._sandbox: Sandbox | None = None
@@ -650,7 +650,7 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-def _verifies_separately(task: Task, settings: HarborSettings) -> bool:
+def verifies_separately(task: Task, settings: HarborSettings) -> bool:
     if task.config.is_multi_step:
         return False  # the loader refuses separate verification for multi-step tasks
     return (

@@ -24,6 +24,14 @@ class FailureKind:
     BUDGET_REFUSED = "harbor:budget_refused"
     TASK_REFUSED = "harbor:task_refused"
     MIN_REWARD_MISSED = "harbor:min_reward_missed"
+    #: No result, and not the engine's doing: the process running the episode died, the
+    #: run was interrupted, or the episode raised something unforeseen.
+    WORKER_DIED = "harbor:worker_died"
+    INTERRUPTED = "harbor:interrupted"
+    INTERNAL_ERROR = "harbor:internal_error"
+
+    #: Failures a resumed run does not retry: the same task and settings fail the same way.
+    TERMINAL = frozenset({DIGEST_MISMATCH, BUDGET_REFUSED, TASK_REFUSED})
 
 
 class EpisodeError(Exception):

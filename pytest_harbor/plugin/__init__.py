@@ -14,6 +14,9 @@ from typing import Any
 
 import pytest
 
+from pytest_harbor.engine.reaper import owner_of_this_process
+from pytest_harbor.plugin.deadlines import pytest_timeout_cancel_timer, pytest_timeout_set_timer
+from pytest_harbor.plugin.ledger import trial_of
 from pytest_harbor.plugin.nodes import HarborTaskset, HarborTurnItem, HarborWarning
 from pytest_harbor.plugin.options import add_options, read_options
 from pytest_harbor.plugin.reporting import (
@@ -27,7 +30,6 @@ from pytest_harbor.plugin.run import (
     Target,
     find_target,
     new_run_id,
-    owner_of_this_process,
 )
 from pytest_harbor.plugin.scheduling import (
     SPLITTING_MODES,
@@ -41,6 +43,7 @@ __all__ = [
     "pytest_addoption",
     "pytest_collect_directory",
     "pytest_collection_finish",
+    "pytest_collection_modifyitems",
     "pytest_configure",
     "pytest_configure_node",
     "pytest_ignore_collect",
@@ -50,13 +53,15 @@ __all__ = [
     "pytest_runtest_makereport",
     "pytest_runtest_protocol",
     "pytest_sessionfinish",
+    "pytest_timeout_cancel_timer",
+    "pytest_timeout_set_timer",
     "pytest_unconfigure",
     "pytest_xdist_make_scheduler",
 ]
 
 _WORKER_RUN_ID = "harbor_run_id"
-_WORKER_OWNER = "harbor_owner"
 _WORKER_DIGESTS = "harbor_row_digests"
+_WORKER_DONE = "harbor_done_trials"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -107,6 +112,18 @@ def pytest_runtest_call(item: pytest.Item) -> None:
         item.start_next_trial_early()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--harbor-resume: trials the earlier run finished are not run again."""
+    run = config.stash.get(HARBOR_RUN, None)
+    if run is None or not run.done_trials:
+        return
+    done = [item for item in items if trial_of(item.nodeid) in run.done_trials]
+    if done:
+        config.hook.pytest_deselected(items=done)
+        kept = set(map(id, done))
+        items[:] = [item for item in items if id(item) not in kept]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
     """After every plugin selected and ordered (-k, -m, --lf, shufflers), before anyone
@@ -144,11 +161,12 @@ def pytest_configure(config: pytest.Config) -> None:
     run = HarborRun(
         options,
         run_id=(worker_input or {}).get(_WORKER_RUN_ID) or new_run_id(),
-        owner=(worker_input or {}).get(_WORKER_OWNER) or owner_of_this_process(),
+        owner=owner_of_this_process(),
         targets=targets,
         is_worker=worker_input is not None,
     )
     run.row_digests.update((worker_input or {}).get(_WORKER_DIGESTS) or {})
+    run.done_trials.update((worker_input or {}).get(_WORKER_DONE) or ())
     config.stash[HARBOR_RUN] = run
     if not run.is_worker:
         config.pluginmanager.register(HarborReporter(run), "harbor-reporter")
@@ -220,11 +238,12 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """xdist: every worker of a run shares the controller's run id and owner."""
+    """xdist: every worker of a run shares the controller's run id; each labels its
+    sandboxes with itself as owner, so the sandboxes of a worker that died are orphans."""
     run = node.config.stash[HARBOR_RUN]
     node.workerinput[_WORKER_RUN_ID] = run.run_id
-    node.workerinput[_WORKER_OWNER] = run.owner
     node.workerinput[_WORKER_DIGESTS] = dict(run.row_digests)
+    node.workerinput[_WORKER_DONE] = sorted(run.done_trials)
 
 
 @pytest.hookimpl(trylast=True)
@@ -251,3 +270,4 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(run.scratch_dir, ignore_errors=True)
     with contextlib.suppress(SandboxError):  # no engine: nothing of this run is left on it
         run.remove_sandboxes()
+    run.reap()

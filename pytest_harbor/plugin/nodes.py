@@ -11,6 +11,8 @@ import pluggy
 import pytest
 
 from pytest_harbor.engine import Episode, EpisodeResult, TurnResult, decide_outcome
+from pytest_harbor.engine.budget import backstop_seconds
+from pytest_harbor.engine.episode import verifies_separately
 from pytest_harbor.engine.failures import EpisodeError
 from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.engine.slots import Slot
@@ -164,10 +166,16 @@ class HarborTrial(_HarborNode, pytest.Collector):
 
     def collect(self) -> Iterator[HarborTurnItem]:
         self.turn_items = []
+        settings = _run(self).settings
+        backstop = backstop_seconds(
+            self.task, settings, separate_verifier=verifies_separately(self.task, settings)
+        )
         for turn in self.task.turns:
             item = HarborTurnItem.from_parent(self, name=turn.name, turn=turn)
             if self.skip_reason is not None:
                 item.add_marker(pytest.mark.skip(reason=self.skip_reason))
+            # pytest-timeout's timer, run by plugin/deadlines.py: a backstop only.
+            item.add_marker(pytest.mark.timeout(backstop))
             self.turn_items.append(item)
         self.selected = list(self.turn_items)
         yield from self.turn_items
@@ -210,6 +218,11 @@ class HarborTrial(_HarborNode, pytest.Collector):
             pytest.skip(f"unloadable: {error.reason}")
         self.slot = run.acquire_slot()
         episode.seed()
+
+    def abort(self) -> None:
+        """Remove the sandbox now (the backstop timer fired); teardown finds it gone."""
+        if self.episode is not None:
+            self.episode.cleanup()
 
     def teardown(self) -> None:
         if self.episode is not None:

@@ -81,6 +81,13 @@ _OPTIONS = {
             False,
         ),
         _Option(
+            "resume",
+            "keep the rows and terminal failures already in the results folder and run only "
+            "the episodes still missing (the run must match the one resumed)",
+            "flag",
+            False,
+        ),
+        _Option(
             "allow-unsupported-pairing",
             "run a harness the dataset's allowed_agents does not admit",
             "flag",
@@ -111,6 +118,7 @@ class HarborOptions:
     only_tasks: tuple[str, ...] = ()
     exclude_tasks: tuple[str, ...] = ()
     skip_unloadable: bool = False
+    resume: bool = False
     allow_unsupported_pairing: bool = False
     settings: HarborSettings = field(default_factory=HarborSettings)
 
@@ -159,6 +167,7 @@ def read_options(config: pytest.Config) -> HarborOptions:
         only_tasks=_names(_raw(config, "only-tasks")),
         exclude_tasks=_names(_raw(config, "exclude-tasks")),
         skip_unloadable=_raw(config, "skip-unloadable"),
+        resume=_raw(config, "resume"),
         allow_unsupported_pairing=_raw(config, "allow-unsupported-pairing"),
         settings=_settings(config),
     )

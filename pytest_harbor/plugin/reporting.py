@@ -4,48 +4,28 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from pytest_harbor.engine import EpisodeError, EpisodeResult
+from pytest_harbor.engine import EpisodeError, EpisodeResult, FailureKind
+from pytest_harbor.engine.metrics import TasksetScore
+from pytest_harbor.plugin.ledger import EpisodeLedger, TrialRecord, trial_of
 from pytest_harbor.plugin.nodes import HarborTurnItem
-from pytest_harbor.plugin.run import HarborRun
+from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun
 from pytest_harbor.sandboxes import SandboxError
 from pytest_harbor.tasks import TaskLoadError
+from pytest_harbor.writers.failures import FailureRecord
+from pytest_harbor.writers.manifest import ManifestError, RunManifest
 from pytest_harbor.writers.materialized import SkippedLog, write_task_rows
+from pytest_harbor.writers.resume import read_resume_point
+from pytest_harbor.writers.summary import run_summary, write_run_summary
 
 __all__ = ["HarborReporter", "pytest_report_teststatus", "pytest_runtest_makereport"]
 
-
-@dataclass
-class _TasksetTally:
-    episodes: int = 0
-    reward_sum: float = 0.0
-    outcomes: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class _Tally:
-    """What the controller has seen: per taskset, and whether anything was validatable."""
-
-    tasksets: dict[str, _TasksetTally] = field(default_factory=dict)
-    items: int = 0
-    unvalidated: int = 0
-
-    def episode(self, result: EpisodeResult) -> None:
-        tally = self.tasksets.setdefault(result.taskset, _TasksetTally())
-        tally.episodes += 1
-        tally.reward_sum += result.reward
-
-    def outcome(self, taskset: str, status: str) -> None:
-        tally = self.tasksets.setdefault(taskset, _TasksetTally())
-        tally.outcomes[status] = tally.outcomes.get(status, 0) + 1
-
-    @property
-    def nothing_validatable(self) -> bool:
-        return self.items > 0 and self.items == self.unvalidated
+#: How many tasks the terminal's pass@k table shows before it says "and N more".
+_PASS_AT_K_ROWS = 20
 
 
 @pytest.hookimpl(wrapper=True)
@@ -60,6 +40,8 @@ def pytest_runtest_makereport(
         data["unvalidated"] = item.trial.skip_reason is not None
         if item.trial.unloadable is not None:
             data["unloadable"] = item.trial.unloadable
+        elif item.trial.skip_reason is not None:
+            data["skip_reason"] = item.trial.skip_reason
     elif call.when == "call":
         if item.harbor_payload is not None:
             data.update(item.harbor_payload)
@@ -73,6 +55,15 @@ def pytest_runtest_makereport(
     error = call.excinfo.value if call.excinfo is not None else None
     if isinstance(error, EpisodeError):
         data["failure"] = {"kind": error.failure_kind, "reason": error.reason}
+        item.user_properties.append(("failure_kind", error.failure_kind))
+        report.user_properties = list(item.user_properties)
+    elif call.excinfo is not None and (
+        (call.when == "setup" and report.failed) or data.get("status") == "error"
+    ):
+        data["failure"] = {
+            "kind": FailureKind.INTERNAL_ERROR,
+            "reason": call.excinfo.exconly().strip().splitlines()[-1],
+        }
     if isinstance(error, EpisodeError | SandboxError):
         # The engine's own words say what broke; our stack frames would not help.
         report.longrepr = call.excinfo.getrepr(style="value")  # type: ignore[union-attr]
@@ -88,6 +79,11 @@ def pytest_report_teststatus(
     data = getattr(report, "harbor", None)
     if report.when == "call" and report.failed and data and data.get("status") == "error":
         return "error", "E", "ERROR"
+    if report.when not in ("setup", "call", "teardown") and report.failed:
+        # xdist's report for an item whose worker died: the episode has no result.
+        run = config.stash.get(HARBOR_RUN, None)
+        if run is not None and trial_of(report.nodeid) in run.trial_ids:
+            return "error", "E", "ERROR"
     return None
 
 
@@ -100,20 +96,53 @@ class HarborReporter:
         self.run = run
         self.writer = run.writer
         self.skipped = SkippedLog(run.layout)
-        self.tally = _Tally()
+        self.ledger = EpisodeLedger(
+            run_id=run.run_id,
+            agent=run.harness.name,
+            validation=run.harness.validates,
+            pass_reward=run.options.pass_reward,
+        )
+        self.manifests: dict[str, RunManifest] = {}
+        self.items = 0
+        self.unvalidated = 0
+        self.kept = 0
+        self.reaped = 0
+        self.interrupted = False
+
+    # ------------------------------------------------------------------------ start
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """Before any worker starts: plan every target and write its materialized rows
-        and skipped.json; the rows' digests go to the workers with their start-up data."""
-        if session.config.option.collectonly:
+        """Before any worker starts: plan every target, check a resumed run, write the
+        manifest, materialized rows and skipped.json; the rows' digests (and, resuming,
+        the finished trials) go to the workers with their start-up data."""
+        if session.config.option.collectonly or not self.run.targets:
             return
-        self.writer.start(self.run.tasksets)
+        self.reaped = self.run.reap()
         for target in self.run.targets.values():
             try:
                 plan = self.run.plan(target)
             except TaskLoadError:
                 continue  # collection reports it, as an error of the taskset
+            digests = {task.id: task.digest for task in plan.tasks}
+            manifest = RunManifest.describe(
+                run_id=self.run.run_id,
+                started_at=self.run.started_at,
+                target=target.path,
+                taskset=plan.taskset,
+                agent=self.run.harness.name,
+                sandbox=self.run.provider.name,
+                repeats=plan.repeats,
+                settings=self.run.settings,
+                task_digests=digests,
+            )
+            self.ledger.plan(plan.taskset, plan.repeats, digests)
+            if self.run.options.resume:
+                self._resume(manifest)
+            else:
+                self.writer.start([plan.taskset])
+            manifest.write(self.run.layout.manifest_file(plan.taskset))
+            self.manifests[plan.taskset] = manifest
             write_task_rows(self.run.layout, self.run.harness.name, plan)
             skipped = {}
             if self.run.options.skip_unloadable:
@@ -125,43 +154,198 @@ class HarborReporter:
                     f"{plan.taskset}/{task.id}::r{repeat}" for repeat in range(plan.repeats)
                 )
 
+    def _resume(self, manifest: RunManifest) -> None:
+        layout, taskset = self.run.layout, manifest.taskset
+        try:
+            point = read_resume_point(
+                taskset,
+                rollouts=layout.rollouts_file(taskset),
+                failures=layout.failures_file(taskset),
+                manifest=layout.manifest_file(taskset),
+            )
+        except ManifestError as error:
+            raise pytest.UsageError(f"--harbor-resume: {error}") from None
+        if point.manifest is None and point.has_results:
+            raise pytest.UsageError(
+                f"--harbor-resume: {layout.taskset_dir(taskset)} holds results but no "
+                "rollouts_manifest.json, so nothing says which run made them; run without "
+                "--harbor-resume to start afresh"
+            )
+        if point.manifest is not None:
+            differences = point.manifest.differences(manifest)
+            if differences:
+                raise pytest.UsageError(
+                    f"--harbor-resume: this run of {taskset} differs from the one in "
+                    f"{layout.taskset_dir(taskset)}:\n  "
+                    + "\n  ".join(differences)
+                    + "\nrun with the same targets, agent and settings, or without "
+                    "--harbor-resume to start afresh"
+                )
+        self.writer.resume(point)
+        kept = self.ledger.keep(point)
+        self.kept += len(kept)
+        self.run.done_trials.update(kept)
+
+    # ------------------------------------------------------------------------ reports
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.ledger.select(item.nodeid for item in session.items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.ledger.select(ids)
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        record = self.ledger.get(nodeid)
+        if record is not None:
+            record.started = True
+            record.step = nodeid.rsplit("::", 1)[1]
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        record = self.ledger.get(report.nodeid)
+        if report.when not in ("setup", "call", "teardown"):
+            # xdist's report for the item a worker was running when it died.
+            if record is not None and report.failed:
+                self._worker_died(record, report)
+            return
         data = getattr(report, "harbor", None)
-        if not data:
+        if not data or record is None:
             return
         if report.when == "setup":
-            self.tally.items += 1
-            self.tally.unvalidated += int(bool(data.get("unvalidated")))
-            if "unloadable" in data:
-                self.skipped.add(data["taskset"], data["task_id"], data["unloadable"])
-        if report.when != "call":
-            return
+            self._setup(record, report, data)
+        elif report.when == "call":
+            self._call(record, data)
+
+    def _setup(self, record: TrialRecord, report: pytest.TestReport, data: dict[str, Any]) -> None:
+        self.items += 1
+        self.unvalidated += int(bool(data.get("unvalidated")))
+        if "unloadable" in data:
+            self.skipped.add(data["taskset"], data["task_id"], data["unloadable"])
+            record.skip_reason = f"unloadable: {data['unloadable']}"
+        elif "skip_reason" in data and report.skipped:
+            record.skip_reason = str(data["skip_reason"])
+        if report.passed:
+            record.seeded = True
+        elif report.failed:
+            self._failed(record, data)
+
+    def _call(self, record: TrialRecord, data: dict[str, Any]) -> None:
         if "verifier_files" in data:
             files = {name: base64.b64decode(blob) for name, blob in data["verifier_files"].items()}
             self.writer.write_turn_files(data["taskset"], data["episode_id"], data["step"], files)
-        if "status" in data:
-            self.tally.outcome(data["taskset"], str(data["status"]))
         if "result" in data:
+            if record.finished:
+                return  # one row per episode, whatever a worker sends twice
             result = EpisodeResult.model_validate(data["result"])
+            record.result = result
             self.writer.append_row(result)
-            self.tally.episode(result)
+        elif data.get("status") == "error":
+            self._failed(record, data)
+
+    def _failed(self, record: TrialRecord, data: dict[str, Any]) -> None:
+        failure = data.get("failure") or {
+            "kind": FailureKind.INTERNAL_ERROR,
+            "reason": "the episode ended with an error and no reason",
+        }
+        self._write_failure(self.ledger.failed(record, failure["kind"], failure["reason"]))
+
+    def _worker_died(self, record: TrialRecord, report: pytest.TestReport) -> None:
+        reason = str(report.longrepr).strip().splitlines()[0] if report.longrepr else ""
+        failure = self.ledger.failed(
+            record,
+            FailureKind.WORKER_DIED,
+            f"the process running the episode died ({reason or 'no word from it'})",
+        )
+        self._write_failure(failure)
+        # Its sandboxes now belong to a process that is gone: remove them at once.
+        self.reaped += self.run.reap()
+
+    def _write_failure(self, failure: FailureRecord | None) -> None:
+        if failure is not None:
+            self.writer.append_failure(failure)
+
+    # ------------------------------------------------------------------------ finish
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.run.harness.validates and self.tally.nothing_validatable:
+        if session.config.option.collectonly or not self.manifests:
+            return
+        self.interrupted = session.exitstatus == pytest.ExitCode.INTERRUPTED
+        if self.interrupted:
+            for failure in self.ledger.interrupted():
+                self.writer.append_failure(failure)
+        finished_at = datetime.now(UTC).isoformat(timespec="milliseconds")
+        for taskset, manifest in self.manifests.items():
+            summary = run_summary(
+                self.run.layout,
+                manifest,
+                finished_at=finished_at,
+                interrupted=self.interrupted,
+                episodes=list(self.ledger.entries(taskset)),
+                score=self.ledger.score(taskset),
+            )
+            write_run_summary(self.run.layout, taskset, summary)
+        if self.run.harness.validates and self._nothing_validatable:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    @property
+    def _nothing_validatable(self) -> bool:
+        return self.items > 0 and self.items == self.unvalidated
+
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        if not self.tally.tasksets and not self.tally.items:
+        if not any(True for taskset in self.manifests for _ in self.ledger.entries(taskset)):
             return
+        write = terminalreporter.write_line
         terminalreporter.section("harbor")
-        for taskset, counts in sorted(self.tally.tasksets.items()):
-            mean = counts.reward_sum / counts.episodes if counts.episodes else 0.0
-            outcomes = ", ".join(f"{n} {status}" for status, n in sorted(counts.outcomes.items()))
-            terminalreporter.write_line(
-                f"{taskset}: {counts.episodes} episodes, mean reward {mean:.3f} ({outcomes}); "
-                f"rows in {self.run.layout.rollouts_file(taskset)}"
-            )
-        if self.run.harness.validates and self.tally.nothing_validatable:
-            terminalreporter.write_line(
-                "no selected task has a solution/solve.sh: nothing was validated", red=True
-            )
+        for taskset in sorted(self.manifests):
+            score = self.ledger.score(taskset)
+            if not score.episodes and not score.count("not_run"):
+                continue
+            _write_score(write, taskset, score)
+            write(f"  rows: {self.run.layout.rollouts_file(taskset)}")
+            write(f"  summary: {self.run.layout.summary_file(taskset)}")
+        if self.kept:
+            write(f"resumed: {self.kept} episode(s) kept from the earlier run, not run again")
+        if self.reaped:
+            write(f"removed {self.reaped} sandbox(es) left by runs whose process is gone")
+        if self.run.harness.validates and self._nothing_validatable:
+            write("no selected task has a solution/solve.sh: nothing was validated", red=True)
+
+
+def _write_score(write: Any, taskset: str, score: TasksetScore) -> None:
+    mean = "n/a" if score.mean_reward is None else f"{score.mean_reward:.3f}"
+    counts = ", ".join(
+        f"{score.count(status)} {status.replace('_', ' ')}"
+        for status in ("passed", "failed", "masked", "no_result")
+    )
+    extra = [
+        f"{score.count(status)} {status.replace('_', ' ')}"
+        for status in ("skipped", "not_run")
+        if score.count(status)
+    ]
+    write(
+        f"{taskset}: {score.episodes} episodes, mean reward {mean} ({counts})"
+        + (f"; {', '.join(extra)}" if extra else "")
+    )
+    if score.failure_kinds:
+        width = max(len(kind) for kind in score.failure_kinds)
+        write("  failure kind" + " " * (width - 10) + "episodes")
+        for kind, count in sorted(
+            score.failure_kinds.items(), key=lambda item: (-item[1], item[0])
+        ):
+            write(f"  {kind:<{width}}  {count}")
+    if score.pass_at_k:
+        ks = sorted(score.pass_at_k)
+        write("  pass@k: " + "  ".join(f"pass@{k} {score.pass_at_k[k]:.3f}" for k in ks))
+        tasks = sorted(
+            {task for per_task in score.pass_at_k_per_task.values() for task in per_task}
+        )
+        width = max(len(task) for task in tasks)
+        write("  " + "task".ljust(width) + "".join(f"  pass@{k}".rjust(9) for k in ks))
+        for task in tasks[:_PASS_AT_K_ROWS]:
+            cells = []
+            for k in ks:
+                value = score.pass_at_k_per_task.get(k, {}).get(task)
+                cells.append(("-" if value is None else f"{value:.3f}").rjust(9))
+            write("  " + task.ljust(width) + "".join(cells))
+        if len(tasks) > _PASS_AT_K_ROWS:
+            write(f"  ... and {len(tasks) - _PASS_AT_K_ROWS} more tasks (see the run summary)")

@@ -4,35 +4,33 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import tempfile
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from pytest_harbor.engine import Episode, EpisodeError, FailureKind
 from pytest_harbor.engine.planning import Selection, TasksetPlan, plan_taskset
+from pytest_harbor.engine.reaper import OWNER_LABEL, RUN_LABEL, reap_orphans
 from pytest_harbor.engine.slots import EpisodeSlots, Slot
 from pytest_harbor.harnesses import Harness, UnknownHarness, make_harness
 from pytest_harbor.plugin.options import HarborOptions
-from pytest_harbor.sandboxes import SandboxProvider, UnknownProvider, make_provider
+from pytest_harbor.sandboxes import SandboxError, SandboxProvider, UnknownProvider, make_provider
 from pytest_harbor.tasks import is_dataset_dir, is_task_dir
 from pytest_harbor.writers import ResultsLayout, RolloutsWriter
 
 __all__ = [
     "HARBOR_RUN",
-    "RUN_LABEL",
     "HarborRun",
     "Target",
     "find_target",
 ]
 
-RUN_LABEL = "pytest-harbor.run"
-OWNER_LABEL = "pytest-harbor.owner"
 TASK_LABEL = "pytest-harbor.task"
 TRIAL_LABEL = "pytest-harbor.trial"
 
@@ -107,6 +105,9 @@ class HarborRun:
         self.row_digests: dict[str, str] = {}
         #: Node ids of every trial the controller planned: `<taskset>/<task>::r<N>`.
         self.trial_ids: set[str] = set()
+        #: Trials a resumed run finished already: they are not collected again.
+        self.done_trials: set[str] = set()
+        self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self._slots: EpisodeSlots | None = None
         #: Episodes whose sandbox started ahead of their trial (see HarborTrial.start_early).
         self.started_early: list[Episode] = []
@@ -201,13 +202,16 @@ class HarborRun:
         """Built images are a cache for later runs: they name the run that built them."""
         return {RUN_LABEL: self.run_id}
 
+    def reap(self) -> int:
+        """Remove the sandboxes of runs whose process is gone (never a live run's)."""
+        try:
+            return reap_orphans(self._provider)
+        except SandboxError:
+            return 0  # no engine to ask
+
     def remove_sandboxes(self) -> int:
         """Remove whatever sandbox of this run is still there (after an interrupt, say)."""
         return self._provider.remove_labelled({RUN_LABEL: self.run_id})
-
-
-def owner_of_this_process() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 HARBOR_RUN = pytest.StashKey[HarborRun]()

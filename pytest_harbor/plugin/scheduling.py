@@ -3,7 +3,7 @@
 Selection (`-k`, `-m`, `--lf`, `--deselect`) may keep a later step of a multi-step task and
 drop an earlier one; the earlier steps' state is the later step's input, so they run too.
 Under pytest-xdist the default `load` distribution becomes trial-grouped; modes that would
-split a trial are refused.
+split a trial are refused. A trial whose worker dies is not run again in the same session.
 """
 
 from __future__ import annotations
@@ -64,5 +64,24 @@ def trial_scheduler(config: pytest.Config, log: Any, trials: frozenset[str]) -> 
         def _split_scope(self, nodeid: str) -> str:
             scope = nodeid.rsplit("::", 1)[0]
             return scope if scope in trials else nodeid
+
+        def remove_node(self, node: Any) -> str | None:
+            """A worker is gone. Its unstarted trials go to the others; the trial it was
+            running does not (xdist's scope scheduling would run it again): its episode
+            is lost, and the failures file says so."""
+            workload = self.assigned_work.pop(node)
+            crashed: str | None = next(
+                (nodeid for unit in workload.values() for nodeid, done in unit.items() if not done),
+                None,
+            )
+            if crashed is None:
+                return None
+            workload.pop(self._split_scope(crashed), None)
+            self.workqueue.update(
+                (scope, unit) for scope, unit in workload.items() if not all(unit.values())
+            )
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashed
 
     return TrialScheduling(config, log)

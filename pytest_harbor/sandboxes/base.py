@@ -166,3 +166,11 @@ class SandboxProvider(Protocol):
     def remove_labelled(self, labels: Mapping[str, str]) -> int:
         """Remove every sandbox carrying all of `labels`; return how many."""
         ...
+
+    def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:
+        """Every sandbox (running or not) with a label `key`: its id and all its labels."""
+        ...
+
+    def remove(self, sandbox_id: str) -> None:
+        """Remove one sandbox at once; no error when it is already gone."""
+        ...

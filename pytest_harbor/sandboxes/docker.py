@@ -258,6 +258,13 @@ class DockerProvider:
             ) from None
         return sandbox
 
+    def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:
+        found = _engine().api.containers(all=True, filters={"label": key})
+        return [(container["Id"], dict(container.get("Labels") or {})) for container in found]
+
+    def remove(self, sandbox_id: str) -> None:
+        DockerSandbox(sandbox_id).stop()
+
     def remove_labelled(self, labels: Mapping[str, str]) -> int:
         api = _engine().api
         wanted = [f"{key}={value}" for key, value in labels.items()]

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.tasks import SINGLE_STEP_TURN, Task
+from pytest_harbor.writers.files import write_atomically
 from pytest_harbor.writers.rollouts import ResultsLayout
 
-__all__ = ["SkippedLog", "task_rows", "write_json_atomically", "write_task_rows"]
+__all__ = ["SkippedLog", "task_rows", "write_task_rows"]
 
 
 def task_rows(plan: TasksetPlan) -> list[dict[str, Any]]:
@@ -41,7 +39,7 @@ def write_task_rows(layout: ResultsLayout, agent: str, plan: TasksetPlan) -> Non
     path = layout.tasks_file(plan.taskset, agent)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = "".join(json.dumps(row, sort_keys=True) + "\n" for row in task_rows(plan))
-    write_json_atomically(path, lines)
+    write_atomically(path, lines)
 
 
 class SkippedLog:
@@ -66,16 +64,4 @@ class SkippedLog:
         path = self.layout.skipped_file(taskset)
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(dict(sorted(self._entries[taskset].items())), indent=2) + "\n"
-        write_json_atomically(path, text)
-
-
-def write_json_atomically(path: Path, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+        write_atomically(path, text)

@@ -1,4 +1,5 @@
-"""The result files of a run: rollouts.jsonl and one verifier/ folder per verification."""
+"""The result files of a run: rollouts.jsonl, rollouts_failures.jsonl and one verifier/
+folder per verification."""
 
 from __future__ import annotations
 
@@ -10,10 +11,16 @@ from pathlib import Path
 
 from pytest_harbor.engine.results import EpisodeResult
 from pytest_harbor.tasks.task import SINGLE_STEP_TURN
+from pytest_harbor.writers.failures import FailureRecord
+from pytest_harbor.writers.files import write_atomically
+from pytest_harbor.writers.resume import ResumePoint
 
 __all__ = ["ResultsLayout", "RolloutsWriter"]
 
 ROLLOUTS = "rollouts.jsonl"
+FAILURES = "rollouts_failures.jsonl"
+SUMMARY = "rollouts_run_summary.json"
+MANIFEST = "rollouts_manifest.json"
 VERIFIER = "verifier"
 SKIPPED = "skipped.json"
 
@@ -36,6 +43,15 @@ class ResultsLayout:
 
     def rollouts_file(self, taskset: str) -> Path:
         return self.taskset_dir(taskset) / ROLLOUTS
+
+    def failures_file(self, taskset: str) -> Path:
+        return self.taskset_dir(taskset) / FAILURES
+
+    def summary_file(self, taskset: str) -> Path:
+        return self.taskset_dir(taskset) / SUMMARY
+
+    def manifest_file(self, taskset: str) -> Path:
+        return self.taskset_dir(taskset) / MANIFEST
 
     def tasks_file(self, taskset: str, agent: str) -> Path:
         return self.taskset_dir(taskset) / f"tasks_{agent}.jsonl"
@@ -68,7 +84,8 @@ class RolloutsWriter:
         self._started: set[str] = set()
 
     def start(self, tasksets: Iterable[str]) -> None:
-        """Begin a fresh run: empty each taskset's rollouts.jsonl and verifier/ folder."""
+        """Begin a fresh run: empty each taskset's rows, failures and verifier/ folder, and
+        remove the summary of the run before."""
         for taskset in tasksets:
             self._start(taskset)
 
@@ -79,7 +96,22 @@ class RolloutsWriter:
         folder.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.layout.verifier_root_of(taskset), ignore_errors=True)
         (folder / ROLLOUTS).write_text("")
+        (folder / FAILURES).write_text("")
+        (folder / SUMMARY).unlink(missing_ok=True)
         self._started.add(taskset)
+
+    def resume(self, point: ResumePoint) -> None:
+        """Go on from an earlier run: keep its rows and terminal failures (each episode
+        once), drop the failures that this run retries, keep verifier/."""
+        folder = self.layout.taskset_dir(point.taskset)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomically(folder / ROLLOUTS, "".join(_line(row) for row in point.rows.values()))
+        write_atomically(
+            folder / FAILURES,
+            "".join(_line(failure.model_dump(mode="json")) for failure in point.kept_failures),
+        )
+        (folder / SUMMARY).unlink(missing_ok=True)
+        self._started.add(point.taskset)
 
     def write_turn_files(
         self, taskset: str, episode_id: str, step: str, files: Mapping[str, bytes]
@@ -93,14 +125,27 @@ class RolloutsWriter:
     def append_row(self, result: EpisodeResult) -> None:
         """Append the episode's row to rollouts.jsonl, flushed."""
         self._start(result.taskset)
-        with self.layout.rollouts_file(result.taskset).open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(result.row(), sort_keys=True) + "\n")
-            handle.flush()
+        _append(self.layout.rollouts_file(result.taskset), result.row())
+
+    def append_failure(self, failure: FailureRecord) -> None:
+        """Append an episode that ended with no result to rollouts_failures.jsonl, flushed."""
+        self._start(failure.taskset)
+        _append(self.layout.failures_file(failure.taskset), failure.model_dump(mode="json"))
 
     def _scrub(self, data: bytes) -> bytes:
         for secret in self._secrets:
             data = data.replace(secret, b"***")
         return data
+
+
+def _line(data: Mapping[str, object]) -> str:
+    return json.dumps(data, sort_keys=True) + "\n"
+
+
+def _append(path: Path, data: Mapping[str, object]) -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(_line(data))
+        handle.flush()
 
 
 def _write_files(folder: Path, files: Mapping[str, bytes]) -> None:

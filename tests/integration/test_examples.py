@@ -28,7 +28,12 @@ def test_oracle_passes_every_task_under_xdist(
 ) -> None:
     result = pytester.runpytest(f"--harbor-dataset={quickstart.path}", "-n", "2")
     result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines([f"{quickstart.name}: 4 episodes, mean reward 1.000 (4 passed)*"])
+    result.stdout.fnmatch_lines(
+        [
+            f"{quickstart.name}: 4 episodes, mean reward 1.000 "
+            "(4 passed, 0 failed, 0 masked, 0 no result)"
+        ]
+    )
     rows = quickstart.rows(pytester.path / "results")
     assert sorted(row["task_id"] for row in rows) == TASKS
     assert all(row["reward"] == 1.0 and row["solution_exit_code"] == 0 for row in rows)

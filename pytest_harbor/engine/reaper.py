@@ -1,0 +1,76 @@
+"""Removing what runs that are gone left behind, never what a live run owns.
+
+Every sandbox is labelled with its run's owner: `host:pid:start`, where `start` is when
+the process began (so a recycled pid does not pass for the dead process).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from pytest_harbor.sandboxes.base import SandboxProvider
+
+__all__ = ["OWNER_LABEL", "RUN_LABEL", "owner_is_alive", "owner_of_this_process", "reap_orphans"]
+
+RUN_LABEL = "pytest-harbor.run"
+OWNER_LABEL = "pytest-harbor.owner"
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command (Linux), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command may hold spaces and parentheses: the other fields follow the last ')'.
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot, or None."""
+    fields = _stat_fields(pid)
+    return None if fields is None else fields[19]
+
+
+def _is_zombie(pid: int) -> bool:
+    """A process that ended and that its parent has not waited for yet."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] in ("Z", "X")
+
+
+def owner_of_this_process() -> str:
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_start_time(pid) or 0}"
+
+
+def owner_is_alive(owner: str) -> bool:
+    """False only when `owner` is a process of this host that has ended (or whose pid now
+    belongs to a later process); anything unsure counts as alive."""
+    host, _, rest = owner.partition(":")
+    pid_text, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return True
+    pid = int(pid_text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    if _is_zombie(pid):
+        return False
+    now = _start_time(pid)
+    return now is None or start in ("", "0") or now == start
+
+
+def reap_orphans(provider: SandboxProvider) -> int:
+    """Remove every sandbox of a run whose owner is gone; return how many."""
+    removed = 0
+    for sandbox_id, labels in provider.labelled(RUN_LABEL):
+        owner = labels.get(OWNER_LABEL)
+        if owner is not None and not owner_is_alive(owner):
+            provider.remove(sandbox_id)
+            removed += 1
+    return removed

@@ -1,0 +1,143 @@
+"""`rollouts_manifest.json`: what a run of a taskset was, so a resumed run can check it is
+the same run (targets, agent, settings, task folders)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from pytest_harbor.settings import HarborSettings
+from pytest_harbor.writers.files import write_atomically
+
+__all__ = [
+    "RUN_ONLY_SETTINGS",
+    "ManifestError",
+    "RunManifest",
+    "dataset_digest",
+    "read_manifest",
+]
+
+#: Settings that change how a run is scheduled or cleaned up, not what an episode does:
+#: a resumed run may change them.
+RUN_ONLY_SETTINGS = frozenset(
+    {
+        "max_concurrent_episodes",
+        "queue_timeout_seconds",
+        "cleanup_timeout_seconds",
+        "sandbox_metadata",
+    }
+)
+
+
+class ManifestError(Exception):
+    """A manifest that cannot be read, naming the file."""
+
+
+def dataset_digest(task_digests: Mapping[str, str]) -> str:
+    """SHA-256 over the sorted records `task_id NUL digest LF` of the run's tasks."""
+    hasher = hashlib.sha256()
+    for task_id, digest in sorted(task_digests.items()):
+        hasher.update(f"{task_id}\0{digest}\n".encode())
+    return hasher.hexdigest()
+
+
+def _secrets_fingerprint(settings: HarborSettings) -> str:
+    hasher = hashlib.sha256()
+    for name, value in sorted(settings.secrets.items()):
+        hasher.update(f"{name}\0{value}\n".encode())
+    return hasher.hexdigest()
+
+
+class RunManifest(BaseModel):
+    """One taskset of one run. Secret values never appear: only a fingerprint of them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = 1
+    run_id: str
+    started_at: str
+    target: str
+    taskset: str
+    agent: str
+    sandbox: str
+    repeats: int
+    settings: dict[str, Any]
+    secrets_fingerprint: str
+    dataset_digest: str
+    task_digests: dict[str, str]
+
+    @classmethod
+    def describe(
+        cls,
+        *,
+        run_id: str,
+        started_at: str,
+        target: Path,
+        taskset: str,
+        agent: str,
+        sandbox: str,
+        repeats: int,
+        settings: HarborSettings,
+        task_digests: Mapping[str, str],
+    ) -> RunManifest:
+        return cls(
+            run_id=run_id,
+            started_at=started_at,
+            target=str(target),
+            taskset=taskset,
+            agent=agent,
+            sandbox=sandbox,
+            repeats=repeats,
+            settings=settings.redacted(),
+            secrets_fingerprint=_secrets_fingerprint(settings),
+            dataset_digest=dataset_digest(task_digests),
+            task_digests=dict(task_digests),
+        )
+
+    def differences(self, current: RunManifest) -> list[str]:
+        """What keeps `current` from resuming this run, one sentence each (empty: none)."""
+        found = [
+            f"{name}: {getattr(self, name)!r} then, {getattr(current, name)!r} now"
+            for name in ("target", "agent", "sandbox", "repeats")
+            if getattr(self, name) != getattr(current, name)
+        ]
+        for key in sorted(set(self.settings) | set(current.settings)):
+            if key in RUN_ONLY_SETTINGS or key == "secrets":
+                continue
+            before, after = self.settings.get(key), current.settings.get(key)
+            if before != after:
+                found.append(f"setting {key}: {_show(before)} then, {_show(after)} now")
+        if self.secrets_fingerprint != current.secrets_fingerprint:
+            found.append("setting secrets: the names or values differ")
+        for task_id in sorted(set(self.task_digests) & set(current.task_digests)):
+            before, after = self.task_digests[task_id], current.task_digests[task_id]
+            if before != after:
+                found.append(
+                    f"task folder {task_id} changed (digest {before[:12]} then, {after[:12]} now)"
+                )
+        return found
+
+    def write(self, path: Path) -> None:
+        write_atomically(path, json.dumps(self.model_dump(mode="json"), indent=2) + "\n")
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def read_manifest(path: Path) -> RunManifest | None:
+    """The manifest at `path`, or None when there is none."""
+    if not path.is_file():
+        return None
+    try:
+        return RunManifest.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValidationError) as error:
+        first = error.errors()[0]["msg"] if isinstance(error, ValidationError) else str(error)
+        raise ManifestError(
+            f"{path}: not a run manifest pytest-harbor can read ({first})"
+        ) from None

@@ -1,0 +1,99 @@
+"""What an earlier run of a taskset left, read back for `--harbor-resume`.
+
+Kept: every row (a reward of 0 and masked rows included) and every terminal failure of an
+episode without a row. Retried: episodes whose failure is not terminal, and episodes with
+nothing at all. A line that cannot be read (a run killed while writing it) is dropped, and
+so is a second row of the same episode: the files hold each episode once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from pytest_harbor.engine.results import EpisodeResult
+from pytest_harbor.writers.failures import FailureRecord
+from pytest_harbor.writers.manifest import RunManifest, read_manifest
+
+__all__ = ["EpisodeKey", "ResumePoint", "read_resume_point"]
+
+#: (task id, repeat)
+EpisodeKey = tuple[str, int]
+
+
+@dataclass
+class ResumePoint:
+    taskset: str
+    manifest: RunManifest | None
+    #: The rows kept, as written (JSON data) and as results.
+    rows: dict[EpisodeKey, dict[str, Any]] = field(default_factory=dict)
+    results: dict[EpisodeKey, EpisodeResult] = field(default_factory=dict)
+    kept_failures: list[FailureRecord] = field(default_factory=list)
+    retried: list[FailureRecord] = field(default_factory=list)
+    dropped_lines: int = 0
+
+    @property
+    def finished(self) -> set[EpisodeKey]:
+        """Episodes this run does not run again."""
+        return set(self.rows) | {(f.task_id, f.repeat) for f in self.kept_failures}
+
+    @property
+    def has_results(self) -> bool:
+        return bool(self.rows or self.kept_failures or self.retried)
+
+
+def read_resume_point(
+    taskset: str, *, rollouts: Path, failures: Path, manifest: Path
+) -> ResumePoint:
+    """Read the files of the run to resume (raises ManifestError for a manifest that is
+    not one)."""
+    point = ResumePoint(taskset, read_manifest(manifest))
+    for data in _json_lines(rollouts, point):
+        try:
+            result = EpisodeResult.model_validate(data)
+        except ValidationError:
+            point.dropped_lines += 1
+            continue
+        key = (result.task_id, result.repeat)
+        if key in point.rows:
+            point.dropped_lines += 1
+            continue
+        point.rows[key] = data
+        point.results[key] = result
+    seen: set[EpisodeKey] = set()
+    for data in _json_lines(failures, point):
+        try:
+            failure = FailureRecord.model_validate(data)
+        except ValidationError:
+            point.dropped_lines += 1
+            continue
+        key = (failure.task_id, failure.repeat)
+        if key in point.rows or key in seen:
+            point.dropped_lines += 1
+            continue
+        seen.add(key)
+        (point.retried if failure.retry else point.kept_failures).append(failure)
+    return point
+
+
+def _json_lines(path: Path, point: ResumePoint) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    found = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            point.dropped_lines += 1
+            continue
+        if isinstance(data, dict):
+            found.append(data)
+        else:
+            point.dropped_lines += 1
+    return found
