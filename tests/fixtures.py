@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -11,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -71,10 +74,21 @@ class Dataset:
     def task(self, name: str, **kwargs: object) -> Path:
         return write_task(self.path, name, **kwargs)  # type: ignore[arg-type]
 
+    def results_folder(self, results: Path, validation: bool = True) -> Path:
+        return results / "harbor" / ("validation" if validation else "") / self.name
+
     def rows(self, results: Path, validation: bool = True) -> list[dict[str, object]]:
-        base = results / "harbor" / ("validation" if validation else "") / self.name
-        rows_file = base / "rollouts.jsonl"
+        rows_file = self.results_folder(results, validation) / "rollouts.jsonl"
         return [json.loads(line) for line in rows_file.read_text().splitlines()]
+
+    def failures(self, results: Path, validation: bool = True) -> list[dict[str, object]]:
+        failures_file = self.results_folder(results, validation) / "rollouts_failures.jsonl"
+        return [json.loads(line) for line in failures_file.read_text().splitlines()]
+
+    def summary(self, results: Path, validation: bool = True) -> dict[str, Any]:
+        summary_file = self.results_folder(results, validation) / "rollouts_run_summary.json"
+        data: dict[str, Any] = json.loads(summary_file.read_text())
+        return data
 
 
 @pytest.fixture
@@ -167,3 +181,49 @@ def built_images(docker_client: docker.DockerClient) -> Iterator[list[Path]]:
     for context in contexts:
         with contextlib.suppress(docker.errors.ImageNotFound):
             docker_client.images.remove(image_tag_for(context), force=True)
+
+
+# ---------------------------------------------------------------- runs in a process of their own
+
+
+def start_run(dataset: Dataset, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            f"--harbor-dataset={dataset.path}",
+            "-p",
+            "no:cacheprovider",
+            *args,
+        ],
+        cwd=dataset.path.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal gives a command
+    )
+
+
+def wait_for_sandboxes(
+    client: docker.DockerClient, dataset: Dataset, tasks: list[str], run: subprocess.Popen[str]
+) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if all(containers_of(client, dataset.name, task) for task in tasks):
+            return
+        if run.poll() is not None:
+            pytest.fail(f"the run ended before its sandboxes started:\n{run.stdout.read()}")  # type: ignore[union-attr]
+        time.sleep(0.2)
+    run.kill()
+    pytest.fail("the sandboxes did not start within 120 s")
+
+
+def finish(run: subprocess.Popen[str]) -> str:
+    try:
+        output, _ = run.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        output, _ = run.communicate()
+        pytest.fail(f"the run did not end within 120 s of the signal:\n{output}")
+    return output

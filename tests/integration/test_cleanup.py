@@ -4,62 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import docker
 import pytest
 
-from tests.fixtures import Dataset, containers_of
+from tests.fixtures import Dataset, containers_of, finish, start_run, wait_for_sandboxes
 
 pytestmark = pytest.mark.docker
 
 HANGING_SOLUTION = "echo 1 > /tmp/answer\nsleep 300\n"
-
-
-def start_run(dataset: Dataset, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            f"--harbor-dataset={dataset.path}",
-            "-p",
-            "no:cacheprovider",
-            *args,
-        ],
-        cwd=dataset.path.parent,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group, as a terminal gives a command
-    )
-
-
-def wait_for_sandboxes(
-    client: docker.DockerClient, dataset: Dataset, tasks: list[str], run: subprocess.Popen[str]
-) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if all(containers_of(client, dataset.name, task) for task in tasks):
-            return
-        if run.poll() is not None:
-            pytest.fail(f"the run ended before its sandboxes started:\n{run.stdout.read()}")  # type: ignore[union-attr]
-        time.sleep(0.2)
-    run.kill()
-    pytest.fail("the sandboxes did not start within 120 s")
-
-
-def finish(run: subprocess.Popen[str]) -> str:
-    try:
-        output, _ = run.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        run.kill()
-        output, _ = run.communicate()
-        pytest.fail(f"the run did not end within 120 s of the signal:\n{output}")
-    return output
 
 
 @pytest.mark.parametrize(
@@ -92,6 +46,17 @@ def test_interrupted_run_leaves_no_sandbox(
     assert run.returncode != 0, output
     left = {task: containers_of(docker_client, dataset.name, task) for task in tasks}
     assert left == {task: [] for task in tasks}, output
+    # The episodes that were under way are in the failures file, for a resume to retry.
+    results = dataset.path.parent / "results"
+    failures = dataset.failures(results)
+    assert sorted(row["task_id"] for row in failures) == tasks, output
+    assert {(row["failure_kind"], row["retry"]) for row in failures} == {
+        ("harbor:interrupted", True)
+    }
+    assert dataset.rows(results) == []
+    summary = dataset.summary(results)
+    assert summary["interrupted"] is True
+    assert summary["counts"]["no_result"] == len(tasks)
 
 
 def test_finished_run_leaves_no_sandbox(

@@ -6,6 +6,7 @@ import itertools
 import time
 from datetime import datetime
 from pathlib import Path
+from xml.etree import ElementTree
 
 import docker
 import pytest
@@ -135,6 +136,13 @@ def test_waiting_past_the_queue_timeout_is_an_error(
     )
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*no episode slot came free within queue_timeout_seconds = 1 s*"])
+    (failure,) = dataset.failures(pytester.path / "out")
+    assert (failure["failure_kind"], failure["stage"], failure["retry"]) == (
+        "harbor:queue_timeout",
+        "queue",
+        True,
+    )
+    assert len(dataset.rows(pytester.path / "out")) == 1
 
 
 def test_without_enforcement_a_task_that_does_not_fit_is_refused_at_seed(
@@ -146,6 +154,7 @@ def test_without_enforcement_a_task_that_does_not_fit_is_refused_at_seed(
         dataset,
         "--harbor-set=enforce_task_timeouts=false",
         "--harbor-set=default_episode_timeout_seconds=600",
+        "--junitxml=report.xml",
     )
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
@@ -154,6 +163,17 @@ def test_without_enforcement_a_task_that_does_not_fit_is_refused_at_seed(
             "enforce_task_timeouts off*"
         ]
     )
+    (failure,) = dataset.failures(pytester.path / "out")
+    assert (failure["failure_kind"], failure["stage"], failure["retry"]) == (
+        "harbor:budget_refused",
+        "seed",
+        False,
+    )
+    properties = {
+        prop.get("name"): prop.get("value")
+        for prop in ElementTree.parse(pytester.path / "report.xml").iter("property")
+    }
+    assert properties == {"failure_kind": "harbor:budget_refused"}
 
 
 def test_the_episode_deadline_cuts_an_agent_without_a_budget(

@@ -1,0 +1,68 @@
+"""Episodes per second: N trivial episodes through the oracle with -n W, several rounds.
+
+Each round is one whole pytest run (start-up, collection and shut-down included), and
+its result files are checked: one row per episode, an empty failures file, a summary
+that counts every episode as passed. A last run with --harbor-resume, which has nothing
+left to do, shows what resuming a finished run costs.
+
+    .venv/bin/python bench/throughput.py [--tasks 40] [--workers 2] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from episode_overhead import IMAGE, make_dataset, pytest_run
+
+
+def check_files(results: Path, taskset: str, episodes: int) -> None:
+    folder = results / "harbor" / "validation" / taskset
+    rows = (folder / "rollouts.jsonl").read_text().splitlines()
+    failures = (folder / "rollouts_failures.jsonl").read_text().splitlines()
+    summary = json.loads((folder / "rollouts_run_summary.json").read_text())
+    if len(rows) != episodes or failures or summary["counts"]["passed"] != episodes:
+        sys.exit(
+            f"result files are off: {len(rows)} rows, {len(failures)} failures, "
+            f"summary counts {summary['counts']}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=40)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="harbor-bench-") as scratch:
+        root = Path(scratch)
+        dataset = make_dataset(root, args.tasks)
+        results = root / "results"
+        print(f"{args.tasks} trivial episodes on {IMAGE}, -n {args.workers}")
+        rates = []
+        for round_ in range(1, args.rounds + 1):
+            wall, code, output = pytest_run(dataset, args.workers, results)
+            if code != 0:
+                sys.exit(f"pytest failed ({code}):\n{output}")
+            check_files(results, dataset.name, args.tasks)
+            rates.append(args.tasks / wall)
+            print(f"round {round_}: {wall:.2f} s, {rates[-1]:.2f} episodes/s")
+        print(
+            f"median {statistics.median(rates):.2f} episodes/s "
+            f"(min {min(rates):.2f}, max {max(rates):.2f})"
+        )
+        wall, code, output = pytest_run(dataset, args.workers, results, "--harbor-resume")
+        if code != 5:  # every item deselected: pytest's "no tests ran"
+            sys.exit(f"the resumed run did not find everything done ({code}):\n{output}")
+        check_files(results, dataset.name, args.tasks)
+        print(f"--harbor-resume of the finished run: {wall:.2f} s, nothing run again")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Which owners count as gone, and what the reaper removes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from pytest_harbor.engine.reaper import (
+    OWNER_LABEL,
+    RUN_LABEL,
+    owner_is_alive,
+    owner_of_this_process,
+    reap_orphans,
+)
+
+
+def _ended_process() -> tuple[int, str]:
+    """The pid and start time of a process that has ended (and been waited for)."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=-1)
+    stat = Path(f"/proc/{child.pid}/stat").read_text()
+    start = stat[stat.rindex(")") + 2 :].split()[19]
+    child.communicate(b"")
+    return child.pid, start
+
+
+def test_this_process_is_alive() -> None:
+    assert owner_is_alive(owner_of_this_process())
+
+
+def test_an_ended_process_is_gone() -> None:
+    pid, start = _ended_process()
+    assert not owner_is_alive(f"{socket.gethostname()}:{pid}:{start}")
+
+
+def test_a_reused_pid_does_not_pass_for_its_earlier_process() -> None:
+    host, pid, start = owner_of_this_process().split(":")
+    assert not owner_is_alive(f"{host}:{pid}:{int(start) - 1}")
+
+
+def test_a_zombie_is_gone() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    stat = Path(f"/proc/{child.pid}/stat").read_text()
+    start = stat[stat.rindex(")") + 2 :].split()[19]
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, not yet reaped
+    try:
+        assert not owner_is_alive(f"{socket.gethostname()}:{child.pid}:{start}")
+    finally:
+        child.wait()
+
+
+def test_owners_of_other_hosts_and_unreadable_owners_count_as_alive() -> None:
+    assert owner_is_alive("some-other-host:1:1")
+    assert owner_is_alive(f"{socket.gethostname()}:not-a-pid")
+
+
+class _Provider:
+    def __init__(self, sandboxes: dict[str, dict[str, str]]) -> None:
+        self.sandboxes = sandboxes
+        self.removed: list[str] = []
+
+    def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:
+        return [(id_, labels) for id_, labels in self.sandboxes.items() if key in labels]
+
+    def remove(self, sandbox_id: str) -> None:
+        self.removed.append(sandbox_id)
+
+
+def test_reap_removes_only_what_a_gone_owner_left() -> None:
+    pid, start = _ended_process()
+    dead = f"{socket.gethostname()}:{pid}:{start}"
+    provider = _Provider(
+        {
+            "dead": {RUN_LABEL: "r1", OWNER_LABEL: dead},
+            "live": {RUN_LABEL: "r2", OWNER_LABEL: owner_of_this_process()},
+            "elsewhere": {RUN_LABEL: "r3", OWNER_LABEL: "other-host:1:1"},
+            "no-owner": {RUN_LABEL: "r4"},
+        }
+    )
+    assert reap_orphans(provider) == 1  # type: ignore[arg-type]
+    assert provider.removed == ["dead"]
