@@ -117,7 +117,7 @@ def docker_client() -> Iterator[docker.DockerClient]:
 def containers_of(client: docker.DockerClient, taskset: str, task: str) -> list[object]:
     """Containers (running or not) that carry the task label of `taskset/task`."""
     label = f"pytest-harbor.task={taskset}/{task}"
-    return list(client.containers.list(all=True, filters={"label": label}))
+    return list(client.containers.list(all=True, filters={"label": label}, ignore_removed=True))
 
 
 class SandboxWatcher:
