@@ -199,8 +199,9 @@ class HarborRun:
         }
 
     def image_labels(self) -> dict[str, str]:
-        """Built images are a cache for later runs: they name the run that built them."""
-        return {RUN_LABEL: self.run_id}
+        """Built images are a cache for later runs: they name the run and process that
+        built them (the reaper leaves them alone)."""
+        return {RUN_LABEL: self.run_id, OWNER_LABEL: self.owner}
 
     def reap(self) -> int:
         """Remove the sandboxes of runs whose process is gone (never a live run's)."""

@@ -282,9 +282,19 @@ def test_selection_last_failed_exitfirst_and_junit(
 
 def test_repeats_run_each_task_several_times(pytester: pytest.Pytester, dataset: Dataset) -> None:
     dataset.task("again")
-    run(pytester, dataset, "--harbor-repeats=2", "-n", "2").assert_outcomes(passed=2)
+    result = run(pytester, dataset, "--harbor-repeats=2", "-n", "2")
+    result.assert_outcomes(passed=2)
     rows = dataset.rows(pytester.path / "out")
     assert sorted((row["task_id"], row["repeat"]) for row in rows) == [("again", 0), ("again", 1)]
+    result.stdout.fnmatch_lines(
+        [
+            f"{dataset.name}: 2 episodes, mean reward 1.000 "
+            "(2 passed, 0 failed, 0 masked, 0 no result)",
+            "  pass@k: pass@1 1.000  pass@2 1.000",
+            "  task    pass@1   pass@2",
+            "  again    1.000    1.000",
+        ]
+    )
 
 
 def test_unvalidated_tasks_beside_validated_ones_do_not_fail_the_run(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import textwrap
 import time
@@ -134,6 +135,20 @@ def test_resume_keeps_scored_and_terminal_episodes_and_retries_the_rest(
     assert after["no-image"]["run_id"] != failures["no-image"]["run_id"]
     counts = dataset.summary(results)["counts"]
     assert (counts["passed"], counts["failed"], counts["no_result"]) == (1, 1, 2)
+
+    # Every path of the summary resolves from its own folder, wherever the results go.
+    moved = pytester.path / "elsewhere" / "moved"
+    shutil.move(results, moved)
+    folder = dataset.results_folder(moved)
+    summary = json.loads((folder / "rollouts_run_summary.json").read_text())
+    paths = [*summary["files"].values(), *summary["all_files"]]
+    for episode in summary["episodes"]:
+        for logs in episode.get("logs", []):
+            paths += [path for key, path in logs.items() if key != "step" and path]
+    assert "verifier/hello__r0/test-stdout.txt" in paths
+    assert "verifier/zero__r0/reward.txt" in paths
+    for path in paths:
+        assert not os.path.isabs(path) and (folder / path).exists(), path
 
 
 def test_resume_refuses_a_run_with_other_settings_or_changed_tasks(
