@@ -160,6 +160,8 @@ class HarborTrial(_HarborNode, pytest.Collector):
         self.slot: Slot | None = None
         #: Why the task could not be built, when --harbor-skip-unloadable skipped it.
         self.unloadable: str | None = None
+        #: The turn in which the episode broke down with no result: later turns skip.
+        self.lost_in: str | None = None
         #: One item per turn, in the task's order; `selected` is what this session runs.
         self.turn_items: list[HarborTurnItem] = []
         self.selected: list[HarborTurnItem] = []
@@ -258,7 +260,13 @@ class HarborTurnItem(_HarborNode, pytest.Item):
         assert episode is not None, "the trial's setup() seeds the episode"
         if episode.stopped_after is not None:
             pytest.skip(f"stopped after turn {episode.stopped_after}: {episode.stop_reason}")
-        output = episode.run_turn(self.turn)
+        if self.trial.lost_in is not None:
+            pytest.skip(f"the episode has no result: turn {self.trial.lost_in} broke down")
+        try:
+            output = episode.run_turn(self.turn)
+        except EpisodeError:
+            self.trial.lost_in = self.turn.name
+            raise
         turn = output.result.model_copy(
             update={"verifier_logs_dir": str(self._logs_dir(episode.id, self.turn.name))}
         )

@@ -330,3 +330,34 @@ def test_the_example_dataset_passes_with_the_oracle(pytester: pytest.Pytester) -
         ("hand-over", 1.0),
         ("layered-checks", 1.0),
     ]
+
+
+def test_a_turn_without_a_result_skips_the_rest_and_leaves_one_failure_row(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    multi_step(dataset, "lost", {"s1": ("sleep 60\n", None), "s2": ("true\n", None)})
+    # The backstop, tightened by a conftest.py, ends turn s1 with no result.
+    pytester.makeconftest(
+        textwrap.dedent(
+            """
+            import pytest
+
+            def pytest_collection_modifyitems(items):
+                for item in items:
+                    if item.nodeid.endswith("::s1"):
+                        item.add_marker(pytest.mark.timeout(3), append=False)
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess(
+        f"--harbor-dataset={dataset.path}", "--harbor-results-dir=out", "-rs"
+    )
+    result.assert_outcomes(errors=1, skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED*the episode has no result: turn s1 broke down"])
+    (failure,) = dataset.failures(pytester.path / "out")
+    assert (failure["stage"], failure["step"], failure["failure_kind"]) == (
+        "turn",
+        "s1",
+        "harbor:episode_timeout",
+    )
+    assert dataset.rows(pytester.path / "out") == []
