@@ -18,7 +18,12 @@ from pytest_harbor.writers.failures import FailureRecord, FailureStage
 from pytest_harbor.writers.resume import ResumePoint
 from pytest_harbor.writers.summary import EpisodeEntry
 
-__all__ = ["EpisodeLedger", "TrialRecord", "trial_of"]
+__all__ = ["EpisodeLedger", "TrialRecord", "trial_id", "trial_of"]
+
+
+def trial_id(taskset: str, task_id: str, repeat: int) -> str:
+    """A trial's node id: `quickstart/hello::r0`."""
+    return f"{taskset}/{task_id}::r{repeat}"
 
 
 def trial_of(nodeid: str) -> str:
@@ -61,12 +66,16 @@ class EpisodeLedger:
     trials: dict[str, TrialRecord] = field(default_factory=dict)
     repeats: dict[str, int] = field(default_factory=dict)
 
-    def plan(self, taskset: str, repeats: int, digests: dict[str, str]) -> None:
+    def plan(self, taskset: str, repeats: int, digests: dict[str, str]) -> list[str]:
+        """Every task and repeat of a taskset; return the trials' ids."""
         self.repeats[taskset] = repeats
+        planned = []
         for task_id, digest in sorted(digests.items()):
             for repeat in range(repeats):
-                trial = f"{taskset}/{task_id}::r{repeat}"
+                trial = trial_id(taskset, task_id, repeat)
                 self.trials[trial] = TrialRecord(taskset, task_id, repeat, digest)
+                planned.append(trial)
+        return planned
 
     def keep(self, point: ResumePoint) -> list[str]:
         """Take over what the resumed run finished; return those trials' ids."""
@@ -88,7 +97,7 @@ class EpisodeLedger:
         failure: FailureRecord | None = None,
     ) -> str:
         task_id, repeat = key
-        trial = f"{taskset}/{task_id}::r{repeat}"
+        trial = trial_id(taskset, task_id, repeat)
         digest = result.digest if result is not None else failure.digest if failure else None
         record = self.trials.setdefault(trial, TrialRecord(taskset, task_id, repeat, digest))
         record.result, record.failure, record.earlier = result, failure, True
@@ -103,21 +112,16 @@ class EpisodeLedger:
     def get(self, nodeid: str) -> TrialRecord | None:
         return self.trials.get(trial_of(nodeid))
 
-    def failed(
-        self,
-        record: TrialRecord,
-        kind: str,
-        reason: str,
-        stage: FailureStage | None = None,
-    ) -> FailureRecord | None:
+    def failed(self, record: TrialRecord, kind: str, reason: str) -> FailureRecord | None:
         """Record that the episode ended with no result; None when it already ended."""
         if record.finished:
             return None
+        stage: FailureStage = "queue" if kind == FailureKind.QUEUE_TIMEOUT else record.stage
         record.failure = FailureRecord.new(
             failure_kind=kind,
             failure_reason=reason,
-            stage=stage or ("queue" if kind == FailureKind.QUEUE_TIMEOUT else record.stage),
-            step=record.step if (stage or record.stage) == "turn" else None,
+            stage=stage,
+            step=record.step if stage == "turn" else None,
             task_id=record.task_id,
             taskset=record.taskset,
             repeat=record.repeat,
@@ -140,9 +144,6 @@ class EpisodeLedger:
                 if failure is not None:
                     found.append(failure)
         return found
-
-    def tasksets(self) -> list[str]:
-        return sorted(self.repeats)
 
     def entries(self, taskset: str) -> Iterator[EpisodeEntry]:
         """This run's episodes of `taskset`: those it selected, and those it kept."""

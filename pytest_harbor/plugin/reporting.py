@@ -107,7 +107,6 @@ class HarborReporter:
         self.unvalidated = 0
         self.kept = 0
         self.reaped = 0
-        self.interrupted = False
 
     # ------------------------------------------------------------------------ start
 
@@ -136,7 +135,7 @@ class HarborReporter:
                 settings=self.run.settings,
                 task_digests=digests,
             )
-            self.ledger.plan(plan.taskset, plan.repeats, digests)
+            self.run.trial_ids.update(self.ledger.plan(plan.taskset, plan.repeats, digests))
             if self.run.options.resume:
                 self._resume(manifest)
             else:
@@ -150,9 +149,6 @@ class HarborReporter:
             self.skipped.start(plan.taskset, skipped)
             for task in plan.tasks:
                 self.run.row_digests[f"{plan.taskset}/{task.id}"] = task.digest
-                self.run.trial_ids.update(
-                    f"{plan.taskset}/{task.id}::r{repeat}" for repeat in range(plan.repeats)
-                )
 
     def _resume(self, manifest: RunManifest) -> None:
         layout, taskset = self.run.layout, manifest.taskset
@@ -269,8 +265,8 @@ class HarborReporter:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if session.config.option.collectonly or not self.manifests:
             return
-        self.interrupted = session.exitstatus == pytest.ExitCode.INTERRUPTED
-        if self.interrupted:
+        interrupted = session.exitstatus == pytest.ExitCode.INTERRUPTED
+        if interrupted:
             for failure in self.ledger.interrupted():
                 self.writer.append_failure(failure)
         finished_at = datetime.now(UTC).isoformat(timespec="milliseconds")
@@ -279,7 +275,7 @@ class HarborReporter:
                 self.run.layout,
                 manifest,
                 finished_at=finished_at,
-                interrupted=self.interrupted,
+                interrupted=interrupted,
                 episodes=list(self.ledger.entries(taskset)),
                 score=self.ledger.score(taskset),
             )

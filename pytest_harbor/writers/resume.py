@@ -9,11 +9,12 @@ so is a second row of the same episode: the files hold each episode once.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from pytest_harbor.engine.results import EpisodeResult
 from pytest_harbor.writers.failures import FailureRecord
@@ -23,6 +24,7 @@ __all__ = ["EpisodeKey", "ResumePoint", "read_resume_point"]
 
 #: (task id, repeat)
 EpisodeKey = tuple[str, int]
+Record = TypeVar("Record", bound=BaseModel)
 
 
 @dataclass
@@ -52,12 +54,7 @@ def read_resume_point(
     """Read the files of the run to resume (raises ManifestError for a manifest that is
     not one)."""
     point = ResumePoint(taskset, read_manifest(manifest))
-    for data in _json_lines(rollouts, point):
-        try:
-            result = EpisodeResult.model_validate(data)
-        except ValidationError:
-            point.dropped_lines += 1
-            continue
+    for data, result in _records(rollouts, EpisodeResult, point):
         key = (result.task_id, result.repeat)
         if key in point.rows:
             point.dropped_lines += 1
@@ -65,12 +62,7 @@ def read_resume_point(
         point.rows[key] = data
         point.results[key] = result
     seen: set[EpisodeKey] = set()
-    for data in _json_lines(failures, point):
-        try:
-            failure = FailureRecord.model_validate(data)
-        except ValidationError:
-            point.dropped_lines += 1
-            continue
+    for _, failure in _records(failures, FailureRecord, point):
         key = (failure.task_id, failure.repeat)
         if key in point.rows or key in seen:
             point.dropped_lines += 1
@@ -78,6 +70,17 @@ def read_resume_point(
         seen.add(key)
         (point.retried if failure.retry else point.kept_failures).append(failure)
     return point
+
+
+def _records(
+    path: Path, model: type[Record], point: ResumePoint
+) -> Iterator[tuple[dict[str, Any], Record]]:
+    """The lines of `path` that are a `model`, with their data; the others are counted."""
+    for data in _json_lines(path, point):
+        try:
+            yield data, model.model_validate(data)
+        except ValidationError:
+            point.dropped_lines += 1
 
 
 def _json_lines(path: Path, point: ResumePoint) -> list[dict[str, Any]]:

@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 
 import docker
+import docker.errors
 import pytest
 
-from tests.fixtures import Dataset, containers_of, finish, start_run, wait_for_sandboxes
+from pytest_harbor.engine.reaper import (
+    OWNER_LABEL,
+    RUN_LABEL,
+    owner_of_this_process,
+    reap_orphans,
+)
+from pytest_harbor.sandboxes import make_provider
+from tests.fixtures import (
+    BASE_IMAGE,
+    Dataset,
+    containers_of,
+    finish,
+    start_run,
+    wait_for_sandboxes,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -79,3 +99,41 @@ def test_results_land_next_to_where_pytest_ran(dataset: Dataset, docker_client: 
     assert (
         Path(dataset.path.parent) / "results/harbor/validation" / dataset.name / "rollouts.jsonl"
     ).is_file()
+
+
+def test_the_reaper_removes_what_a_gone_process_left_on_the_engine(
+    docker_client: docker.DockerClient,
+) -> None:
+    """The docker provider's side of the reaper: a container whose owner ended goes, one
+    whose owner lives stays."""
+    ended = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=-1)
+    stat = Path(f"/proc/{ended.pid}/stat").read_text()
+    start = stat[stat.rindex(")") + 2 :].split()[19]
+    ended.communicate(b"")
+    run_id = f"reaper-test-{uuid.uuid4().hex[:8]}"
+    owners = {
+        "gone": f"{socket.gethostname()}:{ended.pid}:{start}",
+        "live": owner_of_this_process(),
+    }
+    containers = {
+        name: docker_client.containers.run(
+            BASE_IMAGE,
+            ["sleep", "300"],
+            detach=True,
+            labels={RUN_LABEL: run_id, OWNER_LABEL: owner},
+        )
+        for name, owner in owners.items()
+    }
+    try:
+        reap_orphans(make_provider("docker"))
+        left = {
+            container.labels[OWNER_LABEL]
+            for container in docker_client.containers.list(
+                all=True, filters={"label": f"{RUN_LABEL}={run_id}"}, ignore_removed=True
+            )
+        }
+        assert left == {owners["live"]}
+    finally:
+        for container in containers.values():
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
