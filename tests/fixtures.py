@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -223,7 +224,12 @@ def finish(run: subprocess.Popen[str]) -> str:
     try:
         output, _ = run.communicate(timeout=120)
     except subprocess.TimeoutExpired:
-        run.kill()
-        output, _ = run.communicate()
+        # pytest enables faulthandler: SIGABRT prints where every thread was stuck.
+        run.send_signal(signal.SIGABRT)
+        try:
+            output, _ = run.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            output, _ = run.communicate()
         pytest.fail(f"the run did not end within 120 s of the signal:\n{output}")
     return output

@@ -6,16 +6,19 @@ the process began (so a recycled pid does not pass for the dead process).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from pathlib import Path
 
-from pytest_harbor.sandboxes.base import SandboxProvider
+from pytest_harbor.sandboxes.base import SandboxError, SandboxProvider
 
 __all__ = ["OWNER_LABEL", "RUN_LABEL", "owner_is_alive", "owner_of_this_process", "reap_orphans"]
 
 RUN_LABEL = "pytest-harbor.run"
 OWNER_LABEL = "pytest-harbor.owner"
+
+log = logging.getLogger(__name__)
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -66,11 +69,19 @@ def owner_is_alive(owner: str) -> bool:
 
 
 def reap_orphans(provider: SandboxProvider) -> int:
-    """Remove every sandbox of a run whose owner is gone; return how many."""
+    """Remove every sandbox of a run whose owner is gone; return how many. A sandbox that
+    will not go is left for the next reaper, not a reason to stop."""
     removed = 0
     for sandbox_id, labels in provider.labelled(RUN_LABEL):
         owner = labels.get(OWNER_LABEL)
-        if owner is not None and not owner_is_alive(owner):
+        if owner is None or owner_is_alive(owner):
+            continue
+        try:
             provider.remove(sandbox_id)
-            removed += 1
+        except SandboxError as error:
+            log.warning(
+                "could not remove sandbox %s of a run that is gone: %s", sandbox_id[:12], error
+            )
+            continue
+        removed += 1
     return removed

@@ -107,6 +107,7 @@ class HarborReporter:
         self.unvalidated = 0
         self.kept = 0
         self.reaped = 0
+        self.interrupted = False
 
     # ------------------------------------------------------------------------ start
 
@@ -218,8 +219,8 @@ class HarborReporter:
         if "unloadable" in data:
             self.skipped.add(data["taskset"], data["task_id"], data["unloadable"])
             record.skip_reason = f"unloadable: {data['unloadable']}"
-        elif "skip_reason" in data and report.skipped:
-            record.skip_reason = str(data["skip_reason"])
+        elif report.skipped:
+            record.skip_reason = str(data.get("skip_reason") or _skip_text(report))
         if report.passed:
             record.seeded = True
         elif report.failed:
@@ -262,10 +263,16 @@ class HarborReporter:
 
     # ------------------------------------------------------------------------ finish
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_keyboard_interrupt(self) -> None:
+        """Noted here, not read from the exit status: pytest reports an internal error
+        instead when printing the interrupt's traceback fails."""
+        self.interrupted = True
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if session.config.option.collectonly or not self.manifests:
             return
-        interrupted = session.exitstatus == pytest.ExitCode.INTERRUPTED
+        interrupted = self.interrupted or session.exitstatus == pytest.ExitCode.INTERRUPTED
         if interrupted:
             for failure in self.ledger.interrupted():
                 self.writer.append_failure(failure)
@@ -305,6 +312,12 @@ class HarborReporter:
             write(f"removed {self.reaped} sandbox(es) left by runs whose process is gone")
         if self.run.harness.validates and self._nothing_validatable:
             write("no selected task has a solution/solve.sh: nothing was validated", red=True)
+
+
+def _skip_text(report: pytest.TestReport) -> str:
+    if isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    return str(report.longrepr or "skipped")
 
 
 def _write_score(write: Any, taskset: str, score: TasksetScore) -> None:

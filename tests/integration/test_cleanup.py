@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -115,25 +116,52 @@ def test_the_reaper_removes_what_a_gone_process_left_on_the_engine(
         "gone": f"{socket.gethostname()}:{ended.pid}:{start}",
         "live": owner_of_this_process(),
     }
+    # Created, not started: a reaper lists stopped containers too, and another run's
+    # reaper may take the dead owner's container at any moment.
     containers = {
-        name: docker_client.containers.run(
-            BASE_IMAGE,
-            ["sleep", "300"],
-            detach=True,
-            labels={RUN_LABEL: run_id, OWNER_LABEL: owner},
+        name: docker_client.containers.create(
+            BASE_IMAGE, ["sleep", "300"], labels={RUN_LABEL: run_id, OWNER_LABEL: owner}
         )
         for name, owner in owners.items()
     }
     try:
         reap_orphans(make_provider("docker"))
-        left = {
-            container.labels[OWNER_LABEL]
-            for container in docker_client.containers.list(
-                all=True, filters={"label": f"{RUN_LABEL}={run_id}"}, ignore_removed=True
-            )
-        }
+        # Another run's reaper may be removing it at the same time: the engine then
+        # reports the removal as in progress, and it ends a moment later.
+        deadline = time.monotonic() + 30
+        while True:
+            left = {
+                container.labels[OWNER_LABEL]
+                for container in docker_client.containers.list(
+                    all=True, filters={"label": f"{RUN_LABEL}={run_id}"}, ignore_removed=True
+                )
+            }
+            if left == {owners["live"]} or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert left == {owners["live"]}
     finally:
         for container in containers.values():
-            with contextlib.suppress(docker.errors.NotFound):
+            with contextlib.suppress(docker.errors.APIError):  # gone, or going
                 container.remove(force=True)
+
+
+def test_an_interrupt_is_recorded_even_when_pytest_fails_to_report_it(
+    dataset: Dataset, docker_client: docker.DockerClient
+) -> None:
+    """pytest turns an interrupt into an internal error when printing its traceback fails
+    (as it does for a frame without a line number); the episode still gets its row."""
+    dataset.task("hang-a", solve_sh=HANGING_SOLUTION)
+    (dataset.path.parent / "conftest.py").write_text(
+        "def pytest_keyboard_interrupt(excinfo):\n"
+        "    raise TypeError('the traceback could not be printed')\n"
+    )
+    run = start_run(dataset)
+    wait_for_sandboxes(docker_client, dataset, ["hang-a"], run)
+    run.send_signal(signal.SIGINT)
+    output = finish(run)
+    assert run.returncode != 0, output
+    (failure,) = dataset.failures(dataset.path.parent / "results")
+    assert failure["failure_kind"] == "harbor:interrupted", output
+    assert dataset.summary(dataset.path.parent / "results")["interrupted"] is True
+    assert containers_of(docker_client, dataset.name, "hang-a") == []

@@ -231,3 +231,44 @@ def test_every_item_carries_a_backstop_from_its_budget(
     assert marker is not None
     # build 200 + worst case (300 + 100 + 50 + 30 + (900 + 180) x 3) + cleanup 180 + 60
     assert marker.args == (200 + 480 + 3240 + 180 + 60,)
+
+
+def test_the_summary_gives_each_episode_a_status(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task("good")
+    dataset.task("bad", test_sh="echo 0 > /logs/verifier/reward.txt\n")
+    dataset.task("unvalidated", solve_sh=None)
+    dataset.task("skipped-by-user")
+    pytester.makeconftest(
+        textwrap.dedent(
+            """
+            import pytest
+
+            def pytest_collection_modifyitems(items):
+                for item in items:
+                    if "skipped-by-user" in item.nodeid:
+                        item.add_marker(pytest.mark.skip(reason="not today"))
+            """
+        )
+    )
+    result = run_harbor(pytester, dataset, "-k", "not never-selected")
+    result.assert_outcomes(passed=1, failed=1, skipped=2)
+    result.stdout.fnmatch_lines(
+        [
+            f"{dataset.name}: 4 episodes, mean reward 0.500 (1 passed, 1 failed, 0 masked, "
+            "0 no result); 2 skipped"
+        ]
+    )
+    episodes = {
+        episode["task_id"]: episode
+        for episode in dataset.summary(pytester.path / RESULTS_DIR)["episodes"]
+    }
+    assert {task: episode["status"] for task, episode in episodes.items()} == {
+        "good": "passed",
+        "bad": "failed",
+        "unvalidated": "skipped",
+        "skipped-by-user": "skipped",
+    }
+    assert episodes["skipped-by-user"]["skip_reason"] == "not today"
+    assert episodes["bad"]["reward"] == 0.0

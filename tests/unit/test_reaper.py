@@ -15,6 +15,7 @@ from pytest_harbor.engine.reaper import (
     owner_of_this_process,
     reap_orphans,
 )
+from pytest_harbor.sandboxes import SandboxError
 
 
 def _ended_process() -> tuple[int, str]:
@@ -65,6 +66,8 @@ class _Provider:
         return [(id_, labels) for id_, labels in self.sandboxes.items() if key in labels]
 
     def remove(self, sandbox_id: str) -> None:
+        if sandbox_id.startswith("stuck"):
+            raise SandboxError(f"sandbox {sandbox_id}: removal failed")
         self.removed.append(sandbox_id)
 
 
@@ -81,3 +84,16 @@ def test_reap_removes_only_what_a_gone_owner_left() -> None:
     )
     assert reap_orphans(provider) == 1  # type: ignore[arg-type]
     assert provider.removed == ["dead"]
+
+
+def test_a_sandbox_that_will_not_go_does_not_stop_the_reaper() -> None:
+    pid, start = _ended_process()
+    dead = f"{socket.gethostname()}:{pid}:{start}"
+    provider = _Provider(
+        {
+            "stuck": {RUN_LABEL: "r1", OWNER_LABEL: dead},
+            "next": {RUN_LABEL: "r1", OWNER_LABEL: dead},
+        }
+    )
+    assert reap_orphans(provider) == 1  # type: ignore[arg-type]
+    assert provider.removed == ["next"]
