@@ -9,6 +9,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pytest_harbor.agent_outcomes import AgentOutcomePolicy
+
 __all__ = [
     "CONFIG_BLOCK",
     "NOT_IMPLEMENTED",
@@ -33,7 +35,6 @@ NOT_IMPLEMENTED = frozenset(
         "task_mcp_grants",
         "compose_variables",
         "compose_overlay",
-        "agent_outcome_policy",
     }
 )
 #: Keys Gym's `eval run` sets itself; here the command line does their job.
@@ -81,7 +82,7 @@ class HarborSettings(BaseModel):
     turn_sessions: Literal["fresh", "continue"] = "fresh"
     compose_variables: dict[str, str] = {}
     compose_overlay: Any = None
-    agent_outcome_policy: Any = None
+    agent_outcome_policy: AgentOutcomePolicy = AgentOutcomePolicy()
     artifacts_dir: str | None = None
     agent_server: Any = None
     tasksets: Any = None

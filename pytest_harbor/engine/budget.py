@@ -100,17 +100,20 @@ def _turns_seconds(task: Task, settings: HarborSettings, separate_verifier: bool
 
 def backstop_seconds(task: Task, settings: HarborSettings, *, separate_verifier: bool) -> float:
     """The longest a pytest item of the task may run before the backstop stops it: the
-    image builds, the wait for a place under the cap, the episode deadline, the cleanup
+    image builds, the wait for a place under the cap, the episode deadline and its cleanup
+    (once more, with the pause before it, for each retry `agent_outcome_policy` may make)
     and a margin. The engine's own deadlines end an episode well before."""
     try:
         deadline = episode_budget(task, settings, separate_verifier=separate_verifier).deadline_s
     except EpisodeError:
         deadline = settings.default_episode_timeout_seconds  # refused at seed, at once
     builds = task.config.environment.build_timeout_sec * (2 if separate_verifier else 1)
+    retrying = settings.agent_outcome_policy.most_retries
+    attempts = 1 + (retrying.retries if retrying else 0)
     return (
         builds
         + (settings.queue_timeout_seconds or 0.0)
-        + deadline
-        + settings.cleanup_timeout_seconds
+        + (deadline + settings.cleanup_timeout_seconds) * attempts
+        + (retrying.total_backoff_s if retrying else 0.0)
         + BACKSTOP_MARGIN_S
     )

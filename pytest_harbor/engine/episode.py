@@ -13,9 +13,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
+from pytest_harbor.engine.agent_phase import AgentPhase
 from pytest_harbor.engine.budget import EpisodeBudget, episode_budget
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
+from pytest_harbor.engine.harness_calls import HARNESS_GRACE_S, InProcessGate
 from pytest_harbor.engine.readiness import entrypoint_failure, start_entrypoint, wait_healthy
 from pytest_harbor.engine.results import (
     EpisodeResult,
@@ -26,14 +29,16 @@ from pytest_harbor.engine.results import (
 )
 from pytest_harbor.engine.rewards import RewardReading
 from pytest_harbor.engine.rollup import roll_up, stop_reason
-from pytest_harbor.engine.trajectory import trajectory
+from pytest_harbor.engine.trajectory import transcript
 from pytest_harbor.engine.verification import (
     CLEAR_FOR_NEXT_TURN,
     SANDBOX_DIRECTORIES,
     VerifierRun,
     run_verifier,
 )
-from pytest_harbor.harnesses.base import AgentRun, Harness
+from pytest_harbor.harnesses.base import AgentFailure, AgentRun, Harness, ModelGate
+from pytest_harbor.harnesses.model import ModelConfig
+from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.archives import filter_archive
 from pytest_harbor.sandboxes.base import (
     ImageSource,
@@ -69,6 +74,12 @@ class Episode:
     Call `prepare()` (images; not on the episode clock), `seed()`, `run_turn()` for each
     turn, then `result()`; `cleanup()` is idempotent and safe from any state. Failures
     that leave the episode without a result raise EpisodeError.
+
+    `model` is what a model-driven harness talks to; `model_gate` caps its requests in
+    flight (one process's own cap when not given); the harness keeps its files in
+    `agent_logs_dir` (a temporary folder, removed at cleanup, when not given); values of
+    `redactor` (by default the settings' secrets and the model's key) never reach a file
+    the harness leaves there or a failure message.
     """
 
     def __init__(
@@ -83,6 +94,10 @@ class Episode:
         image_labels: Mapping[str, str] | None = None,
         settings: HarborSettings | None = None,
         expected_digest: str | None = None,
+        model: ModelConfig | None = None,
+        model_gate: ModelGate | None = None,
+        agent_logs_dir: Path | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self.task = task
         self.taskset = taskset
@@ -113,6 +128,22 @@ class Episode:
         self._workdir_owner: str | None = None
         self._budget: EpisodeBudget | None = None
         self._early: _EarlyStart | None = None
+        self.model = model
+        self.redactor = redactor or Redactor(
+            [*self.settings.secrets.values(), *(model.secret_values() if model else [])]
+        )
+        self._agent = AgentPhase(
+            harness,
+            episode_id=self.id,
+            task=task,
+            model=model,
+            model_gate=model_gate or InProcessGate(model.max_concurrent_requests if model else 1),
+            logs_dir=agent_logs_dir,
+            redactor=self.redactor,
+        )
+        #: Each run of the episode (a retry after an agent failure starts a fresh one).
+        self._attempt = 1
+        self._retries: dict[str, int] = {}
 
     @property
     def id(self) -> str:
@@ -344,12 +375,17 @@ class Episode:
 
     def run_turn(self, turn: Turn) -> TurnOutput:
         """Prepare the sandbox for `turn`, let the harness work on it, run the collect
-        hooks, then verify. After a turn that stops the episode, `stopped_after` is set."""
+        hooks, then verify. After a turn that stops the episode, `stopped_after` is set.
+
+        An agent that failed for a classified cause is handled by `agent_outcome_policy`:
+        verified, run again from a fresh sandbox (retry, first turn only), or failed with
+        no result (EpisodeError)."""
         sandbox = self._require_sandbox()
         if self.stopped_after is not None:
             raise RuntimeError(f"episode {self.id} stopped after turn {self.stopped_after}")
         if self._masked is not None:
             return self._record(turn, AgentRun(), VerifierRun(self._masked), 0.0, 0.0)
+        original = turn
         try:
             if self._turns:
                 self._clear_grading_files(sandbox)
@@ -357,24 +393,117 @@ class Episode:
         except SandboxError as error:
             raise EpisodeError(FailureKind.SANDBOX_LOST, str(error)) from None
         started = time.monotonic()
-        agent = self.harness.run_turn(sandbox, self._bounded(turn), workdir=self.workdir)
-        self._require_time("the agent")
+        agent = self._agent.open_session(
+            sandbox, turn, workdir=self.workdir, seconds=self._setup_room(turn)
+        )
+        setup_s = time.monotonic() - started
+        started = time.monotonic()
+        if agent is None:
+            bounded = self._bounded(turn)
+            seconds = bounded.agent_timeout_sec or self._remaining()
+            # A harness that overruns gets a little time to wind down, from what the
+            # verifier's share leaves (at least a second).
+            spare = self._remaining() - seconds - turn.verifier_timeout_sec
+            agent = self._agent.run_turn(
+                sandbox,
+                bounded,
+                index=self._index(turn),
+                workdir=self.workdir,
+                seconds=seconds,
+                grace_s=min(HARNESS_GRACE_S, max(1.0, spare - self.settings.verifier_grace_s)),
+            )
         agent_s = time.monotonic() - started
+        self._require_time("the agent")
+        if agent.failure is not None and self._handle_agent_failure(agent.failure):
+            return self.run_turn(original)
+        last = turn.name == self.task.turns[-1].name
+        if not self._continuing or last:
+            self._close_session(sandbox)
         started = time.monotonic()
         notes = self._run_collect_hooks(sandbox)
         masked = self._note_entrypoint(sandbox)
         if masked is not None:
             verification = VerifierRun(masked)
         else:
-            transcript = trajectory(f"{self.id}/{turn.name}", self.harness.name, turn, agent)
+            written = transcript(f"{self.id}/{turn.name}", self.harness.name, turn, agent)
             try:
-                verification = self._verify(sandbox, turn, transcript)
+                verification = self._verify(sandbox, turn, written)
             except SandboxError as error:
                 lost = RewardReading.failed(FailureKind.SANDBOX_LOST, str(error), masked=True)
                 verification = VerifierRun(lost)
         self._require_time("the verifier")
         verify_s = time.monotonic() - started
-        return self._record(turn, agent, verification, agent_s, verify_s, notes)
+        output = self._record(turn, agent, verification, agent_s, verify_s, notes, setup_s)
+        if self._stopped_after is not None:
+            self._close_session(sandbox)
+        return output
+
+    @property
+    def _continuing(self) -> bool:
+        """One harness session for every turn (`turn_sessions = continue`)."""
+        return self.task.config.is_multi_step and self.settings.turn_sessions == "continue"
+
+    def _index(self, turn: Turn) -> int:
+        return next(i for i, each in enumerate(self.task.turns) if each.name == turn.name)
+
+    def _setup_room(self, turn: Turn) -> float:
+        """What a session may take to open: the allowance, within what the episode leaves
+        once the verifier has its share."""
+        room = self._remaining() - turn.verifier_timeout_sec - self.settings.verifier_grace_s
+        return min(self.settings.harness_setup_allowance_s, room)
+
+    def _close_session(self, sandbox: Sandbox | None) -> None:
+        self._agent.close(
+            sandbox, workdir=self.workdir, seconds=self.settings.cleanup_timeout_seconds
+        )
+
+    def _handle_agent_failure(self, failure: AgentFailure) -> bool:
+        """Apply `agent_outcome_policy`: False to verify, True when a fresh attempt has
+        been seeded; raises EpisodeError when the episode ends with no result."""
+        rule = self.settings.agent_outcome_policy.rule(failure.cause)
+        if rule.action == "verify":
+            return False
+        kind = FailureKind.for_agent_cause(failure.cause)
+        done = self._retries.get(failure.cause, 0)
+        if rule.action == "retry":
+            if self._turns:
+                raise EpisodeError(
+                    kind,
+                    f"{failure.message} (in turn {len(self._turns) + 1}: a retry would run the "
+                    "earlier turns again, so the episode has no result; --harbor-resume runs "
+                    "it afresh)",
+                )
+            if done < rule.retries:
+                self._start_over(failure, rule.backoff_before(done))
+                self._retries[failure.cause] = done + 1
+                return True
+            raise EpisodeError(
+                kind,
+                f"{failure.message} (still after {done} retr{'y' if done == 1 else 'ies'} in "
+                "a fresh sandbox)",
+            )
+        raise EpisodeError(kind, failure.message)
+
+    def _start_over(self, failure: AgentFailure, pause_s: float) -> None:
+        """Remove the sandbox, wait `pause_s`, and seed a fresh one (a new deadline)."""
+        log.warning(
+            "%s: the agent failed (%s: %s); running the episode again in a fresh sandbox in %g s",
+            self.id,
+            failure.cause,
+            failure.message,
+            pause_s,
+        )
+        sandbox, self._sandbox = self._sandbox, None
+        self._close_session(sandbox)
+        if sandbox is not None:
+            _stop_within(sandbox, self.settings.cleanup_timeout_seconds)
+        time.sleep(pause_s)
+        self._attempt += 1
+        self._masked = None
+        self._has_entrypoint = False
+        self._users = {}
+        self._workdir_owner = None
+        self.seed()
 
     @property
     def stopped_after(self) -> str | None:
@@ -411,13 +540,19 @@ class Episode:
         agent_s: float,
         verify_s: float,
         notes: list[str] | None = None,
+        setup_s: float | None = None,
     ) -> TurnOutput:
         result = _turn_result(
-            turn, agent, verification, agent_s, verify_s, oracle=self.harness.validates
+            turn,
+            agent,
+            verification,
+            agent_s,
+            verify_s,
+            setup_s,
+            notes or [],
+            oracle=self.harness.validates,
         )
-        result = result.model_copy(
-            update={"verifier_mode": self.verifier_mode, "notes": notes or []}
-        )
+        result = result.model_copy(update={"verifier_mode": self.verifier_mode})
         self._turns.append(result)
         if self.task.config.is_multi_step:
             reason = stop_reason(result, turn.min_reward)
@@ -544,17 +679,21 @@ class Episode:
         strategy = self.task.config.multi_step_reward_strategy or "mean"
         rolled = roll_up(self._turns, strategy, self._stopped_after, self._stop_reason)
         exit_codes = [turn.agent_exit_code for turn in self._turns]
+        usages = [turn.usage for turn in self._turns if turn.usage is not None]
+        causes = [turn.failure_cause for turn in self._turns if turn.failure_cause]
         return EpisodeResult(
             task_id=self.task.id,
             taskset=self.taskset,
             repeat=self.repeat,
             agent=self.harness.name,
+            model=self.model.name if self.model else None,
             digest=self.task.digest,
             reward=rolled.reward,
             verifier_rewards=rolled.verifier_rewards,
             mask_sample=rolled.mask_sample,
             failure_kind=rolled.failure_kind,
             failure_reason=rolled.failure_reason,
+            failure_cause=causes[-1] if causes else None,
             verifier_mode=rolled.verifier_mode,
             solution_exit_code=(
                 next((code for code in exit_codes if code != 0), 0)
@@ -562,6 +701,8 @@ class Episode:
                 else None
             ),
             response=last.response,
+            usage=sum(usages[1:], usages[0]) if usages else None,
+            attempts=self._attempt,
             stopped_after_turn=self._stopped_after,
             started_at=self._wall[0],
             finished_at=self._wall[1],
@@ -578,13 +719,17 @@ class Episode:
         )
 
     def cleanup(self) -> None:
-        """Remove the sandbox at once, whatever happened before; idempotent. A removal that
-        takes longer than `cleanup_timeout_seconds` is left to the end-of-run sweep."""
+        """Close the harness session and remove the sandbox at once, whatever happened
+        before; idempotent. A removal that takes longer than `cleanup_timeout_seconds` is
+        left to the end-of-run sweep."""
         early, self._early = self._early, None
         if early is not None:
             early.join()
             if self._sandbox is None:
                 self._sandbox = early.sandbox
+        if self._agent.has_session:
+            self._close_session(self._sandbox)
+        self._agent.discard_logs()
         if self._sandbox is None:
             return
         started = time.monotonic()
@@ -683,18 +828,20 @@ def _turn_result(
     verification: VerifierRun,
     agent_s: float,
     verify_s: float,
+    setup_s: float | None,
+    notes: list[str],
     *,
     oracle: bool,
 ) -> TurnResult:
     reading = verification.reading
     kind, reason = reading.failure_kind, reading.failure_reason
-    who = "solve.sh" if oracle else "the agent"
-    if kind is None and agent.timed_out:
-        kind = FailureKind.AGENT_TIMEOUT
-        reason = (
-            f"{who} did not finish within its budget of {turn.agent_timeout_sec or 0:g} s "
-            "and was killed"
-        )
+    failure = agent.failure
+    notes = list(notes)
+    if kind is None and failure is not None:
+        kind, reason = FailureKind.for_agent_cause(failure.cause), failure.message
+    elif failure is not None:
+        # The verifier's finding is the turn's kind; the agent's failure stays on record.
+        notes.append(f"the agent failed ({failure.cause}): {failure.message}")
     elif kind is None and oracle and agent.exit_code != 0:
         kind = FailureKind.SOLUTION_FAILED
         reason = f"solve.sh exited with code {agent.exit_code}"
@@ -705,6 +852,7 @@ def _turn_result(
         mask_sample=reading.masked,
         failure_kind=kind,
         failure_reason=reason,
+        failure_cause=failure.cause if failure is not None else None,
         reward_file=reading.source,
         agent_exit_code=agent.exit_code,
         agent_timed_out=agent.timed_out,
@@ -712,5 +860,7 @@ def _turn_result(
         verifier_timed_out=verification.timed_out,
         agent_log_tail=agent.log_tail,
         response=agent.response,
-        timings=TurnTimings(agent_s=agent_s, verify_s=verify_s),
+        usage=agent.usage,
+        notes=notes,
+        timings=TurnTimings(setup_s=setup_s, agent_s=agent_s, verify_s=verify_s),
     )

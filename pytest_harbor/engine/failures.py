@@ -16,6 +16,11 @@ class FailureKind:
     SANDBOX_LOST = "harbor:sandbox_lost"
     SOLUTION_FAILED = "harbor:solution_failed"
     AGENT_TIMEOUT = "agent_timeout"
+    #: An agent turn that failed for a classified cause (see `agent_outcome_policy`).
+    AGENT_RATE_LIMITED = "agent_rate_limited"
+    AGENT_API_ERROR = "agent_api_error"
+    AGENT_CONTEXT_LENGTH_EXCEEDED = "agent_context_length_exceeded"
+    AGENT_CRASHED = "agent_crashed"
     SANDBOX_START_FAILED = "harbor:sandbox_start_failed"
     EPISODE_TIMEOUT = "harbor:episode_timeout"
     DIGEST_MISMATCH = "harbor:digest_mismatch"
@@ -32,6 +37,17 @@ class FailureKind:
 
     #: Failures a resumed run does not retry: the same task and settings fail the same way.
     TERMINAL = frozenset({DIGEST_MISMATCH, BUDGET_REFUSED, TASK_REFUSED})
+
+    @staticmethod
+    def for_agent_cause(cause: str) -> str:
+        """The failure kind of an agent turn that failed for `cause`."""
+        return {
+            "timeout": FailureKind.AGENT_TIMEOUT,
+            "rate_limited": FailureKind.AGENT_RATE_LIMITED,
+            "api_error": FailureKind.AGENT_API_ERROR,
+            "context_length_exceeded": FailureKind.AGENT_CONTEXT_LENGTH_EXCEEDED,
+            "agent_crashed": FailureKind.AGENT_CRASHED,
+        }[cause]
 
 
 class EpisodeError(Exception):

@@ -8,6 +8,7 @@ from math import comb
 from typing import Literal
 
 from pytest_harbor.engine.results import EpisodeResult
+from pytest_harbor.harnesses.base import Usage
 
 __all__ = [
     "EpisodeStatus",
@@ -78,6 +79,8 @@ class TasksetScore:
     pass_at_k_per_task: dict[int, dict[str, float]] = field(default_factory=dict)
     #: ... and its mean over those tasks.
     pass_at_k: dict[int, float] = field(default_factory=dict)
+    #: Model tokens and requests over every episode with a row (None: no model was used).
+    usage: Usage | None = None
 
     def count(self, status: str) -> int:
         return self.statuses.get(status, 0)
@@ -100,6 +103,8 @@ def score_taskset(
         score.statuses[status] = score.statuses.get(status, 0) + 1
         if failure_kind:
             score.failure_kinds[failure_kind] = score.failure_kinds.get(failure_kind, 0) + 1
+        if result is not None and result.usage is not None:
+            score.usage = result.usage if score.usage is None else score.usage + result.usage
         if result is not None and status in ("passed", "failed"):
             rewards.append(result.reward)
             samples.setdefault(task_id, []).append(status == "passed")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from pytest_harbor.harnesses.base import Usage
+
 __all__ = ["EpisodeResult", "PhaseTimings", "TurnResult", "TurnTimings"]
 
 
@@ -34,6 +36,8 @@ class PhaseTimings(_Record):
 class TurnTimings(_Record):
     """Seconds spent in the phases of one turn."""
 
+    #: Opening the harness session (charged to harness_setup_allowance_s).
+    setup_s: float | None = None
     agent_s: float | None = None
     verify_s: float | None = None
 
@@ -47,6 +51,9 @@ class TurnResult(_Record):
     mask_sample: bool = False
     failure_kind: str | None = None
     failure_reason: str | None = None
+    #: The classified cause when the agent's turn failed (`timeout`, `rate_limited`,
+    #: `api_error`, `context_length_exceeded`, `agent_crashed`), whatever the reward.
+    failure_cause: str | None = None
     reward_file: str | None = None
     agent_exit_code: int | None = None
     agent_timed_out: bool = False
@@ -57,6 +64,7 @@ class TurnResult(_Record):
     #: The folder this turn's /logs/verifier was written to (set by whoever writes it).
     verifier_logs_dir: str | None = None
     response: str | None = None
+    usage: Usage | None = None
     timings: TurnTimings = TurnTimings()
     #: What went wrong without deciding the reward (a failing collect hook, say).
     notes: list[str] = []
@@ -69,6 +77,8 @@ class EpisodeResult(_Record):
     taskset: str
     repeat: int
     agent: str
+    #: The model the agent talked to, when it talked to one.
+    model: str | None = None
     #: The task folder's digest (see the README); rows of an edited folder are refused.
     digest: str | None = None
     reward: float
@@ -76,6 +86,8 @@ class EpisodeResult(_Record):
     mask_sample: bool = False
     failure_kind: str | None = None
     failure_reason: str | None = None
+    #: The agent's classified failure cause (the last turn's that had one).
+    failure_cause: str | None = None
     verifier_mode: str = "shared"
     #: The episode's verifier folder; None for a multi-step episode (each turn has one).
     verifier_logs_dir: str | None = None
@@ -83,6 +95,10 @@ class EpisodeResult(_Record):
     #: The step after which the episode stopped early, if it did.
     stopped_after_turn: str | None = None
     response: str | None = None
+    #: Model tokens and requests over every turn (None when the agent used no model).
+    usage: Usage | None = None
+    #: 1, or more when agent_outcome_policy ran the episode again in a fresh sandbox.
+    attempts: int = 1
     #: Wall-clock UTC times (ISO 8601) of the seed's start and the last turn's end.
     started_at: str | None = None
     finished_at: str | None = None

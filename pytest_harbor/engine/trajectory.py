@@ -1,20 +1,20 @@
-"""The transcript a verifier may read: ATIF v1.7 in /logs/agent/trajectory.json."""
+"""The transcript a verifier reads in /logs/agent/trajectory.json (ATIF v1.7): the
+harness's own trajectory, or for a harness that gives none, two steps written here."""
 
 from __future__ import annotations
 
-import json
-
+from pytest_harbor.harnesses.atif import AgentInfo, Step, Trajectory
 from pytest_harbor.harnesses.base import AgentRun
 from pytest_harbor.tasks import Turn
 
-__all__ = ["ATIF_VERSION", "trajectory"]
-
-ATIF_VERSION = "ATIF-v1.7"
+__all__ = ["transcript"]
 
 
-def trajectory(session_id: str, agent_name: str, turn: Turn, run: AgentRun) -> bytes:
-    """The turn as a two-step ATIF transcript: the instruction the harness was given, and
-    what it answered (a harness with no answer, such as the oracle, says what it ran)."""
+def transcript(session_id: str, agent_name: str, turn: Turn, run: AgentRun) -> bytes:
+    """The harness's trajectory; else the instruction the harness was given and what it
+    answered (a harness with no answer, such as the oracle, says what it ran)."""
+    if run.trajectory is not None:
+        return run.trajectory.to_bytes()
     if run.response is not None:
         answer = run.response
     elif run.exit_code is None and not run.timed_out:
@@ -22,13 +22,11 @@ def trajectory(session_id: str, agent_name: str, turn: Turn, run: AgentRun) -> b
     else:
         ending = "timed out" if run.timed_out else f"exited {run.exit_code}"
         answer = f"ran the reference solution; it {ending}"
-    document = {
-        "schema_version": ATIF_VERSION,
-        "session_id": session_id,
-        "agent": {"name": agent_name, "version": "1.0.0"},
-        "steps": [
-            {"step_id": 1, "source": "user", "message": turn.instruction},
-            {"step_id": 2, "source": "agent", "message": answer},
+    return Trajectory(
+        session_id=session_id,
+        agent=AgentInfo(name=agent_name, version="1.0.0"),
+        steps=[
+            Step(step_id=1, source="user", message=turn.instruction),
+            Step(step_id=2, source="agent", message=answer),
         ],
-    }
-    return (json.dumps(document, indent=2) + "\n").encode()
+    ).to_bytes()

@@ -1,42 +1,98 @@
-"""Harnesses: built in `oracle` and `nop`, others from the `pytest_harbor.harnesses` group."""
+"""Harnesses: built in `oracle`, `nop` and `shell-agent`; others from the
+`pytest_harbor.harnesses` entry-point group or the `pytest_harbor_harnesses` hook."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from importlib.metadata import entry_points
+from typing import Any
 
-from pytest_harbor.harnesses.base import AgentRun, Harness
+from pytest_harbor.harnesses.atif import ATIF_VERSION, Trajectory
+from pytest_harbor.harnesses.base import (
+    AGENT_LOGS,
+    AgentFailure,
+    AgentLogs,
+    AgentRun,
+    Deadline,
+    Harness,
+    HarnessFactory,
+    HarnessOptionsError,
+    HarnessSession,
+    ModelGate,
+    SessionContext,
+    TurnContext,
+    Usage,
+)
+from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.harnesses.nop import NopHarness
 from pytest_harbor.harnesses.oracle import OracleHarness
 
 __all__ = [
+    "AGENT_LOGS",
+    "ATIF_VERSION",
+    "BUILT_IN_HARNESSES",
     "ENTRY_POINT_GROUP",
+    "AgentFailure",
+    "AgentLogs",
     "AgentRun",
+    "Deadline",
     "Harness",
+    "HarnessFactory",
+    "HarnessOptionsError",
+    "HarnessSession",
+    "ModelConfig",
+    "ModelGate",
+    "SessionContext",
+    "Trajectory",
+    "TurnContext",
     "UnknownHarness",
+    "Usage",
     "harness_names",
     "make_harness",
 ]
 
 ENTRY_POINT_GROUP = "pytest_harbor.harnesses"
 
-_BUILT_IN: dict[str, Callable[[], Harness]] = {"oracle": OracleHarness, "nop": NopHarness}
+
+def _shell_agent(options: Mapping[str, Any] | None = None) -> Harness:
+    # Imported when asked for: it needs the optional `agents` extra (httpx).
+    from pytest_harbor.harnesses.shell_agent import ShellAgentHarness
+
+    return ShellAgentHarness(options)
+
+
+BUILT_IN_HARNESSES: dict[str, HarnessFactory] = {
+    "oracle": OracleHarness,
+    "nop": NopHarness,
+    "shell-agent": _shell_agent,
+}
 
 
 class UnknownHarness(LookupError):
     pass
 
 
-def harness_names() -> list[str]:
-    return sorted(set(_BUILT_IN) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+def harness_names(registered: Mapping[str, HarnessFactory] | None = None) -> list[str]:
+    names = set(BUILT_IN_HARNESSES) | set(registered or {})
+    return sorted(names | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
 
 
-def make_harness(name: str) -> Harness:
-    """A harness by name; an installed entry point may name a class or a factory."""
-    if name in _BUILT_IN:
-        return _BUILT_IN[name]()
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name:
-            factory: Callable[[], Harness] = ep.load()
-            return factory()
-    raise UnknownHarness(f"unknown harness {name!r}; available: {', '.join(harness_names())}")
+def make_harness(
+    name: str,
+    options: Mapping[str, Any] | None = None,
+    *,
+    registered: Mapping[str, HarnessFactory] | None = None,
+) -> Harness:
+    """A harness by name: built in, `registered` (by the pytest hook), or an installed
+    entry point naming a class or a factory. Each is called with `options=`."""
+    factory = BUILT_IN_HARNESSES.get(name) or (registered or {}).get(name)
+    if factory is None:
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name == name:
+                factory = ep.load()
+                break
+    if factory is None:
+        raise UnknownHarness(
+            f"unknown harness {name!r}; available: {', '.join(harness_names(registered))}"
+        )
+    return factory(options=dict(options or {}))

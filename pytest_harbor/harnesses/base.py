@@ -1,40 +1,225 @@
-"""The harness protocol: what drives a turn in the sandbox (the oracle, nothing, an agent)."""
+"""The harness contract: how every agent (the oracle, a host-side agent, a CLI in the
+sandbox) takes part in an episode.
+
+An episode opens a session (`Harness.open_session`), runs one turn per step
+(`HarnessSession.run_turn`) and closes it (`HarnessSession.close`, always called, also after
+a failure or an interrupt). Each call runs in a thread of its own and gets a context: the
+sandbox, the task, the turn, the deadline, a cancel signal, the model and where to put its
+files. The engine enforces the deadline whatever the harness does: at the deadline it sets
+`cancel`, the sandbox handed to the call stops working, and a call still running a few
+seconds later is left behind while the episode goes on to verification.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from pytest_harbor.agent_outcomes import AgentCause
+from pytest_harbor.harnesses.atif import Trajectory
+from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.sandboxes.base import Sandbox
 from pytest_harbor.tasks.task import Task, Turn
 
-__all__ = ["AgentRun", "Harness"]
+__all__ = [
+    "AGENT_LOGS",
+    "AgentFailure",
+    "AgentLogs",
+    "AgentRun",
+    "Deadline",
+    "Harness",
+    "HarnessFactory",
+    "HarnessOptionsError",
+    "HarnessSession",
+    "ModelGate",
+    "ModelGateSlot",
+    "SessionContext",
+    "TurnContext",
+    "Usage",
+    "no_options",
+]
+
+#: The agent's own folder in the sandbox (kept across the turns of a multi-step task).
+AGENT_LOGS = "/logs/agent"
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A moment on the `time.monotonic()` clock by which a call must return."""
+
+    at: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds)
+
+    def remaining(self) -> float:
+        """Seconds left, never below 0."""
+        return max(0.0, self.at - time.monotonic())
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() >= self.at
+
+
+@dataclass(frozen=True)
+class AgentLogs:
+    """Where a harness keeps its own files: `sandbox_dir` inside the sandbox (the verifier
+    can read it), `host_dir` on this machine (kept with the run's results)."""
+
+    sandbox_dir: str
+    host_dir: Path
+
+
+class ModelGateSlot(Protocol):
+    def release(self) -> None: ...
+
+
+class ModelGate(Protocol):
+    """Caps the model requests in flight across every process of the run on this host."""
+
+    def acquire(self, timeout: float) -> ModelGateSlot | None:
+        """A place for one request (release it when the answer is in), or None when none
+        came free within `timeout` seconds."""
+        ...
+
+
+@dataclass(frozen=True)
+class SessionContext:
+    """What every harness call gets. `sandbox` works only while the call lasts: take it
+    from the context of each call, never keep it from an earlier one."""
+
+    episode_id: str
+    sandbox: Sandbox
+    task: Task
+    workdir: str | None
+    agent_user: str | None
+    model: ModelConfig | None
+    logs: AgentLogs
+    #: The call must return by then; `cancel` is set when it is time to stop early.
+    deadline: Deadline
+    cancel: threading.Event
+    model_gate: ModelGate
+
+
+@dataclass(frozen=True)
+class TurnContext(SessionContext):
+    """A turn: the step to work on (its instruction, budgets, users) and its index."""
+
+    turn: Turn
+    index: int
+
+    @property
+    def instruction(self) -> str:
+        return self.turn.instruction
+
+    @property
+    def step(self) -> str:
+        return self.turn.name
+
+
+class Usage(BaseModel):
+    """Model usage: tokens, requests and, when the endpoint tells, cost."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt_tokens: int = Field(default=0, ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+    requests: int = Field(default=0, ge=0)
+    cost_usd: float | None = None
+
+    def __add__(self, other: Usage) -> Usage:
+        costs = [cost for cost in (self.cost_usd, other.cost_usd) if cost is not None]
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            requests=self.requests + other.requests,
+            cost_usd=sum(costs) if costs else None,
+        )
+
+
+@dataclass(frozen=True)
+class AgentFailure:
+    """Why a turn failed, classified; `agent_outcome_policy` decides what follows."""
+
+    cause: AgentCause
+    message: str
+    #: The HTTP status of the model call that failed, when there was one.
+    status_code: int | None = None
 
 
 @dataclass(frozen=True)
 class AgentRun:
     """What a harness reports for one turn."""
 
+    #: The agent's exit status (solve.sh's for the oracle; 0 when a host-side agent ended
+    #: its turn itself).
     exit_code: int | None = None
     timed_out: bool = False
+    #: The last lines of the agent's own log, shown when the turn fails.
     log_tail: str = ""
+    #: The agent's final answer.
     response: str | None = None
+    #: Every step of the turn; without one the engine writes a two-step transcript.
+    trajectory: Trajectory | None = None
+    usage: Usage | None = None
+    failure: AgentFailure | None = None
+
+
+class HarnessOptionsError(ValueError):
+    """`--harbor-agent-option` values a harness does not take; names the key."""
+
+
+class HarnessSession(Protocol):
+    """One agent session: one turn per step (or, with `turn_sessions = continue`, every
+    step of a multi-step task), then close."""
+
+    def run_turn(self, context: TurnContext) -> AgentRun:
+        """Work on `context.turn` in `context.sandbox` until done, `context.deadline` or
+        `context.cancel`. Report failures as `AgentRun.failure`; an exception counts as
+        `agent_crashed`."""
+        ...
+
+    def close(self, context: SessionContext) -> None:
+        """Let go of the sandbox and anything the session holds; always called once."""
+        ...
 
 
 class Harness(Protocol):
-    """Accepts the sandbox for one turn and leaves it to the episode when it returns."""
+    """A kind of agent. Subclass it to take the defaults below."""
 
     name: str
     #: True for the oracle: outcomes follow the validation contract (reward 1, exit 0).
-    validates: bool
-    #: Whether one session can carry on across the turns of a multi-step task
-    #: (`turn_sessions = continue`); a fresh session per turn is the default.
-    can_continue: bool
+    validates: ClassVar[bool] = False
+    #: Whether one session can carry on across the turns of a multi-step task.
+    can_continue: ClassVar[bool] = False
+    #: Whether the harness talks to a model (`--harbor-model` and `--harbor-model-url`).
+    needs_model: ClassVar[bool] = False
 
     def unavailable_reason(self, task: Task) -> str | None:
         """Why this harness cannot run `task` (its items are skipped), or None."""
+        return None
+
+    def open_session(self, context: SessionContext) -> HarnessSession:
+        """Set up for an episode (within `harness_setup_allowance_s`, not the agent's
+        budget) and return the session that runs its turns."""
         ...
 
-    def run_turn(self, sandbox: Sandbox, turn: Turn, *, workdir: str | None) -> AgentRun:
-        """Work on `turn` inside `sandbox` within `turn.agent_timeout_sec`."""
-        ...
+
+#: How a harness is made from its name: called with `options`, the `--harbor-agent-option`
+#: values (an empty dict when none were given). A class taking `options` will do.
+HarnessFactory = Callable[..., Harness]
+
+
+def no_options(name: str, options: Mapping[str, Any]) -> None:
+    """For harnesses that take no options: refuse any."""
+    if options:
+        raise HarnessOptionsError(
+            f"the {name} harness takes no options, got: {', '.join(sorted(options))}"
+        )

@@ -2,20 +2,34 @@
 
 from __future__ import annotations
 
-from pytest_harbor.harnesses.base import AgentRun
-from pytest_harbor.sandboxes.base import Sandbox
-from pytest_harbor.tasks.task import Task, Turn
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_harbor.harnesses.base import (
+    AgentRun,
+    Harness,
+    HarnessSession,
+    SessionContext,
+    TurnContext,
+    no_options,
+)
 
 __all__ = ["NopHarness"]
 
 
-class NopHarness:
+class NopHarness(Harness):
     name = "nop"
-    validates = False
-    can_continue = False
 
-    def unavailable_reason(self, task: Task) -> str | None:
-        return None
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        no_options(self.name, options or {})
 
-    def run_turn(self, sandbox: Sandbox, turn: Turn, *, workdir: str | None) -> AgentRun:
+    def open_session(self, context: SessionContext) -> HarnessSession:
+        return _NopSession()
+
+
+class _NopSession:
+    def run_turn(self, context: TurnContext) -> AgentRun:
         return AgentRun()
+
+    def close(self, context: SessionContext) -> None:
+        pass

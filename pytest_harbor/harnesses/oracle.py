@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
-from pytest_harbor.harnesses.base import AgentRun
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from pytest_harbor.harnesses.base import (
+    AgentRun,
+    Harness,
+    HarnessSession,
+    SessionContext,
+    TurnContext,
+    no_options,
+)
 from pytest_harbor.sandboxes.archives import pack_folder
 from pytest_harbor.sandboxes.base import ExecResult, Sandbox
-from pytest_harbor.tasks.task import Task, Turn
+from pytest_harbor.tasks.task import Task
 
 __all__ = ["OracleHarness"]
 
@@ -19,16 +29,14 @@ _UNPACK_FAILED = "pytest-harbor-error: cannot unpack the solution"
 _UNPACK = f'tar -x -f - -C {SOLUTION_DIR} || {{ echo "{_UNPACK_FAILED}" >&2; exit 97; }}; '
 
 
-class OracleHarness:
+class OracleHarness(Harness):
     """Uploads `solution/` to /solution and runs `bash /solution/solve.sh`."""
 
     name = "oracle"
-    validates = True
-    can_continue = False
+    validates: ClassVar[bool] = True
 
-    def __init__(self) -> None:
-        #: Sandboxes whose /solution holds an earlier turn's solution.
-        self._filled: set[str] = set()
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        no_options(self.name, options or {})
 
     def unavailable_reason(self, task: Task) -> str | None:
         missing = [turn.name for turn in task.turns if turn.solve_script is None]
@@ -38,7 +46,13 @@ class OracleHarness:
             return "unvalidated: the task has no solution/solve.sh"
         return f"unvalidated: step {missing[0]!r} has no solve.sh (its own or the task's)"
 
-    def run_turn(self, sandbox: Sandbox, turn: Turn, *, workdir: str | None) -> AgentRun:
+    def open_session(self, context: SessionContext) -> HarnessSession:
+        return _OracleSession()
+
+
+class _OracleSession:
+    def run_turn(self, context: TurnContext) -> AgentRun:
+        turn, sandbox = context.turn, context.sandbox
         if turn.solution_dir is None:
             raise ValueError(f"turn {turn.name} has no solution")
         solution = turn.solution_dir
@@ -46,33 +60,36 @@ class OracleHarness:
         def execute(script: str, stdin: bytes | None = None) -> ExecResult:
             return sandbox.exec(
                 ["bash", "-c", script],
-                user=turn.agent_user,
-                workdir=workdir,
+                user=context.agent_user,
+                workdir=context.workdir,
                 env={"DEBIAN_FRONTEND": "noninteractive", **turn.solution_env},
-                timeout=turn.agent_timeout_sec,
+                timeout=context.deadline.remaining(),
                 stdin=stdin,
             )
 
         # A later turn gets its own solution only, and a log its user can write.
-        later = sandbox.id in self._filled
-        self._filled.add(sandbox.id)
+        later = context.index > 0
         run = f"bash {SOLUTION_DIR}/solve.sh > {ORACLE_LOG} 2>&1"
-        if turn.agent_user in (None, "root", "0"):
+        if context.agent_user in (None, "root", "0"):
             # As root, one exec: clear, unpack the solution from stdin, run it.
             result = execute(
                 (_NEXT_TURN + "; " if later else "") + _UNPACK + run, pack_folder(solution)
             )
             if _UNPACK_FAILED not in result.stderr:
-                return self._ran(sandbox, result)
+                return _ran(sandbox, result)
             # An image without tar: upload the solution through the engine instead.
         elif later:
             sandbox.exec(["/bin/sh", "-c", _NEXT_TURN], user="root")
         sandbox.upload(solution, SOLUTION_DIR)
-        return self._ran(sandbox, execute(run))
+        return _ran(sandbox, execute(run))
 
-    def _ran(self, sandbox: Sandbox, result: ExecResult) -> AgentRun:
-        log_tail = ""
-        if result.exit_code != 0 or result.timed_out:
-            log = sandbox.download(ORACLE_LOG).get("oracle.txt", b"")
-            log_tail = log[-_LOG_TAIL_BYTES:].decode("utf-8", errors="replace")
-        return AgentRun(exit_code=result.exit_code, timed_out=result.timed_out, log_tail=log_tail)
+    def close(self, context: SessionContext) -> None:
+        pass
+
+
+def _ran(sandbox: Sandbox, result: ExecResult) -> AgentRun:
+    log_tail = ""
+    if result.exit_code != 0 or result.timed_out:
+        log = sandbox.download(ORACLE_LOG).get("oracle.txt", b"")
+        log_tail = log[-_LOG_TAIL_BYTES:].decode("utf-8", errors="replace")
+    return AgentRun(exit_code=result.exit_code, timed_out=result.timed_out, log_tail=log_tail)

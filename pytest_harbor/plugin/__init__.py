@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from pytest_harbor.engine.reaper import owner_of_this_process
+from pytest_harbor.harnesses import BUILT_IN_HARNESSES, HarnessFactory
 from pytest_harbor.plugin.deadlines import pytest_timeout_cancel_timer, pytest_timeout_set_timer
 from pytest_harbor.plugin.ledger import trial_of
 from pytest_harbor.plugin.nodes import HarborTaskset, HarborTurnItem, HarborWarning
@@ -40,6 +41,7 @@ from pytest_harbor.sandboxes import SandboxError
 from pytest_harbor.tasks import is_task_dir
 
 __all__ = [
+    "pytest_addhooks",
     "pytest_addoption",
     "pytest_collect_directory",
     "pytest_collection_finish",
@@ -66,6 +68,12 @@ _WORKER_DONE = "harbor_done_trials"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from pytest_harbor.plugin import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -164,7 +172,10 @@ def pytest_configure(config: pytest.Config) -> None:
         owner=owner_of_this_process(),
         targets=targets,
         is_worker=worker_input is not None,
+        registered_harnesses=_registered_harnesses(config),
     )
+    if worker_input is None:
+        _warn_about_model_options(config, run)
     run.row_digests.update((worker_input or {}).get(_WORKER_DIGESTS) or {})
     run.done_trials.update((worker_input or {}).get(_WORKER_DONE) or ())
     config.stash[HARBOR_RUN] = run
@@ -172,6 +183,39 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(HarborReporter(run), "harbor-reporter")
     if targets:
         config.add_cleanup(_interrupt_on_sigterm())
+
+
+def _registered_harnesses(config: pytest.Config) -> dict[str, HarnessFactory]:
+    """Harnesses from the `pytest_harbor_harnesses` hook; a name given twice is refused."""
+    found: dict[str, HarnessFactory] = {}
+    for names in config.hook.pytest_harbor_harnesses():
+        for name, factory in dict(names).items():
+            if name in found or name in BUILT_IN_HARNESSES:
+                raise pytest.UsageError(
+                    f"the harness name {name!r} is registered twice (pytest_harbor_harnesses)"
+                )
+            found[name] = factory
+    return found
+
+
+def _warn_about_model_options(config: pytest.Config, run: HarborRun) -> None:
+    model = run.options.model
+    if model.given and run.model is None:
+        config.issue_config_time_warning(
+            HarborWarning(
+                f"the model options are not used: the {run.harness.name} harness talks to no model"
+            ),
+            stacklevel=2,
+        )
+    if model.api_key is not None and run.model is not None:
+        config.issue_config_time_warning(
+            HarborWarning(
+                "--harbor-model-api-key: other users of this machine can read a command line "
+                "(and anyone an ini file); put the key in the environment variable that "
+                "--harbor-model-api-key-env names instead"
+            ),
+            stacklevel=2,
+        )
 
 
 def _targets(config: pytest.Config, datasets: tuple[Path, ...]) -> list[Target]:

@@ -15,6 +15,7 @@ from pytest_harbor.engine.budget import backstop_seconds
 from pytest_harbor.engine.episode import verifies_separately
 from pytest_harbor.engine.failures import EpisodeError
 from pytest_harbor.engine.planning import TasksetPlan
+from pytest_harbor.engine.results import episode_id
 from pytest_harbor.engine.slots import Slot
 from pytest_harbor.plugin.markers import metadata_markers
 from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun, Target
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 _TAIL_LINES = 30
+_ANSWER_CHARS = 300
 
 
 class HarborWarning(pytest.PytestWarning):
@@ -196,6 +198,12 @@ class HarborTrial(_HarborNode, pytest.Collector):
                 image_labels=run.image_labels(),
                 settings=run.settings,
                 expected_digest=run.row_digests.get(key, self.task.digest),
+                model=run.model,
+                model_gate=run.model_gate,
+                agent_logs_dir=run.layout.agent_dir(
+                    self.taskset, episode_id(self.task.id, self.repeat)
+                ),
+                redactor=run.redactor,
             )
         return self.episode
 
@@ -291,7 +299,8 @@ class HarborTurnItem(_HarborNode, pytest.Item):
         if outcome.status == "skipped":
             pytest.skip(outcome.headline)
         stdout = output.verifier_files.get("test-stdout.txt", b"")
-        pytest.fail(f"{outcome.headline}\n{_details(turn, stdout)}", pytrace=False)
+        details = _details(turn, stdout, validation=run.harness.validates)
+        pytest.fail(f"{outcome.headline}\n{details}", pytrace=False)
 
     def _logs_dir(self, episode_id: str, step: str) -> Path:
         return _run(self).layout.verifier_dir(self.trial.taskset, episode_id, step)
@@ -319,12 +328,18 @@ class HarborTurnItem(_HarborNode, pytest.Item):
         return self.path / "task.toml", 0, self.nodeid
 
 
-def _details(turn: TurnResult, test_stdout: bytes) -> str:
+def _details(turn: TurnResult, test_stdout: bytes, *, validation: bool) -> str:
     lines = []
     if turn.verifier_rewards is not None and list(turn.verifier_rewards) != ["reward"]:
         lines.append(f"verifier rewards: {turn.verifier_rewards}")
-    if turn.agent_exit_code is not None:
+    if validation and turn.agent_exit_code is not None:
         lines.append(f"solve.sh exit code: {turn.agent_exit_code}")
+    if turn.response:
+        answer = turn.response.strip().replace("\n", " ")
+        lines.append(
+            f"agent's answer: {answer[:_ANSWER_CHARS]}"
+            + (" ..." if len(answer) > _ANSWER_CHARS else "")
+        )
     lines.append(f"verifier logs: {turn.verifier_logs_dir}")
     tail = test_stdout.decode("utf-8", errors="replace").splitlines()[-_TAIL_LINES:]
     lines.append("---- last lines of test-stdout.txt ----")

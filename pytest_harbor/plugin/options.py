@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,9 +10,10 @@ from typing import Any, Literal
 
 import pytest
 
+from pytest_harbor.harnesses.model import DEFAULT_API_KEY_ENV
 from pytest_harbor.settings import HarborSettings, SettingsError, load_settings
 
-__all__ = ["HarborOptions", "add_options", "read_options"]
+__all__ = ["HarborOptions", "ModelOptions", "add_options", "parse_key_values", "read_options"]
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,71 @@ _OPTIONS = {
             "FILE",
         ),
         _Option("set", "one setting, KEY=VALUE (repeatable, last wins)", "list", [], "KEY=VALUE"),
+        _Option(
+            "agent-option",
+            "an option of the harness, KEY=VALUE, the value read as JSON where it parses "
+            "(repeatable)",
+            "list",
+            [],
+            "KEY=VALUE",
+        ),
+        _Option("model", "the model a harness talks to", "value", None, "NAME"),
+        _Option(
+            "model-url",
+            "base URL of its OpenAI-compatible endpoint, ending in /v1",
+            "value",
+            None,
+            "URL",
+        ),
+        _Option(
+            "model-param",
+            "a request parameter, KEY=VALUE, the value read as JSON where it parses "
+            "(temperature, max_tokens, seed, top_p, reasoning_effort; repeatable)",
+            "list",
+            [],
+            "KEY=VALUE",
+        ),
+        _Option(
+            "model-api-key-env",
+            f"the environment variable holding the API key (default {DEFAULT_API_KEY_ENV})",
+            "value",
+            DEFAULT_API_KEY_ENV,
+            "VAR",
+        ),
+        _Option(
+            "model-api-key",
+            "the API key itself (other users can read a command line: prefer the variable)",
+            "value",
+            None,
+            "KEY",
+        ),
+        _Option(
+            "model-concurrency",
+            "at most N model requests at once across the run's workers (default 16)",
+            "value",
+            "16",
+            "N",
+        ),
     )
 }
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """The model options as given; the run makes a ModelConfig of them when its harness
+    talks to a model."""
+
+    name: str | None = None
+    url: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    api_key_env: str = DEFAULT_API_KEY_ENV
+    #: Given as `--harbor-model-api-key` (or its ini key): a warning says why not to.
+    api_key: str | None = None
+    concurrency: int = 16
+
+    @property
+    def given(self) -> bool:
+        return bool(self.name or self.url or self.params or self.api_key)
 
 
 @dataclass(frozen=True)
@@ -121,6 +186,8 @@ class HarborOptions:
     resume: bool = False
     allow_unsupported_pairing: bool = False
     settings: HarborSettings = field(default_factory=HarborSettings)
+    agent_options: dict[str, Any] = field(default_factory=dict)
+    model: ModelOptions = field(default_factory=ModelOptions)
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -170,7 +237,39 @@ def read_options(config: pytest.Config) -> HarborOptions:
         resume=_raw(config, "resume"),
         allow_unsupported_pairing=_raw(config, "allow-unsupported-pairing"),
         settings=_settings(config),
+        agent_options=parse_key_values(_raw(config, "agent-option"), "agent-option"),
+        model=ModelOptions(
+            name=_text(config, "model"),
+            url=_text(config, "model-url"),
+            params=parse_key_values(_raw(config, "model-param"), "model-param"),
+            api_key_env=_text(config, "model-api-key-env") or DEFAULT_API_KEY_ENV,
+            api_key=_text(config, "model-api-key"),
+            concurrency=_number(config, "model-concurrency", int, minimum=1),
+        ),
     )
+
+
+def parse_key_values(values: list[str], name: str) -> dict[str, Any]:
+    """`KEY=VALUE` pairs (the last of a key wins); a value is read as JSON when it parses
+    (`0.2`, `true`, `{"a": 1}`), else kept as text."""
+    option = _OPTIONS[name]
+    parsed: dict[str, Any] = {}
+    for text in values:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise pytest.UsageError(
+                f"{option.flag} / {option.dest}: expected KEY=VALUE, got {text!r}"
+            )
+        try:
+            parsed[key.strip()] = json.loads(value)
+        except ValueError:
+            parsed[key.strip()] = value
+    return parsed
+
+
+def _text(config: pytest.Config, name: str) -> str | None:
+    value = _raw(config, name)
+    return str(value) if value not in (None, "") else None
 
 
 def _paths(config: pytest.Config, name: str) -> list[Path]:

@@ -11,9 +11,11 @@ import pytest
 
 from pytest_harbor.engine import EpisodeError, EpisodeResult, FailureKind
 from pytest_harbor.engine.metrics import TasksetScore
+from pytest_harbor.harnesses.model import ModelEndpointError, check_endpoint
 from pytest_harbor.plugin.ledger import EpisodeLedger, TrialRecord, trial_of
 from pytest_harbor.plugin.nodes import HarborTurnItem
 from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun
+from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes import SandboxError
 from pytest_harbor.tasks import TaskLoadError
 from pytest_harbor.writers.failures import FailureRecord
@@ -67,9 +69,31 @@ def pytest_runtest_makereport(
     if isinstance(error, EpisodeError | SandboxError):
         # The engine's own words say what broke; our stack frames would not help.
         report.longrepr = call.excinfo.getrepr(style="value")  # type: ignore[union-attr]
+    _mask_report(report, item.config.stash[HARBOR_RUN].redactor)
     # Plain JSON data: xdist carries it from the worker to the controller.
     report.harbor = data  # type: ignore[attr-defined]
     return report
+
+
+def _mask_report(report: pytest.TestReport, redactor: Redactor) -> None:
+    """No secret value reaches the terminal or the junit XML: the failure text and the
+    captured output are masked."""
+    if not redactor:
+        return
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple):
+        path, line, message = longrepr
+        report.longrepr = (path, line, redactor.text(message))
+    elif longrepr is not None:
+        text = str(longrepr)
+        masked = redactor.text(text)
+        if masked != text:
+            report.longrepr = masked
+    report.sections = [(title, redactor.text(body)) for title, body in report.sections]
+    report.user_properties = [
+        (name, redactor.text(value) if isinstance(value, str) else value)
+        for name, value in report.user_properties
+    ]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -118,6 +142,13 @@ class HarborReporter:
         the finished trials) go to the workers with their start-up data."""
         if session.config.option.collectonly or not self.run.targets:
             return
+        if self.run.model is not None:
+            try:
+                check_endpoint(self.run.model)
+            except ModelEndpointError as error:
+                raise pytest.UsageError(
+                    f"--harbor-model {self.run.model.name} at {self.run.model.base_url}: {error}"
+                ) from None
         self.reaped = self.run.reap()
         for target in self.run.targets.values():
             try:
@@ -135,13 +166,15 @@ class HarborReporter:
                 repeats=plan.repeats,
                 settings=self.run.settings,
                 task_digests=digests,
+                model=None if self.run.model is None else self.run.model.identity(),
+                agent_options=self.run.options.agent_options,
             )
             self.run.trial_ids.update(self.ledger.plan(plan.taskset, plan.repeats, digests))
             if self.run.options.resume:
                 self._resume(manifest)
             else:
                 self.writer.start([plan.taskset])
-            manifest.write(self.run.layout.manifest_file(plan.taskset))
+            manifest.write(self.run.layout.manifest_file(plan.taskset), self.run.redactor)
             self.manifests[plan.taskset] = manifest
             write_task_rows(self.run.layout, self.run.harness.name, plan)
             skipped = {}
@@ -286,7 +319,7 @@ class HarborReporter:
                 episodes=list(self.ledger.entries(taskset)),
                 score=self.ledger.score(taskset),
             )
-            write_run_summary(self.run.layout, taskset, summary)
+            write_run_summary(self.run.layout, taskset, summary, self.run.redactor)
         if self.run.harness.validates and self._nothing_validatable:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -335,6 +368,13 @@ def _write_score(write: Any, taskset: str, score: TasksetScore) -> None:
         f"{taskset}: {score.episodes} episodes, mean reward {mean} ({counts})"
         + (f"; {', '.join(extra)}" if extra else "")
     )
+    if score.usage is not None:
+        usage = score.usage
+        cost = "" if usage.cost_usd is None else f", ${usage.cost_usd:.4f}"
+        write(
+            f"  model usage: {usage.prompt_tokens:,} prompt + {usage.completion_tokens:,} "
+            f"completion tokens in {usage.requests:,} requests{cost}"
+        )
     if score.failure_kinds:
         width = max(len(kind) for kind in score.failure_kinds)
         write("  failure kind" + " " * (width - 10) + "episodes")

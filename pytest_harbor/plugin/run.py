@@ -6,20 +6,30 @@ import os
 import secrets
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr, ValidationError
 
 from pytest_harbor.engine import Episode, EpisodeError, FailureKind
 from pytest_harbor.engine.planning import Selection, TasksetPlan, plan_taskset
 from pytest_harbor.engine.reaper import OWNER_LABEL, RUN_LABEL, reap_orphans
 from pytest_harbor.engine.slots import EpisodeSlots, Slot
-from pytest_harbor.harnesses import Harness, UnknownHarness, make_harness
-from pytest_harbor.plugin.options import HarborOptions
+from pytest_harbor.harnesses import (
+    Harness,
+    HarnessFactory,
+    HarnessOptionsError,
+    ModelConfig,
+    ModelGate,
+    UnknownHarness,
+    make_harness,
+)
+from pytest_harbor.plugin.options import HarborOptions, ModelOptions
+from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes import SandboxError, SandboxProvider, UnknownProvider, make_provider
 from pytest_harbor.tasks import is_dataset_dir, is_task_dir
 from pytest_harbor.writers import ResultsLayout, RolloutsWriter
@@ -76,6 +86,7 @@ class HarborRun:
         owner: str,
         targets: Iterable[Target],
         is_worker: bool,
+        registered_harnesses: Mapping[str, HarnessFactory] | None = None,
     ) -> None:
         self.options = options
         self.run_id = run_id
@@ -83,14 +94,31 @@ class HarborRun:
         self.targets = {target.path: target for target in targets}
         self.is_worker = is_worker
         try:
-            self.harness: Harness = make_harness(options.agent)
+            self.harness: Harness = make_harness(
+                options.agent, options.agent_options, registered=registered_harnesses
+            )
         except UnknownHarness as error:
             raise pytest.UsageError(f"--harbor-agent: {error}") from None
+        except HarnessOptionsError as error:
+            raise pytest.UsageError(f"--harbor-agent-option: {error}") from None
+        except ImportError as error:
+            raise pytest.UsageError(
+                f"--harbor-agent {options.agent}: {error}; install pytest-harbor[agents]"
+            ) from None
+        #: The model the harness talks to (None for harnesses that talk to none).
+        self.model: ModelConfig | None = (
+            _model_config(options.model, options.agent) if self.harness.needs_model else None
+        )
         try:
             self._provider: SandboxProvider = make_provider(options.sandbox)
         except UnknownProvider as error:
             raise pytest.UsageError(f"--harbor-sandbox: {error}") from None
         self.settings = options.settings
+        #: Every value no file or report of the run may show.
+        self.redactor = Redactor(
+            [*self.settings.secrets.values(), *(self.model.secret_values() if self.model else [])]
+        )
+        self._model_gate: ModelGate | None = None
         self.layout = ResultsLayout(
             options.results_dir,
             validation=self.harness.validates,
@@ -98,9 +126,7 @@ class HarborRun:
             if self.settings.artifacts_dir
             else None,
         )
-        self.writer = (
-            None if is_worker else RolloutsWriter(self.layout, self.settings.secrets.values())
-        )
+        self.writer = None if is_worker else RolloutsWriter(self.layout, self.redactor)
         #: Digests of the rows as the controller materialized them: `taskset/task` -> digest.
         self.row_digests: dict[str, str] = {}
         #: Node ids of every trial the controller planned: `<taskset>/<task>::r<N>`.
@@ -148,6 +174,17 @@ class HarborRun:
                 f"(max_concurrent_episodes = {cap})",
             )
         return slot
+
+    @property
+    def model_gate(self) -> ModelGate | None:
+        """The cap on model requests in flight, shared by every process of the run here."""
+        if self.model is None:
+            return None
+        if self._model_gate is None:
+            self._model_gate = EpisodeSlots(
+                self.scratch_dir / "model-requests", self.model.max_concurrent_requests
+            )
+        return self._model_gate
 
     @property
     def scratch_dir(self) -> Path:
@@ -213,6 +250,42 @@ class HarborRun:
     def remove_sandboxes(self) -> int:
         """Remove whatever sandbox of this run is still there (after an interrupt, say)."""
         return self._provider.remove_labelled({RUN_LABEL: self.run_id})
+
+
+def _model_config(options: ModelOptions, agent: str) -> ModelConfig:
+    """The model of a harness that needs one; a usage error names what is missing."""
+    if not options.name or not options.url:
+        missing = " and ".join(
+            flag
+            for flag, value in (
+                ("--harbor-model", options.name),
+                ("--harbor-model-url", options.url),
+            )
+            if not value
+        )
+        raise pytest.UsageError(f"--harbor-agent {agent} talks to a model: give {missing}")
+    key = options.api_key
+    if key is None:
+        key = os.environ.get(options.api_key_env)
+        if key is None:
+            raise pytest.UsageError(
+                f"--harbor-model-api-key-env: the variable {options.api_key_env} is not set; "
+                "set it to the endpoint's API key (any value, such as EMPTY, for an endpoint "
+                "that needs none)"
+            )
+    try:
+        return ModelConfig(
+            name=options.name,
+            base_url=options.url,
+            params=options.params,
+            api_key=SecretStr(key) if key else None,
+            max_concurrent_requests=options.concurrency,
+        )
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise pytest.UsageError(
+            f"--harbor-model-url: {first['msg'].removeprefix('Value error, ')}"
+        ) from None
 
 
 HARBOR_RUN = pytest.StashKey[HarborRun]()

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pytest_harbor.redaction import Redactor
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.writers.files import write_atomically
 
@@ -70,6 +71,10 @@ class RunManifest(BaseModel):
     secrets_fingerprint: str
     dataset_digest: str
     task_digests: dict[str, str]
+    #: The model's name, URL and request parameters (never its key); None without one.
+    model: dict[str, Any] | None = None
+    #: The `--harbor-agent-option` values.
+    agent_options: dict[str, Any] = {}
 
     @classmethod
     def describe(
@@ -84,6 +89,8 @@ class RunManifest(BaseModel):
         repeats: int,
         settings: HarborSettings,
         task_digests: Mapping[str, str],
+        model: Mapping[str, Any] | None = None,
+        agent_options: Mapping[str, Any] | None = None,
     ) -> RunManifest:
         return cls(
             run_id=run_id,
@@ -97,6 +104,8 @@ class RunManifest(BaseModel):
             secrets_fingerprint=_secrets_fingerprint(settings),
             dataset_digest=dataset_digest(task_digests),
             task_digests=dict(task_digests),
+            model=None if model is None else dict(model),
+            agent_options=dict(agent_options or {}),
         )
 
     def differences(self, current: RunManifest) -> list[str]:
@@ -106,6 +115,10 @@ class RunManifest(BaseModel):
             for name in ("target", "agent", "sandbox", "repeats")
             if getattr(self, name) != getattr(current, name)
         ]
+        for name in ("model", "agent_options"):
+            before, after = getattr(self, name), getattr(current, name)
+            if before != after:
+                found.append(f"{name}: {_show(before)} then, {_show(after)} now")
         for key in sorted(set(self.settings) | set(current.settings)):
             if key in RUN_ONLY_SETTINGS or key == "secrets":
                 continue
@@ -122,8 +135,11 @@ class RunManifest(BaseModel):
                 )
         return found
 
-    def write(self, path: Path) -> None:
-        write_atomically(path, json.dumps(self.model_dump(mode="json"), indent=2) + "\n")
+    def write(self, path: Path, redactor: Redactor | None = None) -> None:
+        data = self.model_dump(mode="json")
+        if redactor is not None:
+            data = redactor.data(data)
+        write_atomically(path, json.dumps(data, indent=2) + "\n")
 
 
 def _show(value: Any) -> str:

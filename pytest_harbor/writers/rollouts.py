@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_harbor.engine.results import EpisodeResult
+from pytest_harbor.redaction import Redactor
 from pytest_harbor.tasks.task import SINGLE_STEP_TURN
 from pytest_harbor.writers.failures import FailureRecord
 from pytest_harbor.writers.files import write_atomically
@@ -22,6 +23,7 @@ FAILURES = "rollouts_failures.jsonl"
 SUMMARY = "rollouts_run_summary.json"
 MANIFEST = "rollouts_manifest.json"
 VERIFIER = "verifier"
+AGENT = "agent"
 SKIPPED = "skipped.json"
 
 
@@ -69,18 +71,25 @@ class ResultsLayout:
         folder = self.verifier_root_of(taskset) / episode_id
         return folder if step == SINGLE_STEP_TURN else folder / step
 
+    def agent_root_of(self, taskset: str) -> Path:
+        return self.taskset_dir(taskset) / AGENT
+
+    def agent_dir(self, taskset: str, episode_id: str) -> Path:
+        """`agent/<episode>/`: the files a harness keeps on the host (a multi-step
+        episode's turns in `<step>/` below it)."""
+        return self.agent_root_of(taskset) / episode_id
+
 
 class RolloutsWriter:
     """The only writer of a run's result files (the xdist controller, or the sole process).
 
-    Values of `secrets` are replaced by `***` in every verifier file it writes.
+    Values the redactor knows (secrets, the model's key) are replaced by `***` in every
+    line and file it writes.
     """
 
-    def __init__(self, layout: ResultsLayout, secrets: Iterable[str] = ()) -> None:
+    def __init__(self, layout: ResultsLayout, redactor: Redactor | None = None) -> None:
         self.layout = layout
-        self._secrets = sorted(
-            {value.encode() for value in secrets if value}, key=len, reverse=True
-        )
+        self.redactor = redactor or Redactor()
         self._started: set[str] = set()
 
     def start(self, tasksets: Iterable[str]) -> None:
@@ -95,6 +104,7 @@ class RolloutsWriter:
         folder = self.layout.taskset_dir(taskset)
         folder.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.layout.verifier_root_of(taskset), ignore_errors=True)
+        shutil.rmtree(self.layout.agent_root_of(taskset), ignore_errors=True)
         (folder / ROLLOUTS).write_text("")
         (folder / FAILURES).write_text("")
         (folder / SUMMARY).unlink(missing_ok=True)
@@ -105,10 +115,10 @@ class RolloutsWriter:
         once), drop the failures that this run retries, keep verifier/."""
         folder = self.layout.taskset_dir(point.taskset)
         folder.mkdir(parents=True, exist_ok=True)
-        write_atomically(folder / ROLLOUTS, "".join(_line(row) for row in point.rows.values()))
+        write_atomically(folder / ROLLOUTS, "".join(self._line(row) for row in point.rows.values()))
         write_atomically(
             folder / FAILURES,
-            "".join(_line(failure.model_dump(mode="json")) for failure in point.kept_failures),
+            "".join(self._line(failure.model_dump(mode="json")) for failure in point.kept_failures),
         )
         (folder / SUMMARY).unlink(missing_ok=True)
         self._started.add(point.taskset)
@@ -119,33 +129,26 @@ class RolloutsWriter:
         """Write what a turn's verifier left in /logs/verifier; returns the folder."""
         self._start(taskset)
         folder = self.layout.verifier_dir(taskset, episode_id, step)
-        _write_files(folder, {name: self._scrub(data) for name, data in files.items()})
+        _write_files(folder, {name: self.redactor.bytes(data) for name, data in files.items()})
         return folder
 
     def append_row(self, result: EpisodeResult) -> None:
         """Append the episode's row to rollouts.jsonl, flushed."""
         self._start(result.taskset)
-        _append(self.layout.rollouts_file(result.taskset), result.row())
+        self._append(self.layout.rollouts_file(result.taskset), result.row())
 
     def append_failure(self, failure: FailureRecord) -> None:
         """Append an episode that ended with no result to rollouts_failures.jsonl, flushed."""
         self._start(failure.taskset)
-        _append(self.layout.failures_file(failure.taskset), failure.model_dump(mode="json"))
+        self._append(self.layout.failures_file(failure.taskset), failure.model_dump(mode="json"))
 
-    def _scrub(self, data: bytes) -> bytes:
-        for secret in self._secrets:
-            data = data.replace(secret, b"***")
-        return data
+    def _line(self, data: Mapping[str, object]) -> str:
+        return json.dumps(self.redactor.data(data), sort_keys=True) + "\n"
 
-
-def _line(data: Mapping[str, object]) -> str:
-    return json.dumps(data, sort_keys=True) + "\n"
-
-
-def _append(path: Path, data: Mapping[str, object]) -> None:
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(_line(data))
-        handle.flush()
+    def _append(self, path: Path, data: Mapping[str, object]) -> None:
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write(self._line(data))
+            handle.flush()
 
 
 def _write_files(folder: Path, files: Mapping[str, bytes]) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from pytest_harbor.engine.metrics import EpisodeStatus, TasksetScore
 from pytest_harbor.engine.results import EpisodeResult
+from pytest_harbor.redaction import Redactor
 from pytest_harbor.writers.failures import FailureRecord
 from pytest_harbor.writers.files import write_atomically
 from pytest_harbor.writers.manifest import RunManifest
@@ -65,6 +66,7 @@ def run_summary(
         "skipped": layout.skipped_file(taskset),
         "tasks": layout.tasks_file(taskset, manifest.agent),
         "verifier": layout.verifier_root_of(taskset),
+        "agent": layout.agent_root_of(taskset),
     }
     return {
         "schema_version": 1,
@@ -75,6 +77,7 @@ def run_summary(
         "target": relative(manifest.target),
         "taskset": taskset,
         "agent": manifest.agent,
+        "model": manifest.model,
         "sandbox": manifest.sandbox,
         "repeats": manifest.repeats,
         "dataset_digest": manifest.dataset_digest,
@@ -89,6 +92,7 @@ def run_summary(
             },
             "mean_reward": score.mean_reward,
         },
+        "usage": None if score.usage is None else score.usage.model_dump(mode="json"),
         "failure_kinds": dict(sorted(score.failure_kinds.items())),
         "pass_at_k": {str(k): value for k, value in score.pass_at_k.items()},
         "pass_at_k_per_task": {
@@ -113,6 +117,8 @@ def _episode(entry: EpisodeEntry, relative: Any) -> dict[str, Any]:
             mask_sample=result.mask_sample,
             failure_kind=result.failure_kind,
             failure_reason=result.failure_reason,
+            failure_cause=result.failure_cause,
+            usage=None if result.usage is None else result.usage.model_dump(mode="json"),
             logs=[_logs(turn.step, turn.verifier_logs_dir, relative) for turn in result.turns],
         )
     elif entry.failure is not None:
@@ -153,7 +159,14 @@ def _files(folder: Path, verifier_root: Path) -> set[Path]:
     return found
 
 
-def write_run_summary(layout: ResultsLayout, taskset: str, summary: dict[str, Any]) -> Path:
+def write_run_summary(
+    layout: ResultsLayout,
+    taskset: str,
+    summary: dict[str, Any],
+    redactor: Redactor | None = None,
+) -> Path:
     path = layout.summary_file(taskset)
+    if redactor is not None:
+        summary = redactor.data(summary)
     write_atomically(path, json.dumps(summary, indent=2, sort_keys=False) + "\n")
     return path

@@ -1,0 +1,76 @@
+"""Why an agent's turn failed, and what an episode does about it: `agent_outcome_policy`."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["AGENT_CAUSES", "AgentCause", "AgentOutcomePolicy", "OutcomeAction", "OutcomeRule"]
+
+#: The classified causes a harness (or the engine) gives for an agent turn that failed.
+AgentCause = Literal[
+    "timeout", "rate_limited", "api_error", "context_length_exceeded", "agent_crashed"
+]
+AGENT_CAUSES: tuple[str, ...] = get_args(AgentCause)
+
+#: `verify`: grade what the agent left; `retry`: run the episode again in a fresh sandbox;
+#: `fail`: no result (a failures row, retried by --harbor-resume).
+OutcomeAction = Literal["verify", "retry", "fail"]
+
+
+class OutcomeRule(BaseModel):
+    """What to do about one cause. Written `verify`, `fail`, `retry`, or in full
+    `{action: retry, retries: 2, backoff_s: 30}`; after the last retry the episode fails."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    action: OutcomeAction
+    #: How many times `retry` runs the episode again before it fails.
+    retries: int = Field(default=2, ge=0)
+    #: The pause before the first retry; it doubles for each further one.
+    backoff_s: float = Field(default=30.0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_word(cls, value: Any) -> Any:
+        return {"action": value} if isinstance(value, str) else value
+
+    def backoff_before(self, retry: int) -> float:
+        """Seconds to wait before retry number `retry` (0 for the first)."""
+        return float(self.backoff_s * 2**retry)
+
+    @property
+    def total_backoff_s(self) -> float:
+        return sum(self.backoff_before(n) for n in range(self.retries))
+
+
+class AgentOutcomePolicy(BaseModel):
+    """One rule per cause; a partial table keeps the defaults of the causes it leaves out.
+
+    Defaults: what the agent did counts when it ran out of time, overflowed its context or
+    crashed (the verifier grades the sandbox as it is); a rate limit or an API error is the
+    endpoint's doing, so the episode runs again, twice, and then has no result.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout: OutcomeRule = OutcomeRule(action="verify")
+    rate_limited: OutcomeRule = OutcomeRule(action="retry")
+    api_error: OutcomeRule = OutcomeRule(action="retry")
+    context_length_exceeded: OutcomeRule = OutcomeRule(action="verify")
+    agent_crashed: OutcomeRule = OutcomeRule(action="verify")
+
+    def rule(self, cause: str) -> OutcomeRule:
+        rule: OutcomeRule = getattr(self, cause)
+        return rule
+
+    @property
+    def most_retries(self) -> OutcomeRule | None:
+        """The retry rule that can take longest, for sizing the backstop."""
+        retrying = [
+            self.rule(cause) for cause in AGENT_CAUSES if self.rule(cause).action == "retry"
+        ]
+        if not retrying:
+            return None
+        return max(retrying, key=lambda rule: (rule.retries, rule.total_backoff_s))

@@ -1,0 +1,209 @@
+"""Calls into a harness under the engine's clock: each in a thread of its own, with a view
+of the sandbox that works only while the call may, cancelled and left behind when it runs
+past its deadline."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from pytest_harbor.harnesses.base import Deadline, ModelGateSlot
+from pytest_harbor.redaction import Redactor
+from pytest_harbor.sandboxes.base import ExecResult, Sandbox, SandboxError
+
+__all__ = ["HARNESS_GRACE_S", "CallOutcome", "InProcessGate", "SandboxWindow", "call_harness"]
+
+log = logging.getLogger("pytest_harbor")
+
+#: How long a call that ran past its deadline has to return after `cancel` is set, before
+#: the episode goes on without it.
+HARNESS_GRACE_S = 10.0
+
+T = TypeVar("T")
+
+
+class SandboxWindow:
+    """The sandbox as one harness call sees it. Once the call's deadline passes, nothing
+    that changes the sandbox goes through (reads still do, while the call winds down); once
+    the call is over, nothing does. Every command is cut off at the deadline."""
+
+    def __init__(self, sandbox: Sandbox, deadline: Deadline, what: str) -> None:
+        self._sandbox = sandbox
+        self._deadline = deadline
+        self._what = what
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        return self._sandbox.id
+
+    def close(self) -> None:
+        self._closed = True
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def _may_read(self) -> None:
+        if self._closed:
+            raise SandboxError(f"{self._what} is over: the harness no longer has the sandbox")
+
+    def _may_change(self) -> float:
+        self._may_read()
+        remaining = self._deadline.remaining()
+        if remaining <= 0:
+            raise SandboxError(f"{self._what} ran past its deadline: the sandbox is closed to it")
+        return remaining
+
+    def exec(
+        self,
+        command: Sequence[str],
+        *,
+        user: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        remaining = self._may_change()
+        bounded = remaining if timeout is None else min(timeout, remaining)
+        return self._sandbox.exec(
+            command, user=user, workdir=workdir, env=env, timeout=bounded, stdin=stdin
+        )
+
+    def upload(self, source: Path | Mapping[str, bytes], target: str) -> None:
+        self._may_change()
+        self._sandbox.upload(source, target)
+
+    def write_archive(self, data: bytes, into: str) -> None:
+        self._may_change()
+        self._sandbox.write_archive(data, into)
+
+    def read_archive(self, source: str) -> bytes | None:
+        self._may_read()
+        return self._sandbox.read_archive(source)
+
+    def download(self, source: str) -> dict[str, bytes]:
+        self._may_read()
+        return self._sandbox.download(source)
+
+    def stop(self) -> None:
+        raise SandboxError("a harness leaves the sandbox to the episode; it cannot stop it")
+
+
+@dataclass(frozen=True)
+class CallOutcome(Generic[T]):
+    """How a harness call ended: its value or exception, and whether it ran past its
+    deadline (`overran`) or was still running when the episode went on (`abandoned`)."""
+
+    value: T | None
+    error: BaseException | None
+    overran: bool
+    abandoned: bool
+    seconds: float
+    #: The exception came from the sandbox after the call lost it (a consequence of the
+    #: deadline, not a fault of its own).
+    error_after_close: bool = False
+
+
+def call_harness(
+    what: str,
+    sandbox: Sandbox,
+    seconds: float,
+    work: Callable[[SandboxWindow, Deadline, threading.Event], T],
+    *,
+    grace_s: float = HARNESS_GRACE_S,
+    host_dir: Path | None = None,
+    redactor: Redactor | None = None,
+) -> CallOutcome[T]:
+    """Run `work(window, deadline, cancel)` in a thread; at the deadline set `cancel` and
+    close the window, give it `grace_s` to return, then go on without it. An interrupt
+    (Ctrl-C, the backstop) in the waiting thread cancels the call too. Files the call left
+    in `host_dir` have secret values masked afterwards."""
+    deadline = Deadline.after(max(seconds, 0.0))
+    cancel = threading.Event()
+    window = SandboxWindow(sandbox, deadline, what)
+    box: dict[str, object] = {}
+    closed_at_error = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = work(window, deadline, cancel)
+        except BaseException as error:
+            box["error"] = error
+            if window.is_closed or deadline.expired:
+                closed_at_error.set()
+        finally:
+            box["ended"] = time.monotonic()
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, name=f"harbor-{what.replace(' ', '-')}", daemon=True)
+    thread.start()
+    try:
+        thread.join(deadline.remaining())
+        if thread.is_alive():
+            cancel.set()
+            thread.join(grace_s)
+    except BaseException:
+        cancel.set()
+        window.close()
+        raise
+    finally:
+        if host_dir is not None and redactor:
+            _mask_files(host_dir, redactor)
+    window.close()
+    abandoned = thread.is_alive()
+    if abandoned:
+        log.warning(
+            "%s did not return within %g s of its deadline; going on without it", what, grace_s
+        )
+    error = box.get("error")
+    ended = box.get("ended")
+    return CallOutcome(
+        value=box.get("value"),  # type: ignore[arg-type]
+        error=error if isinstance(error, BaseException) else None,
+        overran=not isinstance(ended, float) or ended >= deadline.at,
+        abandoned=abandoned,
+        seconds=time.monotonic() - started,
+        error_after_close=closed_at_error.is_set(),
+    )
+
+
+def _mask_files(folder: Path, redactor: Redactor) -> None:
+    if not folder.is_dir():
+        return
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            with contextlib.suppress(OSError):
+                data = path.read_bytes()
+                masked = redactor.bytes(data)
+                if masked != data:
+                    path.write_bytes(masked)
+
+
+class _GateSlot:
+    def __init__(self, semaphore: threading.BoundedSemaphore) -> None:
+        self._semaphore: threading.BoundedSemaphore | None = semaphore
+
+    def release(self) -> None:
+        if self._semaphore is not None:
+            self._semaphore.release()
+            self._semaphore = None
+
+
+class InProcessGate:
+    """A model gate for one process (the engine used from plain Python)."""
+
+    def __init__(self, count: int) -> None:
+        self._semaphore = threading.BoundedSemaphore(count)
+
+    def acquire(self, timeout: float) -> ModelGateSlot | None:
+        if not self._semaphore.acquire(timeout=max(timeout, 0.0)):
+            return None
+        return _GateSlot(self._semaphore)

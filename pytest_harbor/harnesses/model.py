@@ -1,0 +1,110 @@
+"""The model a harness talks to: an OpenAI-compatible endpoint, and the check that it
+answers before any episode starts."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+__all__ = ["DEFAULT_API_KEY_ENV", "ModelConfig", "ModelEndpointError", "check_endpoint"]
+
+#: The environment variable the API key is read from unless another is named.
+DEFAULT_API_KEY_ENV = "HARBOR_MODEL_API_KEY"
+_BODY_EXCERPT = 300
+
+
+class ModelConfig(BaseModel):
+    """A Chat Completions model: its name, base URL (ending in `/v1`), request parameters
+    and key. The key never leaves this object except in the `Authorization` header."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    base_url: str
+    #: Sent with every request (temperature, max_tokens, seed, top_p, reasoning_effort...).
+    params: dict[str, Any] = {}
+    api_key: SecretStr | None = Field(default=None, repr=False, exclude=True)
+    #: At most this many requests at once, across every process of the run on this host.
+    max_concurrent_requests: int = Field(default=16, ge=1)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+        return value.rstrip("/")
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two runs use the same model (the key is not part of it)."""
+        return {"name": self.name, "base_url": self.base_url, "params": dict(self.params)}
+
+    @property
+    def chat_url(self) -> str:
+        return f"{self.base_url}/chat/completions"
+
+    @property
+    def models_url(self) -> str:
+        return f"{self.base_url}/models"
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key is not None:
+            headers["Authorization"] = f"Bearer {self.api_key.get_secret_value()}"
+        return headers
+
+    def secret_values(self) -> list[str]:
+        return [] if self.api_key is None else [self.api_key.get_secret_value()]
+
+
+class ModelEndpointError(Exception):
+    """The endpoint cannot serve the model: unreachable, refused, or does not list it."""
+
+
+def check_endpoint(model: ModelConfig, *, timeout_s: float = 30.0) -> None:
+    """GET `{base_url}/models` with the key; the model must be among those listed."""
+    request = urllib.request.Request(model.models_url, headers=model.headers())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            body = response.read()
+    except urllib.error.HTTPError as error:
+        excerpt = _excerpt(error.read(), model)
+        raise ModelEndpointError(
+            f"GET {model.models_url} answered {error.code} {error.reason}"
+            + (f": {excerpt}" if excerpt else "")
+            + _hint(error.code)
+        ) from None
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise ModelEndpointError(f"cannot reach {model.models_url}: {reason}") from None
+    try:
+        listed = [str(entry["id"]) for entry in json.loads(body)["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise ModelEndpointError(
+            f"GET {model.models_url} did not answer with a model list "
+            f'(expected {{"data": [{{"id": ...}}]}}): {_excerpt(body, model)}'
+        ) from None
+    if model.name not in listed:
+        shown = ", ".join(listed[:20]) + (" ..." if len(listed) > 20 else "")
+        raise ModelEndpointError(
+            f"{model.models_url} does not list the model {model.name!r}; it lists: "
+            f"{shown or '(nothing)'}"
+        )
+
+
+def _excerpt(body: bytes, model: ModelConfig) -> str:
+    text = body.decode("utf-8", errors="replace").strip()
+    for secret in model.secret_values():
+        text = text.replace(secret, "***")
+    return text[:_BODY_EXCERPT]
+
+
+def _hint(status: int) -> str:
+    if status in (401, 403):
+        return " (check the API key: --harbor-model-api-key-env names the variable it is in)"
+    if status == 404:
+        return " (the base URL should end in /v1, as http://host:8000/v1)"
+    return ""

@@ -1,0 +1,232 @@
+"""A scripted OpenAI-compatible model server for the tests: a real HTTP server on 127.0.0.1
+that speaks Chat Completions (tool calls, `usage`, error bodies, `Retry-After`) and answers
+each request as the test's script says."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = [
+    "ChatRequest",
+    "Reply",
+    "ScriptedModel",
+    "answer",
+    "error",
+    "tool_call",
+]
+
+MODEL = "scripted-model"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the server sends back for one request."""
+
+    status: int = 200
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    #: Wait this long before answering (a slow or hanging endpoint).
+    delay_s: float = 0.0
+    #: Send this instead of JSON (a broken endpoint).
+    raw: bytes | None = None
+
+
+def _completion(message: dict[str, Any], finish: str, usage: tuple[int, int]) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{time.monotonic_ns()}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": MODEL,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {
+            "prompt_tokens": usage[0],
+            "completion_tokens": usage[1],
+            "total_tokens": sum(usage),
+        },
+    }
+
+
+def tool_call(
+    command: str | None = None,
+    *,
+    timeout_sec: int | None = None,
+    raw_arguments: str | None = None,
+    content: str | None = None,
+    usage: tuple[int, int] = (100, 20),
+    calls: list[dict[str, Any]] | None = None,
+) -> Reply:
+    """A response calling `bash` (or, with `raw_arguments`, sending those as they are)."""
+    if calls is None:
+        arguments: dict[str, Any] = {"command": command}
+        if timeout_sec is not None:
+            arguments["timeout_sec"] = timeout_sec
+        calls = [
+            {
+                "id": f"call_{time.monotonic_ns()}",
+                "type": "function",
+                "function": {
+                    "name": "bash",
+                    "arguments": raw_arguments
+                    if raw_arguments is not None
+                    else json.dumps(arguments),
+                },
+            }
+        ]
+    message = {"role": "assistant", "content": content, "tool_calls": calls}
+    return Reply(body=_completion(message, "tool_calls", usage))
+
+
+def answer(text: str, *, usage: tuple[int, int] = (120, 10)) -> Reply:
+    """A response without a tool call: it ends the agent's turn."""
+    return Reply(body=_completion({"role": "assistant", "content": text}, "stop", usage))
+
+
+def error(
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    retry_after: str | None = None,
+    kind: str = "invalid_request_error",
+) -> Reply:
+    """An OpenAI-style error body."""
+    headers = {} if retry_after is None else {"Retry-After": retry_after}
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return Reply(status=status, body=body, headers=headers)
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One Chat Completions request as the server received it."""
+
+    number: int
+    body: dict[str, Any]
+    headers: dict[str, str]
+    at: float
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return list(self.body.get("messages", []))
+
+    @property
+    def last(self) -> dict[str, Any]:
+        return self.messages[-1]
+
+    @property
+    def instructions(self) -> list[str]:
+        """Every user message, in order."""
+        return [m["content"] for m in self.messages if m.get("role") == "user"]
+
+    @property
+    def tool_results(self) -> list[str]:
+        return [m["content"] for m in self.messages if m.get("role") == "tool"]
+
+    @property
+    def since_last_user(self) -> list[dict[str, Any]]:
+        """The messages after the latest user message (this turn's exchanges)."""
+        messages = self.messages
+        last_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+        return messages[last_user + 1 :]
+
+
+Script = Callable[[ChatRequest], Reply]
+
+
+class ScriptedModel:
+    """The server: `script(request)` decides every answer; `requests` keeps what came."""
+
+    def __init__(self, script: Script, *, api_key: str = "sk-scripted-test-key") -> None:
+        self.script = script
+        self.api_key = api_key
+        self.requests: list[ChatRequest] = []
+        self.model_list_requests = 0
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    def __enter__(self) -> ScriptedModel:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def options(self, *extra: str) -> list[str]:
+        """The pytest options that point shell-agent at this server."""
+        return [
+            "--harbor-agent=shell-agent",
+            f"--harbor-model={MODEL}",
+            f"--harbor-model-url={self.url}",
+            *extra,
+        ]
+
+    def _record(self, body: dict[str, Any], headers: dict[str, str]) -> ChatRequest:
+        with self._lock:
+            request = ChatRequest(len(self.requests), body, headers, time.monotonic())
+            self.requests.append(request)
+        return request
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _authorized(self) -> bool:
+                if self.headers.get("Authorization") == f"Bearer {server.api_key}":
+                    return True
+                self._send(error(401, "Incorrect API key provided.", code="invalid_api_key"))
+                return False
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/") != "/v1/models":
+                    self._send(error(404, f"no route {self.path}"))
+                    return
+                server.model_list_requests += 1
+                if self._authorized():
+                    listing = {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+                    self._send(Reply(body=listing))
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                data = self.rfile.read(length)
+                if self.path.rstrip("/") != "/v1/chat/completions":
+                    self._send(error(404, f"no route {self.path}"))
+                    return
+                if not self._authorized():
+                    return
+                request = server._record(json.loads(data), dict(self.headers.items()))
+                self._send(server.script(request))
+
+            def _send(self, reply: Reply) -> None:
+                if reply.delay_s:
+                    time.sleep(reply.delay_s)
+                payload = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
+                try:
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except OSError:
+                    pass  # the client gave up waiting
+
+        return Handler
