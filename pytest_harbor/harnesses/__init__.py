@@ -42,6 +42,8 @@ __all__ = [
     "HarnessSession",
     "ModelConfig",
     "ModelGate",
+    "NopHarness",
+    "OracleHarness",
     "SessionContext",
     "Trajectory",
     "TurnContext",

@@ -96,7 +96,15 @@ def check_endpoint(model: ModelConfig, *, timeout_s: float = 30.0) -> None:
 
 
 def _excerpt(body: bytes, model: ModelConfig) -> str:
+    """The endpoint's own words: an OpenAI-style error's message, else the body's start."""
     text = body.decode("utf-8", errors="replace").strip()
+    try:
+        error = json.loads(text).get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+        if isinstance(message, str) and message:
+            text = message
+    except (ValueError, AttributeError):
+        pass
     for secret in model.secret_values():
         text = text.replace(secret, "***")
     return text[:_BODY_EXCERPT]
