@@ -5,12 +5,15 @@ whatever the harness does, crashes, and `agent_outcome_policy`."""
 from __future__ import annotations
 
 import json
+import signal
 import textwrap
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
+from tests.fixtures import BASE_IMAGE, Dataset, containers_of, finish, run_harbor, start_run
 from tests.integration.test_multi_step_runs import multi_step
 
 pytestmark = pytest.mark.docker
@@ -353,3 +356,59 @@ def test_a_retry_in_a_later_turn_leaves_the_episode_without_a_result(
     assert "a retry would run the earlier turns again" in failure["failure_reason"]
     # One attempt only: the first turn's work is not thrown away and redone.
     assert [call["call"] for call in journal(pytester)].count("open") == 2
+
+
+def test_an_interrupt_cancels_the_turn_and_closes_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker_client: object
+) -> None:
+    """Ctrl-C while a harness works: its cancel signal is set, its session closed, its
+    sandbox removed, and the episode recorded as interrupted."""
+    plugin_dir = tmp_path / "plugins"
+    plugin_dir.mkdir()
+    (plugin_dir / "patient_harness.py").write_text(
+        HARNESSES
+        + textwrap.dedent(
+            """
+            class Patient(Scripted):
+                def open_session(self, context):
+                    self.journal.note(call="open")
+                    return PatientSession(self)
+
+
+            class PatientSession(Session):
+                def run_turn(self, context):
+                    self.harness.journal.note(call="turn")
+                    cancelled = context.cancel.wait(600)
+                    self.harness.journal.note(call="woke", cancelled=cancelled)
+                    return AgentRun()
+
+
+            def pytest_harbor_harnesses():
+                return {"patient": Patient}
+            """
+        )
+    )
+    monkeypatch.setenv("PYTHONPATH", str(plugin_dir))
+    dataset = Dataset(tmp_path / f"ds-{uuid.uuid4().hex[:8]}")
+    dataset.path.mkdir()
+    dataset.task("waiting")
+    journal_file = tmp_path / "journal.jsonl"
+    run = start_run(
+        dataset,
+        "-p",
+        "patient_harness",
+        "--harbor-agent=patient",
+        f"--harbor-agent-option=journal={journal_file}",
+    )
+    deadline = time.monotonic() + 120
+    while '"turn"' not in (journal_file.read_text() if journal_file.exists() else ""):
+        assert run.poll() is None and time.monotonic() < deadline, "the turn never started"
+        time.sleep(0.1)
+    run.send_signal(signal.SIGINT)
+    output = finish(run)
+    calls = [json.loads(line) for line in journal_file.read_text().splitlines()]
+    assert [call["call"] for call in calls] == ["open", "turn", "woke", "close"], output
+    assert calls[2]["cancelled"] is True
+    assert containers_of(docker_client, dataset.name, "waiting") == []  # type: ignore[arg-type]
+    (failure,) = dataset.failures(tmp_path / "results", validation=False)
+    assert failure["failure_kind"] == "harbor:interrupted"
