@@ -146,20 +146,23 @@ class ChatClient:
     ) -> ChatReply:
         if cancel.is_set() or deadline.expired:
             raise OutOfTime()
-        slot = gate.acquire(deadline.remaining())
+        remaining = deadline.remaining()
+        slot = gate.acquire(remaining)
         if slot is None:
             raise OutOfTime()
         try:
             if cancel.is_set() or deadline.expired:
                 raise OutOfTime()
             meter.add(Usage(requests=1))
+            remaining = deadline.remaining()
             response = self._http.post(
                 self.model.chat_url,
                 content=payload,
-                timeout=min(self.request_timeout_s, deadline.remaining()),
+                timeout=min(self.request_timeout_s, remaining),
             )
         except httpx.TimeoutException as error:
-            if deadline.expired or cancel.is_set():
+            # Cut short by the turn's deadline, not by the endpoint's slowness alone.
+            if remaining <= self.request_timeout_s or cancel.is_set():
                 raise OutOfTime() from None
             raise _Retryable(
                 "api_error", f"the request to {self.model.chat_url} timed out ({error})"

@@ -39,18 +39,15 @@ def agent_run(pytester: pytest.Pytester, dataset: Path, *args: str) -> pytest.Ru
     )
 
 
-def unused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_an_unreachable_endpoint_stops_the_run_before_any_episode(
     pytester: pytest.Pytester, dataset: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HARBOR_MODEL_API_KEY", "k")
-    url = f"http://127.0.0.1:{unused_port()}/v1"
-    result = agent_run(pytester, dataset, "--harbor-model=m", f"--harbor-model-url={url}")
+    # A port held by a socket that does not listen: refused, and no other test can take it.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+        result = agent_run(pytester, dataset, "--harbor-model=m", f"--harbor-model-url={url}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
         [f"*--harbor-model m at {url}: cannot reach {url}/models: *refused*"]

@@ -119,11 +119,12 @@ def test_failures_are_classified_and_only_passing_ones_retried(
 
 
 def test_an_unreachable_endpoint_is_an_api_error() -> None:
+    # A port held by a socket that does not listen: refused, and no other test can take it.
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    with pytest.raises(ChatError) as raised:
-        ask(client_for(f"http://127.0.0.1:{port}/v1", "k", attempts=2))
+        with pytest.raises(ChatError) as raised:
+            ask(client_for(f"http://127.0.0.1:{port}/v1", "k", attempts=2))
     assert raised.value.cause == "api_error"
     assert "cannot reach" in raised.value.message
 
