@@ -18,7 +18,13 @@ from typing import Any
 
 import docker
 import docker.errors
+import httpcore  # noqa: F401  (see below)
 import pytest
+
+# httpx imports httpcore when its first client is made. Made inside an in-process pytester
+# run, that import would be undone when the run ends (pytester restores sys.modules), and
+# httpx would no longer recognise the errors of the httpcore imported next. Imported here,
+# before any run, it stays.
 
 #: The base image .ci/setup makes; every sandbox in the tests uses it.
 BASE_IMAGE = "debian:bookworm-slim"
