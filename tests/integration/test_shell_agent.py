@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -355,3 +357,30 @@ def test_the_api_key_never_appears_in_files_junit_or_terminal(
     (failure,) = dataset.failures(pytester.path / "out", validation=False)
     assert failure["failure_kind"] == "agent_api_error"
     assert "internal error for Bearer ***" in str(failure["failure_reason"])
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+def test_model_requests_in_flight_are_capped_across_workers(
+    pytester: pytest.Pytester, dataset: Dataset, model_server: Server, cap: int
+) -> None:
+    for name in ("a", "b", "c", "d"):
+        dataset.task(name)
+    in_flight = most = 0
+    lock = threading.Lock()
+    solve = solving({"Write 1 to /tmp/answer.\n": "echo 1 > /tmp/answer"})
+
+    def script(request: ChatRequest) -> Reply:
+        nonlocal in_flight, most
+        with lock:
+            in_flight += 1
+            most = max(most, in_flight)
+        time.sleep(0.3)
+        with lock:
+            in_flight -= 1
+        return solve(request)
+
+    server = model_server(script)
+    agent_run(
+        pytester, dataset, server, "-n", "2", f"--harbor-model-concurrency={cap}"
+    ).assert_outcomes(passed=4)
+    assert most == cap
