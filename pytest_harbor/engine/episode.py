@@ -36,7 +36,7 @@ from pytest_harbor.engine.verification import (
     VerifierRun,
     run_verifier,
 )
-from pytest_harbor.harnesses.base import AgentFailure, AgentRun, Harness, ModelGate
+from pytest_harbor.harnesses.base import AgentFailure, AgentRun, Harness, ModelGate, Usage
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.archives import filter_archive
@@ -144,6 +144,8 @@ class Episode:
         #: Each run of the episode (a retry after an agent failure starts a fresh one).
         self._attempt = 1
         self._retries: dict[str, int] = {}
+        #: Model usage of attempts given up for a retry.
+        self._spent: list[Usage] = []
 
     @property
     def id(self) -> str:
@@ -414,7 +416,7 @@ class Episode:
             )
         agent_s = time.monotonic() - started
         self._require_time("the agent")
-        if agent.failure is not None and self._handle_agent_failure(agent.failure):
+        if agent.failure is not None and self._handle_agent_failure(agent):
             return self.run_turn(original)
         last = turn.name == self.task.turns[-1].name
         if not self._continuing or last:
@@ -457,9 +459,11 @@ class Episode:
             sandbox, workdir=self.workdir, seconds=self.settings.cleanup_timeout_seconds
         )
 
-    def _handle_agent_failure(self, failure: AgentFailure) -> bool:
+    def _handle_agent_failure(self, agent: AgentRun) -> bool:
         """Apply `agent_outcome_policy`: False to verify, True when a fresh attempt has
         been seeded; raises EpisodeError when the episode ends with no result."""
+        failure = agent.failure
+        assert failure is not None
         rule = self.settings.agent_outcome_policy.rule(failure.cause)
         if rule.action == "verify":
             return False
@@ -474,6 +478,8 @@ class Episode:
                     "it afresh)",
                 )
             if done < rule.retries:
+                if agent.usage is not None:  # what the abandoned attempt cost still counts
+                    self._spent.append(agent.usage)
                 self._start_over(failure, rule.backoff_before(done))
                 self._retries[failure.cause] = done + 1
                 return True
@@ -679,7 +685,7 @@ class Episode:
         strategy = self.task.config.multi_step_reward_strategy or "mean"
         rolled = roll_up(self._turns, strategy, self._stopped_after, self._stop_reason)
         exit_codes = [turn.agent_exit_code for turn in self._turns]
-        usages = [turn.usage for turn in self._turns if turn.usage is not None]
+        usages = [*self._spent, *(turn.usage for turn in self._turns if turn.usage is not None)]
         causes = [turn.failure_cause for turn in self._turns if turn.failure_cause]
         return EpisodeResult(
             task_id=self.task.id,

@@ -95,7 +95,8 @@ class EpisodeResult(_Record):
     #: The step after which the episode stopped early, if it did.
     stopped_after_turn: str | None = None
     response: str | None = None
-    #: Model tokens and requests over every turn (None when the agent used no model).
+    #: Model tokens and requests over every turn, and over attempts given up for a retry
+    #: (None when the agent used no model).
     usage: Usage | None = None
     #: 1, or more when agent_outcome_policy ran the episode again in a fresh sandbox.
     attempts: int = 1

@@ -24,7 +24,7 @@ HARNESSES = '''
 import json, threading, time
 from pathlib import Path
 
-from pytest_harbor.harnesses import AgentFailure, AgentRun, Harness
+from pytest_harbor.harnesses import AgentFailure, AgentRun, Harness, Usage
 
 
 class Journal:
@@ -96,7 +96,8 @@ class Session:
             if attempts < int(options.get("fail_times", 99)):
                 context.sandbox.exec(["touch", "/tmp/failed-attempt"])
                 return AgentRun(failure=AgentFailure(cause, f"{cause} on attempt {attempts + 1}",
-                                                     status_code=429))
+                                                     status_code=429),
+                                usage=Usage(prompt_tokens=7, requests=1))
         return AgentRun(exit_code=0, response=f"did {context.step}")
 
     def close(self, context):
@@ -311,6 +312,13 @@ def test_policy_retry_runs_the_episode_again_in_a_fresh_sandbox(
     result.assert_outcomes(passed=1)
     (row,) = dataset.rows(pytester.path / "out", validation=False)
     assert (row["reward"], row["attempts"], row["failure_kind"]) == (1.0, 3, None)
+    # What the two attempts given up cost still counts.
+    assert row["usage"] == {
+        "prompt_tokens": 14,
+        "completion_tokens": 0,
+        "requests": 2,
+        "cost_usd": None,
+    }
     opened = [call for call in journal(pytester) if call["call"] in ("open", "close")]
     assert [call["call"] for call in opened] == ["open", "close"] * 3
 
