@@ -384,3 +384,21 @@ def test_model_requests_in_flight_are_capped_across_workers(
         pytester, dataset, server, "-n", "2", f"--harbor-model-concurrency={cap}"
     ).assert_outcomes(passed=4)
     assert most == cap
+
+
+def test_the_key_never_enters_the_sandbox(
+    pytester: pytest.Pytester, dataset: Dataset, model_server: Server
+) -> None:
+    """A model that goes looking for the key in the sandbox finds nothing: shell-agent
+    calls the endpoint from the host and passes no credentials into the sandbox."""
+    dataset.task("snoop")
+    looking = (
+        "env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; "
+        "grep -rs Bearer /logs /tmp /root /etc 2>/dev/null | head; echo 1 > /tmp/answer"
+    )
+    server = model_server(solving({"Write 1 to /tmp/answer.\n": looking}))
+    agent_run(pytester, dataset, server).assert_outcomes(passed=1)
+    (seen,) = server.requests[1].tool_results
+    assert "HOSTNAME=" in seen  # the command did print the environment
+    assert server.api_key not in seen
+    assert "HARBOR_MODEL_API_KEY" not in seen
