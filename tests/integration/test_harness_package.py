@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,9 @@ echo 1 > /tmp/answer
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example package installed with pip (its own folder, not this virtualenv)."""
     target = tmp_path_factory.mktemp("site")
+    # Built from a copy: pip leaves build/ and *.egg-info beside the sources it builds.
+    source = tmp_path_factory.mktemp("source") / PACKAGE.name
+    shutil.copytree(PACKAGE, source)
     subprocess.run(
         [
             sys.executable,
@@ -41,7 +45,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--no-build-isolation",
             "--target",
             str(target),
-            str(PACKAGE),
+            str(source),
         ],
         check=True,
         capture_output=True,
