@@ -402,3 +402,19 @@ def test_the_key_never_enters_the_sandbox(
     assert "HOSTNAME=" in seen  # the command did print the environment
     assert server.api_key not in seen
     assert "HARBOR_MODEL_API_KEY" not in seen
+
+
+def test_the_verifier_reads_the_agents_own_trajectory(
+    pytester: pytest.Pytester, dataset: Dataset, model_server: Server
+) -> None:
+    dataset.task(
+        "graded-on-process",
+        test_sh=(
+            'grep -q \'"schema_version": "ATIF-v1.7"\' /logs/agent/trajectory.json'
+            ' && grep -q \'"function_name": "bash"\' /logs/agent/trajectory.json'
+            " && grep -q 'echo 1 > /tmp/answer' /logs/agent/trajectory.json"
+            " && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+        ),
+    )
+    server = model_server(solving({"Write 1 to /tmp/answer.\n": "echo 1 > /tmp/answer"}))
+    agent_run(pytester, dataset, server).assert_outcomes(passed=1)
