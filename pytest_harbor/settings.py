@@ -77,6 +77,9 @@ class HarborSettings(BaseModel):
     max_concurrent_episodes: int | None = Field(default=None, ge=1)
     queue_timeout_seconds: float | None = Field(default=None, gt=0)
     separate_verifier_for_artifacts: bool = False
+    #: pytest-harbor's own: verify every shared-mode turn in a fresh sandbox started from
+    #: a snapshot of the agent's (its files, none of its processes).
+    verify_from_snapshot: bool = False
     secrets: dict[str, str] = {}
     task_mcp_grants: Literal["off", "optional", "required"] = "off"
     turn_sessions: Literal["fresh", "continue"] = "fresh"

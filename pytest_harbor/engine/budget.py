@@ -1,7 +1,8 @@
 """An episode's time budget, sized from its task and the run settings.
 
 Per turn, once the sandbox is ready: harness set-up allowance + agent budget + 30 s per
-collect hook + verifier timeout + verifier grace (+ a separate verifier's sandbox start).
+collect hook + verifier timeout + verifier grace (+ the start of a sandbox to verify in: a
+separate verifier's, or the snapshot's with `verify_from_snapshot`).
 The *nominal* episode adds one sandbox start; the *worst case* adds one start, and its
 cleanup as grace, per image-pull attempt (`image_pull_retries + 1`).
 """
@@ -93,7 +94,12 @@ def _turns_seconds(task: Task, settings: HarborSettings, separate_verifier: bool
             + hooks
             + turn.verifier_timeout_sec
             + settings.verifier_grace_s
-            + (settings.sandbox_ready_timeout_s if separate_verifier else 0.0)
+            # A second sandbox to verify in: a separate verifier, or the snapshot's.
+            + (
+                settings.sandbox_ready_timeout_s
+                if separate_verifier or settings.verify_from_snapshot
+                else 0.0
+            )
         )
     return total
 

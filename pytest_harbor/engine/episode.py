@@ -31,10 +31,13 @@ from pytest_harbor.engine.rewards import RewardReading
 from pytest_harbor.engine.rollup import roll_up, stop_reason
 from pytest_harbor.engine.trajectory import transcript
 from pytest_harbor.engine.verification import (
-    CLEAR_FOR_NEXT_TURN,
     SANDBOX_DIRECTORIES,
+    SandboxSurvey,
     VerifierRun,
+    clear_for_next_turn,
     run_verifier,
+    survey,
+    trusted,
 )
 from pytest_harbor.harnesses.base import AgentFailure, AgentRun, Harness, ModelGate, Usage
 from pytest_harbor.harnesses.model import ModelConfig
@@ -141,6 +144,8 @@ class Episode:
             logs_dir=agent_logs_dir,
             redactor=self.redactor,
         )
+        #: The agent's sandbox as the seed left it (before any agent).
+        self._survey: SandboxSurvey | None = None
         #: Each run of the episode (a retry after an agent failure starts a fresh one).
         self._attempt = 1
         self._retries: dict[str, int] = {}
@@ -157,7 +162,9 @@ class Episode:
 
     @property
     def verifier_mode(self) -> str:
-        return "separate" if self.separate_verifier else "shared"
+        if self.separate_verifier:
+            return "separate"
+        return "snapshot" if self.settings.verify_from_snapshot else "shared"
 
     @property
     def budget(self) -> EpisodeBudget:
@@ -265,6 +272,10 @@ class Episode:
                 remaining=self._remaining,
             )
         self._note_entrypoint(self._sandbox)
+        try:
+            self._survey = survey(self._sandbox)
+        except SandboxError as error:
+            raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
         self._timings["seed_s"] = time.monotonic() - started
 
     def _take_early_sandbox(self) -> Sandbox | None:
@@ -523,16 +534,14 @@ class Episode:
     def _clear_grading_files(self, sandbox: Sandbox) -> None:
         """Before a later turn: the previous turn's tests, reward and transcript go; the
         agent's own files under /logs/agent stay."""
-        cleared = sandbox.exec(["/bin/sh", "-c", CLEAR_FOR_NEXT_TURN], user="root")
-        if cleared.exit_code != 0:
-            raise SandboxError(f"cannot clear the previous turn's files: {cleared.stderr.strip()}")
+        clear_for_next_turn(sandbox)
 
     def _as_user(self, sandbox: Sandbox, turn: Turn) -> Turn:
         """The turn's agent user (a uid resolved to its name) owns the working directory."""
         user = self._users.get(turn.agent_user or "", turn.agent_user)
         if user is not None and user != self._workdir_owner:
             workdir = self.workdir or self._image_workdir(self._image or "")
-            owned = sandbox.exec(["chown", user, workdir], user="root")
+            owned = sandbox.exec(trusted('$B chown "$1" "$2"', user, workdir), user="root")
             if owned.exit_code != 0:
                 raise SandboxError(f"cannot hand {workdir} to {user}: {owned.stderr.strip()}")
             self._workdir_owner = user
@@ -595,16 +604,58 @@ class Episode:
         return notes
 
     def _verify(self, sandbox: Sandbox, turn: Turn, transcript: bytes) -> VerifierRun:
-        if not self.separate_verifier:
-            return run_verifier(
-                sandbox,
-                turn,
-                workdir=self.workdir,
-                grace_s=self.settings.verifier_grace_s,
-                budget_s=self._verifier_budget(turn),
-                trajectory=transcript,
-            )
-        return self._verify_separately(sandbox, turn, transcript)
+        if self.separate_verifier:
+            return self._verify_separately(sandbox, turn, transcript)
+        assert self._survey is not None
+        if self.settings.verify_from_snapshot:
+            return self._verify_from_snapshot(sandbox, turn, transcript, self._survey)
+        return run_verifier(
+            sandbox,
+            turn,
+            workdir=self.workdir,
+            grace_s=self.settings.verifier_grace_s,
+            budget_s=self._verifier_budget(turn),
+            trajectory=transcript,
+            seed=self._survey,
+            kill_user=self._agent_processes_owner(turn),
+        )
+
+    def _agent_processes_owner(self, turn: Turn) -> str | None:
+        """The user whose processes are killed before the turn's shared verification: the
+        turn's agent user (else the image's), unless that is root, whose processes cannot
+        be told from the image's own services (see `verify_from_snapshot`)."""
+        user = turn.agent_user or self.provider.image_config(self._image or "").user
+        user = (user or "").split(":")[0]
+        return None if user in ("", "root", "0") else user
+
+    def _verify_from_snapshot(
+        self, agent_sandbox: Sandbox, turn: Turn, transcript: bytes, seed: SandboxSurvey
+    ) -> VerifierRun:
+        """A fresh sandbox from a snapshot of the agent's file system: not one process of
+        the agent's lives on in it. The image's ENTRYPOINT is not started again."""
+        image = agent_sandbox.snapshot(self.image_labels)
+        try:
+            try:
+                verifier = self._start(image, self.task.config.environment, record=False)
+            except SandboxStartError as error:
+                raise SandboxError(f"the snapshot's sandbox did not start: {error}") from None
+            try:
+                return run_verifier(
+                    verifier,
+                    turn,
+                    workdir=self.workdir,
+                    grace_s=self.settings.verifier_grace_s,
+                    budget_s=self._verifier_budget(turn),
+                    trajectory=transcript,
+                    seed=seed,
+                )
+            finally:
+                _stop_within(verifier, self.settings.cleanup_timeout_seconds)
+        finally:
+            try:
+                self.provider.remove_image(image)
+            except SandboxError as error:
+                log.warning("%s: the snapshot image was not removed: %s", self.id, error)
 
     def _verifier_budget(self, turn: Turn) -> float:
         return min(turn.verifier_timeout_sec, self._remaining() - self.settings.verifier_grace_s)
@@ -620,6 +671,7 @@ class Episode:
         except SandboxStartError as error:
             raise SandboxError(f"the separate verifier did not start: {error}") from None
         try:
+            fresh = survey(verifier)
             has_entrypoint = start_entrypoint(
                 verifier, self.provider.image_config(self._verifier_image), environment.workdir
             )
@@ -636,7 +688,7 @@ class Episode:
                 and self.task.config.verifier.environment.docker_image
             )
             ships_tests = (
-                own_image and verifier.exec(["test", "-f", "/tests/test.sh"]).exit_code == 0
+                own_image and verifier.exec(trusted('[ -f "$1" ]', "/tests/test.sh")).exit_code == 0
             )
             return run_verifier(
                 verifier,
@@ -645,6 +697,7 @@ class Episode:
                 grace_s=self.settings.verifier_grace_s,
                 budget_s=self._verifier_budget(turn),
                 trajectory=transcript,
+                seed=fresh,
                 upload_tests=not ships_tests,
             )
         finally:
@@ -659,7 +712,7 @@ class Episode:
             if archive is None:
                 continue
             parent = absolute.rstrip("/").rsplit("/", 1)[0] or "/"
-            target.exec(["mkdir", "-p", parent], user="root")
+            target.exec(trusted('$B mkdir -p "$1"', parent), user="root")
             target.write_archive(filter_archive(archive, exclude), parent)
 
     # ------------------------------------------------------------------------ results

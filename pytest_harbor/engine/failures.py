@@ -12,6 +12,8 @@ class FailureKind:
     REWARD_INVALID = "harbor:reward_invalid"
     VERIFIER_TIMEOUT = "harbor:verifier_timeout"
     VERIFIER_ERROR = "harbor:verifier_error"
+    #: The agent changed what the verifier needs (its folders, the image's bash): scored 0.
+    VERIFIER_TAMPERED = "harbor:verifier_tampered"
     ENTRYPOINT_FAILED = "harbor:entrypoint_failed"
     SANDBOX_LOST = "harbor:sandbox_lost"
     SOLUTION_FAILED = "harbor:solution_failed"

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -92,6 +92,13 @@ class SandboxWindow:
     def download(self, source: str) -> dict[str, bytes]:
         self._may_read()
         return self._sandbox.download(source)
+
+    def iter_archive(self, source: str) -> Iterator[bytes] | None:
+        self._may_read()
+        return self._sandbox.iter_archive(source)
+
+    def snapshot(self, labels: Mapping[str, str]) -> str:
+        raise SandboxError("a harness cannot snapshot the sandbox")
 
     def stop(self) -> None:
         raise SandboxError("a harness leaves the sandbox to the episode; it cannot stop it")

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 
 from pytest_harbor.engine.failures import FailureKind
 
-__all__ = ["RewardReading", "read_reward"]
+__all__ = ["REWARD_FILES", "RewardReading", "read_reward"]
+
+#: The reward files, the first one present wins.
+REWARD_FILES = ("reward.json", "reward.txt")
 
 
 @dataclass(frozen=True)
@@ -38,14 +41,23 @@ class RewardReading:
         )
 
 
-def read_reward(files: Mapping[str, bytes]) -> RewardReading:
+def read_reward(
+    files: Mapping[str, bytes], unusable: Mapping[str, str] | None = None
+) -> RewardReading:
     """Read `reward.json`, else `reward.txt`, from the files of /logs/verifier.
 
     - reward.json must be a JSON object whose values are all finite numbers (not booleans);
       the episode reward is its `reward` key when present, else the mean of its values.
     - reward.txt must hold one finite number.
-    - A missing, empty or invalid file gives reward 0 and a failure kind.
+    - A missing, empty or invalid file gives reward 0 and a failure kind; so does one in
+      `unusable` (a reward file there but not read: a link, a FIFO, too large), with the
+      reason given there.
     """
+    for name in REWARD_FILES:
+        if unusable and name in unusable and name not in files:
+            return _invalid(name, unusable[name])
+        if name in files:
+            break
     if "reward.json" in files:
         return _read_json(files["reward.json"])
     if "reward.txt" in files:

@@ -1,40 +1,60 @@
-"""Running tests/test.sh in a sandbox, and the folders and scripts that takes."""
+"""Running tests/test.sh in a sandbox the agent had, so that the agent cannot change the
+grade, and the folders and scripts that takes.
+
+Everything the engine runs in the sandbox to drive a verification comes from the trusted
+tools (a static busybox mounted read-only, TRUSTED_BUSYBOX): the shell, `timeout`, `tar`,
+`rm`, `kill`. Only test.sh runs with the image's own bash, at the path the seed found it.
+What the verifier left is read through the engine's archive API, not by a tool inside the
+sandbox. Before test.sh starts, every process a non-root agent started is killed, and
+/tests and /logs/verifier belong to the verifier alone.
+"""
 
 from __future__ import annotations
 
+import io
+import tarfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from pytest_harbor.engine.failures import FailureKind
-from pytest_harbor.engine.rewards import RewardReading, read_reward
-from pytest_harbor.sandboxes.archives import pack_tree, unpack_files
-from pytest_harbor.sandboxes.base import Sandbox, SandboxError
+from pytest_harbor.engine.rewards import REWARD_FILES, RewardReading, read_reward
+from pytest_harbor.sandboxes.archives import pack_tree
+from pytest_harbor.sandboxes.base import TRUSTED_BUSYBOX, Sandbox, SandboxError
 from pytest_harbor.tasks import Turn
 
 __all__ = [
-    "CLEAR_FOR_NEXT_TURN",
     "ENTRYPOINT_EXIT",
+    "REWARD_CAP_BYTES",
     "RUN_DIR",
     "SANDBOX_DIRECTORIES",
     "TRAJECTORY",
+    "SandboxSurvey",
     "VerifierRun",
+    "clear_for_next_turn",
     "run_verifier",
+    "survey",
+    "trusted",
 ]
 
 TESTS_DIR = "/tests"
 #: Where the verifier finds the agent's transcript (ATIF), written just before it runs.
 TRAJECTORY = "/logs/agent/trajectory.json"
 VERIFIER_LOGS = "/logs/verifier"
-REQUIRED_TOOLS = ("bash", "timeout", "tar")
 #: The engine's own notes inside a sandbox (the ENTRYPOINT's log and exit code).
 RUN_DIR = "/run/pytest-harbor"
 ENTRYPOINT_EXIT = "entrypoint.exit"
+#: A reward file larger than this is not read: it is invalid.
+REWARD_CAP_BYTES = 64 * 1024
+#: Of any other file the verifier leaves, at most this much is kept.
+FILE_CAP_BYTES = 64 * 1024 * 1024
 
-#: Made before the sandbox starts; the log folders are writable by any agent or verifier user.
+#: Made before the sandbox starts. The agent's folder is writable by any user; the
+#: verifier's is handed to the verifier's user when it runs.
 SANDBOX_DIRECTORIES = {
     "/logs": 0o755,
     "/logs/agent": 0o777,
-    "/logs/verifier": 0o777,
+    VERIFIER_LOGS: 0o755,
     "/logs/artifacts": 0o777,
     TESTS_DIR: 0o755,
     "/solution": 0o755,
@@ -42,38 +62,164 @@ SANDBOX_DIRECTORIES = {
     RUN_DIR: 0o1777,
 }
 
-#: Before a later turn, as root: the previous turn's tests, reward files and transcript go.
-CLEAR_FOR_NEXT_TURN = (
-    f"for dir in {TESTS_DIR} {VERIFIER_LOGS}; do "
-    'rm -rf "$dir"/* "$dir"/.[!.]* "$dir"/..?*; done; rm -f /logs/agent/trajectory.json'
-)
-
-_MISSING = "pytest-harbor-missing:"
+_TAMPERED = "pytest-harbor-tampered:"
 _BROKEN = "pytest-harbor-error:"
 
-# As root: check the tools, empty /logs/verifier (dotfiles too) and, unless the image ships
-# its tests, /tests, then unpack the tests from stdin. Marker lines on stderr say what broke.
-_PREPARE = f"""
-missing=""
-for tool in {" ".join(REQUIRED_TOOLS)}; do
-  command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"
-done
-if [ -n "$missing" ]; then echo "{_MISSING}$missing" >&2; exit 0; fi
-for dir in {{folders}}; do
-  rm -rf "$dir"/* "$dir"/.[!.]* "$dir"/..?* \
-    || {{{{ echo "{_BROKEN} cannot empty $dir" >&2; exit 1; }}}}
-done
-mkdir -p {TESTS_DIR} {VERIFIER_LOGS} && chmod 777 {VERIFIER_LOGS} \\
-  || {{{{ echo "{_BROKEN} cannot make {VERIFIER_LOGS}" >&2; exit 1; }}}}
+#: Shell functions every engine script starts with ($B is the trusted busybox).
+_PRELUDE = f"""
+B={TRUSTED_BUSYBOX}
+tampered() {{ echo "{_TAMPERED} $*" >&2; exit 0; }}
+broken() {{ echo "{_BROKEN} $*" >&2; exit 1; }}
+empty() {{
+  for dir in "$@"; do
+    $B rm -rf "$dir"/* "$dir"/.[!.]* "$dir"/..?* || broken "cannot empty $dir"
+  done
+}}
 """
-# Unpacks stdin at / : the tests under tests/, the transcript as logs/agent/trajectory.json.
-_UNPACK = f'tar -x -f - -C / || {{ echo "{_BROKEN} cannot unpack the tests" >&2; exit 1; }}\n'
 
-# Runs test.sh under `timeout`, then writes /logs/verifier as a tar to stdout.
-_RUN = (
-    "timeout -k {grace} {budget} bash {tests}/test.sh > {logs}/test-stdout.txt 2>&1; "
-    "code=$?; tar -c -f - -C {logs} .; exit $code"
+# What the sandbox is at the end of the seed, before any agent: the image's bash and
+# timeout on its PATH, and every process with its start time (which no later process can
+# have: the kernel sets it).
+_SURVEY = """
+locate() {
+  found=""
+  old_ifs=$IFS; IFS=:
+  for dir in $PATH; do
+    if [ -f "$dir/$1" ] && [ -x "$dir/$1" ]; then found="$dir/$1"; break; fi
+  done
+  IFS=$old_ifs
+  echo "$1:$found"
+}
+locate bash
+locate timeout
+for p in /proc/[0-9]*; do
+  read -r stat 2>/dev/null < "$p/stat" || continue
+  rest=${stat##*) }
+  set -- $rest
+  echo "proc:${p#/proc/}:${20}"
+done
+"""
+
+# Kills, as root, every process of user $1 (a name or a uid) that is not in $2, the seed's
+# "pid:start" list; again until none is left (one may fork while its parent dies).
+_KILL = """
+kill_user=$1 keep=" $2 "
+case $kill_user in
+  *[!0-9]*) uid=$($B id -u "$kill_user") || broken "no user $kill_user" ;;
+  *) uid=$kill_user ;;
+esac
+round=0
+while [ $round -lt 20 ]; do
+  round=$((round + 1)) killed=""
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    [ "$pid" = "$$" ] && continue
+    read -r stat 2>/dev/null < "$p/stat" || continue
+    rest=${stat##*) }
+    set -- $rest
+    case "$keep" in *" $pid:${20} "*) continue ;; esac
+    owner=""
+    { while read -r key real rest; do
+        if [ "$key" = "Uid:" ]; then owner=$real; break; fi
+      done < "$p/status"; } 2>/dev/null
+    if [ "$owner" = "$uid" ]; then kill -9 "$pid" 2>/dev/null && killed=1; fi
+  done
+  [ -z "$killed" ] && break
+done
+"""
+
+# As root: the folders must still be folders and the image's bash still there; the
+# agent's processes go; /tests and /logs/verifier are emptied and handed to the verifier;
+# the tests and the transcript are unpacked from stdin. Arguments: bash, whether to empty
+# /tests, the verifier's user (or ""), the user to kill (or ""), the seed's processes.
+_PREPARE = (
+    """
+bash=$1 upload=$2 verifier_user=$3 kill_user=$4 keep=$5
+for dir in /logs /tests /logs/verifier; do
+  if [ -L "$dir" ] || [ ! -d "$dir" ]; then tampered "$dir is no longer a folder"; fi
+done
+if [ ! -f "$bash" ] || [ ! -x "$bash" ]; then
+  tampered "$bash, which runs the verifier, is gone"
+fi
+if [ -n "$kill_user" ]; then
+  ( set -- "$kill_user" "$keep"
+"""
+    + _KILL
+    + f"""
+  ) || exit $?
+fi
+if [ "$upload" = 1 ]; then empty {TESTS_DIR} {VERIFIER_LOGS}; else empty {VERIFIER_LOGS}; fi
+$B chown 0:0 {TESTS_DIR} && $B chmod 755 {TESTS_DIR} || broken "cannot take {TESTS_DIR}"
+$B chown "${{verifier_user:-0}}" {VERIFIER_LOGS} && $B chmod 755 {VERIFIER_LOGS} \\
+  || broken "cannot hand {VERIFIER_LOGS} to ${{verifier_user:-root}}"
+if [ -L /logs/agent ] || [ ! -d /logs/agent ]; then
+  $B rm -rf /logs/agent && $B mkdir -p /logs/agent && $B chmod 777 /logs/agent \\
+    || broken "cannot make /logs/agent"
+fi
+$B rm -f {TRAJECTORY} || broken "cannot replace {TRAJECTORY}"
+$B tar -x -f - -C / || broken "cannot unpack the tests"
+"""
 )
+
+# Runs test.sh with the image's bash under the trusted timeout, from the working
+# directory (`exec`: the shell would add its own word on a killed test.sh to the output).
+# Arguments: bash, budget, grace.
+_RUN = f"""
+exec $B timeout -s TERM -k "$3" "$2" "$1" {TESTS_DIR}/test.sh \
+  > {VERIFIER_LOGS}/test-stdout.txt 2>&1
+"""
+
+# Before a later turn, as root: the previous turn's tests, reward files and transcript go.
+_CLEAR = f"""
+for dir in {TESTS_DIR} {VERIFIER_LOGS}; do
+  if [ -d "$dir" ] && [ ! -L "$dir" ]; then empty "$dir"; fi
+done
+$B rm -f {TRAJECTORY}
+"""
+
+
+def trusted(script: str, *arguments: str) -> list[str]:
+    """The command that runs `script` with the trusted shell (and its helper functions)."""
+    return [TRUSTED_BUSYBOX, "sh", "-c", _PRELUDE + script, "sh", *arguments]
+
+
+@dataclass(frozen=True)
+class SandboxSurvey:
+    """What a sandbox was before any agent had it."""
+
+    #: The image's bash and timeout, as found on its PATH (None: it has none).
+    bash: str | None
+    timeout: str | None
+    #: `pid:start` of every process then.
+    processes: frozenset[str] = frozenset()
+
+    @property
+    def lacking(self) -> list[str]:
+        return [tool for tool, path in (("bash", self.bash), ("timeout", self.timeout)) if not path]
+
+
+def survey(sandbox: Sandbox) -> SandboxSurvey:
+    """Look at a sandbox before the agent has it (the end of the seed)."""
+    done = sandbox.exec(trusted(_SURVEY), user="root", timeout=60.0)
+    if done.exit_code != 0:
+        raise SandboxError(f"cannot survey the sandbox: {done.stderr.strip()[-300:]}")
+    tools: dict[str, str | None] = {}
+    processes = set()
+    for line in done.stdout.splitlines():
+        kind, _, value = line.partition(":")
+        if kind == "proc":
+            processes.add(value)
+        elif kind in ("bash", "timeout"):
+            tools[kind] = value or None
+    return SandboxSurvey(tools.get("bash"), tools.get("timeout"), frozenset(processes))
+
+
+def clear_for_next_turn(sandbox: Sandbox) -> None:
+    """Before a later turn: the previous turn's tests, reward and transcript go; the
+    agent's own files under /logs/agent stay."""
+    cleared = sandbox.exec(trusted(_CLEAR), user="root", timeout=60.0)
+    if cleared.exit_code != 0:
+        raise SandboxError(f"cannot clear the previous turn's files: {cleared.stderr.strip()}")
 
 
 @dataclass(frozen=True)
@@ -94,40 +240,21 @@ def run_verifier(
     grace_s: float,
     budget_s: float,
     trajectory: bytes,
+    seed: SandboxSurvey,
+    kill_user: str | None = None,
     upload_tests: bool = True,
 ) -> VerifierRun:
-    """Empty /tests and /logs/verifier, upload the tests (unless the image ships them),
-    write the transcript to /logs/agent/trajectory.json, run test.sh, read the reward.
+    """Verify `turn` in `sandbox`: check what the agent may have broken, kill the
+    processes of `kill_user` the seed did not have, empty /tests and /logs/verifier, upload
+    the tests (unless the image ships them) and the transcript, run test.sh, read the
+    reward through the engine.
 
-    As root this is one exec; a verifier user needs a second one, since emptying the
-    folders needs root. The files returned include the transcript as `trajectory.json`.
+    An image that lacked bash or timeout at the seed masks the sample (nothing the agent
+    did); a folder or a bash the agent replaced or removed scores 0
+    (`harbor:verifier_tampered`). As root this is one exec; a verifier user needs a second.
     """
-    budget = max(budget_s, 1.0)
-    run = _RUN.format(
-        grace=f"{grace_s:g}", budget=f"{budget:g}", tests=TESTS_DIR, logs=VERIFIER_LOGS
-    )
-    folders = f"{TESTS_DIR} {VERIFIER_LOGS}" if upload_tests else VERIFIER_LOGS
-    prepare = _PREPARE.format(folders=folders) + _UNPACK
-    payload = pack_tree(
-        {"tests": turn.tests_dirs if upload_tests else ()},
-        {TRAJECTORY.lstrip("/"): trajectory},
-    )
-    as_root = turn.verifier_user in (None, "root", "0")
-    started = time.monotonic()
-    first = sandbox.exec(
-        ["/bin/sh", "-c", prepare + (run if as_root else "")],
-        user="root",
-        workdir=workdir,
-        env=turn.verifier_env if as_root else None,
-        timeout=budget + grace_s + 10.0 if as_root else 60.0,
-        stdin=payload,
-    )
-    problem = _marked(first.stderr, _BROKEN)
-    if problem is not None:
-        raise SandboxError(problem)
-    missing = _marked(first.stderr, _MISSING)
-    if missing is not None:
-        tools = " and ".join(missing.split())
+    if seed.lacking:
+        tools = " and ".join(seed.lacking)
         return VerifierRun(
             RewardReading.failed(
                 FailureKind.VERIFIER_ERROR,
@@ -135,20 +262,64 @@ def run_verifier(
                 masked=True,
             )
         )
+    assert seed.bash is not None
+    budget = max(budget_s, 1.0)
+    payload = pack_tree(
+        {"tests": turn.tests_dirs if upload_tests else ()},
+        {TRAJECTORY.lstrip("/"): trajectory},
+    )
+    user = turn.verifier_user
+    as_root = user in (None, "root", "0")
+    verifier_owner = "" if as_root else (user or "").split(":")[0]
+    arguments = (
+        seed.bash,
+        "1" if upload_tests else "0",
+        verifier_owner,
+        kill_user or "",
+        " ".join(sorted(seed.processes)),
+    )
+    run_arguments = (seed.bash, f"{budget:g}", f"{grace_s:g}")
+    started = time.monotonic()
+    if as_root:
+        # One exec: the run's arguments follow the preparation's.
+        script = _PREPARE + 'set -- "$6" "$7" "$8"\n' + _RUN
+        first = sandbox.exec(
+            trusted(script, *arguments, *run_arguments),
+            user="root",
+            workdir=workdir,
+            env=turn.verifier_env,
+            timeout=budget + grace_s + 30.0,
+            stdin=payload,
+        )
+    else:
+        first = sandbox.exec(
+            trusted(_PREPARE, *arguments), user="root", workdir=workdir, timeout=60.0, stdin=payload
+        )
+    tampered = _marked(first.stderr, _TAMPERED)
+    if tampered is not None:
+        return VerifierRun(
+            RewardReading.failed(
+                FailureKind.VERIFIER_TAMPERED,
+                f"the sandbox was changed where the verifier needs it: {tampered}",
+            )
+        )
+    problem = _marked(first.stderr, _BROKEN)
+    if problem is not None:
+        raise SandboxError(problem)
     result = first
     if not as_root:
         started = time.monotonic()
         result = sandbox.exec(
-            ["/bin/sh", "-c", run],
-            user=turn.verifier_user,
+            trusted(_RUN, *run_arguments),
+            user=user,
             workdir=workdir,
             env=turn.verifier_env,
-            timeout=budget + grace_s + 10.0,
+            timeout=budget + grace_s + 30.0,
         )
     elapsed = time.monotonic() - started
-    # `timeout` exits 124 after SIGTERM worked, 137 when SIGKILL was needed.
-    timed_out = result.timed_out or (result.exit_code in (124, 137) and elapsed >= budget)
-    files = unpack_files(result.stdout_bytes) if result.stdout_bytes else {}
+    # busybox timeout: 143 after SIGTERM worked, 137 when SIGKILL was needed.
+    timed_out = result.timed_out or (result.exit_code in (124, 137, 143) and elapsed >= budget)
+    files, unusable = read_verifier_folder(sandbox)
     files.setdefault("trajectory.json", trajectory)
     if timed_out:
         reading = RewardReading.failed(
@@ -156,8 +327,80 @@ def run_verifier(
             f"the verifier did not finish within its budget of {budget:g} s and was killed",
         )
     else:
-        reading = read_reward(files)
+        reading = read_reward(files, unusable)
     return VerifierRun(reading, result.exit_code, timed_out, files)
+
+
+def read_verifier_folder(sandbox: Sandbox) -> tuple[dict[str, bytes], dict[str, str]]:
+    """What /logs/verifier holds, read through the engine's archive API as a stream: its
+    regular files (each cut at FILE_CAP_BYTES), and why a reward file cannot be read when
+    it is not a regular file or is larger than REWARD_CAP_BYTES."""
+    chunks = sandbox.iter_archive(VERIFIER_LOGS)
+    files: dict[str, bytes] = {}
+    unusable: dict[str, str] = {}
+    if chunks is None:
+        return files, unusable
+    with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:
+        for member in archive:
+            parts = member.name.split("/")[1:]
+            if not parts or any(part in ("", "..") for part in parts):
+                continue
+            name = "/".join(parts)
+            if name in REWARD_FILES:
+                if not member.isreg():
+                    unusable[name] = f"is not a regular file ({_kind(member)})"
+                    continue
+                if member.size > REWARD_CAP_BYTES:
+                    unusable[name] = (
+                        f"is larger than {REWARD_CAP_BYTES} bytes ({member.size} bytes)"
+                    )
+                    continue
+            if not member.isreg():
+                continue
+            extracted = archive.extractfile(member)
+            if extracted is None:
+                continue
+            data = extracted.read(FILE_CAP_BYTES)
+            if member.size > FILE_CAP_BYTES:
+                data += f"\n[... cut: {member.size - FILE_CAP_BYTES} more bytes ...]\n".encode()
+            files[name] = data
+    return files, unusable
+
+
+def _kind(member: tarfile.TarInfo) -> str:
+    if member.issym():
+        return f"a symbolic link to {member.linkname}"
+    if member.islnk():
+        return f"a hard link to {member.linkname}"
+    if member.isfifo():
+        return "a FIFO"
+    if member.isdev():
+        return "a device"
+    if member.isdir():
+        return "a folder"
+    return "not a file"
+
+
+class _ChunkReader(io.RawIOBase):
+    """A file object over chunks of bytes, read once, front to back."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        while not self._pending:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._pending = chunk
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
 
 
 def _marked(stderr: str, marker: str) -> str | None:

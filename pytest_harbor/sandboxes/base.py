@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 __all__ = [
+    "TRUSTED_BUSYBOX",
+    "TRUSTED_TOOLS",
     "ExecResult",
     "ImageConfig",
     "ImageSource",
@@ -18,6 +20,13 @@ __all__ = [
     "SandboxSpec",
     "SandboxStartError",
 ]
+
+
+#: A read-only folder in every sandbox holding a static busybox, for the engine's own use
+#: (the shell that drives a verification, its timeout, kill, tar): nothing inside the
+#: sandbox, root included, can change it, and it needs nothing from the image.
+TRUSTED_TOOLS = "/.pytest-harbor"
+TRUSTED_BUSYBOX = f"{TRUSTED_TOOLS}/busybox"
 
 
 class SandboxError(Exception):
@@ -142,6 +151,16 @@ class Sandbox(Protocol):
         a file `source` comes back under its own name. Nothing there gives {}."""
         ...
 
+    def iter_archive(self, source: str) -> Iterator[bytes] | None:
+        """`source` as read_archive gives it, in chunks as they arrive (nothing held whole);
+        None when it does not exist."""
+        ...
+
+    def snapshot(self, labels: Mapping[str, str]) -> str:
+        """An image of the sandbox's file system as it is now (its processes are not part
+        of it), carrying `labels`; remove it with the provider's remove_image()."""
+        ...
+
     def stop(self) -> None:
         """Remove the sandbox at once; safe to call twice."""
         ...
@@ -173,4 +192,8 @@ class SandboxProvider(Protocol):
 
     def remove(self, sandbox_id: str) -> None:
         """Remove one sandbox at once; no error when it is already gone."""
+        ...
+
+    def remove_image(self, image: str) -> None:
+        """Remove an image the run made (a snapshot); no error when it is already gone."""
         ...

@@ -9,6 +9,7 @@ import re
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from pytest_harbor.sandboxes.archives import (
     unpack_files,
 )
 from pytest_harbor.sandboxes.base import (
+    TRUSTED_TOOLS,
     ExecResult,
     ImageConfig,
     ImageSource,
@@ -38,7 +40,13 @@ from pytest_harbor.sandboxes.base import (
 )
 from pytest_harbor.sandboxes.images import build_lock, image_tag_for
 
-__all__ = ["DockerProvider", "DockerSandbox"]
+__all__ = ["TOOLS_IMAGE", "DockerProvider", "DockerSandbox"]
+
+#: The image the trusted tools come from: its /bin/busybox must be statically linked.
+#: Pulled when missing, like a task's image; PYTEST_HARBOR_TOOLS_IMAGE names another.
+TOOLS_IMAGE = os.environ.get("PYTEST_HARBOR_TOOLS_IMAGE", "busybox:musl")
+#: Volumes pytest-harbor keeps as a cache (the trusted tools), like built images.
+_CACHE_LABEL = "pytest-harbor.cache"
 
 #: Control calls (create, inspect, remove) give up after this long.
 _CONTROL_TIMEOUT_S = 300
@@ -106,6 +114,57 @@ class DockerProvider:
         self._present: set[str] = set()
         self._tags: dict[Path, str] = {}
         self._configs: dict[str, ImageConfig] = {}
+        self._tools_volume: str | None = None
+        self._tools_lock = threading.Lock()
+
+    def tools_volume(self) -> str:
+        """The volume holding the trusted busybox, made once per tools image and engine
+        (and kept, as a cache); every sandbox mounts it read-only at TRUSTED_TOOLS."""
+        with self._tools_lock:
+            if self._tools_volume is None:
+                self._tools_volume = self._make_tools_volume()
+            return self._tools_volume
+
+    def _make_tools_volume(self) -> str:
+        api = _engine().api
+        try:
+            image = self._prebuilt(TOOLS_IMAGE, retries=2)
+        except SandboxStartError as error:
+            raise SandboxStartError(
+                f"{error}; pytest-harbor runs its verification with the static busybox of "
+                f"{TOOLS_IMAGE} (pull it, or make one: .ci/setup shows how)"
+            ) from None
+        digest = str(api.inspect_image(image)["Id"]).split(":")[-1]
+        name = f"pytest-harbor-tools-{digest[:16]}"
+        with build_lock(name):
+            try:
+                api.create_volume(name, labels={_CACHE_LABEL: "tools"})
+                helper = api.create_container(
+                    image,
+                    command=["true"],
+                    labels={_CACHE_LABEL: "tools-helper"},
+                    host_config=api.create_host_config(
+                        binds={name: {"bind": "/fill", "mode": "rw"}}
+                    ),
+                )
+            except docker.errors.APIError as error:
+                raise SandboxStartError(
+                    f"cannot make the tools volume: {_explain(error)}"
+                ) from None
+            try:
+                try:
+                    api.get_archive(helper["Id"], "/fill/busybox")
+                except docker.errors.NotFound:
+                    chunks, _ = api.get_archive(helper["Id"], "/bin/busybox")
+                    api.put_archive(helper["Id"], "/fill", b"".join(chunks))
+            except docker.errors.APIError as error:
+                raise SandboxStartError(
+                    f"cannot copy /bin/busybox of {image} into the tools volume: {_explain(error)}"
+                ) from None
+            finally:
+                with contextlib.suppress(docker.errors.APIError):
+                    api.remove_container(helper["Id"], force=True)
+        return name
 
     def prepare_image(self, source: ImageSource) -> str:
         if source.docker_image is not None:
@@ -229,6 +288,7 @@ class DockerProvider:
                 init=True,
                 auto_remove=spec.ttl_s is not None,
                 network_mode=None if spec.network else "none",
+                binds={self.tools_volume(): {"bind": TRUSTED_TOOLS, "mode": "ro"}},
                 **limits,
             )
             created = api.create_container(
@@ -264,6 +324,14 @@ class DockerProvider:
 
     def remove(self, sandbox_id: str) -> None:
         DockerSandbox(sandbox_id).stop()
+
+    def remove_image(self, image: str) -> None:
+        try:
+            _engine().api.remove_image(image, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as error:
+            raise SandboxError(f"cannot remove image {image[:19]}: {_explain(error)}") from None
 
     def remove_labelled(self, labels: Mapping[str, str]) -> int:
         api = _engine().api
@@ -392,6 +460,31 @@ class DockerSandbox:
         # A folder comes back as `folder/...`: drop that first part. A file as itself.
         is_folder = bool(stat.get("mode", 0) & _GO_MODE_DIR)
         return unpack_files(data, strip_components=1 if is_folder else 0)
+
+    def iter_archive(self, source: str) -> Iterator[bytes] | None:
+        try:
+            chunks, _ = _engine().api.get_archive(self._id, source)
+        except docker.errors.NotFound:
+            return None
+        except docker.errors.APIError as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: reading {source} failed: {_explain(error)}"
+            ) from None
+        return _guarded(chunks, f"sandbox {self._id[:12]}: reading {source} failed")
+
+    def snapshot(self, labels: Mapping[str, str]) -> str:
+        try:
+            made = _engine().api.commit(
+                self._id,
+                repository="pytest-harbor-snapshot",
+                tag=uuid.uuid4().hex[:12],
+                conf={"Labels": dict(labels)},
+            )
+        except docker.errors.APIError as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: snapshot failed: {_explain(error)}"
+            ) from None
+        return str(made["Id"])
 
     def stop(self) -> None:
         if self._stopped:
@@ -555,6 +648,14 @@ class _OutputReader:
         if self._reads_pid and self._pid is None:
             self._take_pid()
         return bytes(self._err)
+
+
+def _guarded(chunks: Iterator[bytes], what: str) -> Iterator[bytes]:
+    """The chunks, a dropped connection turned into a SandboxError."""
+    try:
+        yield from chunks
+    except _TRANSPORT_ERRORS as error:
+        raise SandboxError(f"{what}: {error}") from None
 
 
 def _explain(error: docker.errors.APIError) -> str:

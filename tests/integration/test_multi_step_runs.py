@@ -259,7 +259,9 @@ def test_a_masked_turn_masks_the_episode(
     toml = (task / "task.toml").read_text().replace(f'docker_image = "{BASE_IMAGE}"\n', "")
     (task / "task.toml").write_text(toml)
     (task / "environment").mkdir()
-    (task / "environment" / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nRUN rm /usr/bin/tar\n")
+    (task / "environment" / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nRUN rm /usr/bin/timeout\n"
+    )
     built_images.append(task / "environment")
     result = run_harbor(pytester, dataset)
     result.assert_outcomes(errors=1, skipped=1)
