@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -18,8 +19,10 @@ __all__ = [
     "HarborSettings",
     "ResourcesOverride",
     "SettingsError",
+    "literal_secrets",
     "load_settings",
     "parse_assignment",
+    "secret_value",
 ]
 
 #: Where a `--harbor-config` file keeps the settings, as Gym's config files do.
@@ -179,7 +182,51 @@ def load_settings(
             "not implemented in this release, so not accepted: "
             + ", ".join(f"{key} (from {sources[key]})" for key in refused)
         )
+    if settings.secrets:
+        secrets = {
+            name: secret_value(name, value, sources.get("secrets", "settings"))
+            for name, value in settings.secrets.items()
+        }
+        settings = settings.model_copy(update={"secrets": secrets})
     return settings
+
+
+def secret_value(name: str, value: str, source: str) -> str:
+    """A secret as given: `env:NAME` reads the environment variable, `file:PATH` the file
+    (one trailing newline dropped); anything else is the value itself."""
+    if value.startswith("env:"):
+        variable = value[len("env:") :]
+        if variable not in os.environ:
+            raise SettingsError(
+                f"setting secrets.{name} (from {source}): the variable {variable} is not set"
+            )
+        return os.environ[variable]
+    if value.startswith("file:"):
+        path = Path(value[len("file:") :]).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise SettingsError(
+                f"setting secrets.{name} (from {source}): cannot read {path}: {error}"
+            ) from None
+        return text.removesuffix("\n")
+    return value
+
+
+def literal_secrets(assignments: Iterable[str]) -> list[str]:
+    """The secrets a `--harbor-set` gives as literal values (not `env:` or `file:`)."""
+    found = []
+    for text in assignments:
+        keys, value = parse_assignment(text)
+        if keys[0] != "secrets":
+            continue
+        values = {".".join(keys[1:]): value} if len(keys) > 1 else value
+        if not isinstance(values, dict):
+            continue
+        found += [
+            name for name, given in values.items() if not str(given).startswith(("env:", "file:"))
+        ]
+    return found
 
 
 def _config_block(path: Path) -> dict[str, Any]:

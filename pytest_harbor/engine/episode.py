@@ -50,6 +50,7 @@ from pytest_harbor.sandboxes.base import (
     SandboxProvider,
     SandboxSpec,
     SandboxStartError,
+    Spawned,
 )
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task, Turn, task_digest
@@ -123,7 +124,7 @@ class Episode:
         self._wall: list[str | None] = [None, None]
         self._deadline: float | None = None
         self._masked: RewardReading | None = None
-        self._has_entrypoint = False
+        self._entrypoint: Spawned | None = None
         self._stopped_after: str | None = None
         self._stop_reason: str | None = None
         #: Numeric users of the task's turns, resolved to names at seed.
@@ -257,7 +258,7 @@ class Episode:
             if self.task.loose_environment_files:
                 target = self.workdir or self._image_workdir(self._image)
                 self._sandbox.upload(self.task.environment_dir, target)
-            self._has_entrypoint = start_entrypoint(
+            self._entrypoint = start_entrypoint(
                 self._sandbox, self.provider.image_config(self._image), self.workdir
             )
         except SandboxError as error:
@@ -271,7 +272,7 @@ class Episode:
                 user=_user(self.task.config.agent.user),
                 remaining=self._remaining,
             )
-        self._note_entrypoint(self._sandbox)
+        self._note_entrypoint()
         try:
             self._survey = survey(self._sandbox)
         except SandboxError as error:
@@ -374,10 +375,10 @@ class Episode:
     def _image_workdir(self, image: str) -> str:
         return self.provider.image_config(image).workdir or "/"
 
-    def _note_entrypoint(self, sandbox: Sandbox) -> RewardReading | None:
+    def _note_entrypoint(self) -> RewardReading | None:
         """An ENTRYPOINT that exited non-zero masks the sample; returns the masking reading."""
-        if self._masked is None and self._has_entrypoint:
-            failure = entrypoint_failure(sandbox)
+        if self._masked is None:
+            failure = entrypoint_failure(self._entrypoint)
             if failure is not None:
                 self._masked = RewardReading.failed(
                     FailureKind.ENTRYPOINT_FAILED, failure, masked=True
@@ -434,7 +435,7 @@ class Episode:
             self._close_session(sandbox)
         started = time.monotonic()
         notes = self._run_collect_hooks(sandbox)
-        masked = self._note_entrypoint(sandbox)
+        masked = self._note_entrypoint()
         if masked is not None:
             verification = VerifierRun(masked)
         else:
@@ -517,7 +518,7 @@ class Episode:
         time.sleep(pause_s)
         self._attempt += 1
         self._masked = None
-        self._has_entrypoint = False
+        self._entrypoint = None
         self._users = {}
         self._workdir_owner = None
         self.seed()
@@ -672,11 +673,11 @@ class Episode:
             raise SandboxError(f"the separate verifier did not start: {error}") from None
         try:
             fresh = survey(verifier)
-            has_entrypoint = start_entrypoint(
+            entrypoint = start_entrypoint(
                 verifier, self.provider.image_config(self._verifier_image), environment.workdir
             )
             self._copy_artifacts(agent_sandbox, verifier)
-            failure = entrypoint_failure(verifier) if has_entrypoint else None
+            failure = entrypoint_failure(entrypoint)
             if failure is not None:
                 return VerifierRun(
                     RewardReading.failed(FailureKind.ENTRYPOINT_FAILED, failure, masked=True)

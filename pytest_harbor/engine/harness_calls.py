@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 
 from pytest_harbor.harnesses.base import Deadline, ModelGateSlot
 from pytest_harbor.redaction import Redactor
-from pytest_harbor.sandboxes.base import ExecResult, Sandbox, SandboxError
+from pytest_harbor.sandboxes.base import ExecResult, Sandbox, SandboxError, Spawned
 
 __all__ = ["HARNESS_GRACE_S", "CallOutcome", "InProcessGate", "SandboxWindow", "call_harness"]
 
@@ -99,6 +99,13 @@ class SandboxWindow:
 
     def snapshot(self, labels: Mapping[str, str]) -> str:
         raise SandboxError("a harness cannot snapshot the sandbox")
+
+    def spawn(
+        self, command: Sequence[str], *, user: str | None = None, workdir: str | None = None
+    ) -> Spawned:
+        # What a harness starts must end with its call: exec, whose commands the deadline
+        # cuts off, is the way.
+        raise SandboxError("a harness cannot leave processes running: use exec")
 
     def stop(self) -> None:
         raise SandboxError("a harness leaves the sandbox to the episode; it cannot stop it")

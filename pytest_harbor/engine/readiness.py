@@ -6,45 +6,30 @@ import time
 from collections.abc import Callable
 
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
-from pytest_harbor.engine.verification import ENTRYPOINT_EXIT, RUN_DIR
-from pytest_harbor.sandboxes.base import ImageConfig, Sandbox, SandboxError
+from pytest_harbor.sandboxes.base import ImageConfig, Sandbox, Spawned
 from pytest_harbor.tasks.config import HealthcheckConfig
 
 __all__ = ["entrypoint_failure", "start_entrypoint", "wait_healthy"]
 
-# Starts "$@" in the background, keeping its output and its exit code.
-_BACKGROUND = (
-    f'( "$@" > {RUN_DIR}/entrypoint.log 2>&1; echo $? > {RUN_DIR}/{ENTRYPOINT_EXIT} ) '
-    "> /dev/null 2>&1 &"
-)
 
-
-def start_entrypoint(sandbox: Sandbox, config: ImageConfig, workdir: str | None) -> bool:
+def start_entrypoint(sandbox: Sandbox, config: ImageConfig, workdir: str | None) -> Spawned | None:
     """The sandbox runs a keep-alive instead of the image's ENTRYPOINT: start it (with the
-    image's CMD as its arguments, as the image's user). Returns whether there was one."""
+    image's CMD as its arguments, as the image's user), watched by the engine. None when
+    the image has none."""
     if not config.entrypoint:
-        return False
-    started = sandbox.exec(
-        ["/bin/sh", "-c", _BACKGROUND, "sh", *config.entrypoint, *config.cmd],
-        user=config.user or None,
-        workdir=workdir,
-        timeout=30.0,
+        return None
+    return sandbox.spawn(
+        [*config.entrypoint, *config.cmd], user=config.user or None, workdir=workdir
     )
-    if started.exit_code != 0:
-        raise SandboxError(f"cannot start the image's ENTRYPOINT: {started.stderr.strip()}")
-    return True
 
 
-def entrypoint_failure(sandbox: Sandbox) -> str | None:
-    """Why the ENTRYPOINT failed (it exited non-zero), or None while it runs or went fine."""
-    exit_file = sandbox.download(f"{RUN_DIR}/{ENTRYPOINT_EXIT}").get(ENTRYPOINT_EXIT)
-    if exit_file is None:
+def entrypoint_failure(entrypoint: Spawned | None) -> str | None:
+    """Why the ENTRYPOINT failed (it exited non-zero), or None while it runs or went fine.
+    The engine saw it end: no file in the sandbox can say otherwise."""
+    code = None if entrypoint is None else entrypoint.exit_code()
+    if entrypoint is None or code in (None, 0):
         return None
-    code = exit_file.decode().strip()
-    if code in ("", "0"):
-        return None
-    log_tail = sandbox.download(f"{RUN_DIR}/entrypoint.log").get("entrypoint.log", b"")
-    tail = log_tail.decode("utf-8", errors="replace").strip()[-300:]
+    tail = entrypoint.output_tail().strip()[-300:]
     return f"the image's ENTRYPOINT exited with code {code}" + (f": {tail}" if tail else "")
 
 

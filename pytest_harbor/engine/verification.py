@@ -24,9 +24,7 @@ from pytest_harbor.sandboxes.base import TRUSTED_BUSYBOX, Sandbox, SandboxError
 from pytest_harbor.tasks import Turn
 
 __all__ = [
-    "ENTRYPOINT_EXIT",
     "REWARD_CAP_BYTES",
-    "RUN_DIR",
     "SANDBOX_DIRECTORIES",
     "TRAJECTORY",
     "SandboxSurvey",
@@ -41,9 +39,6 @@ TESTS_DIR = "/tests"
 #: Where the verifier finds the agent's transcript (ATIF), written just before it runs.
 TRAJECTORY = "/logs/agent/trajectory.json"
 VERIFIER_LOGS = "/logs/verifier"
-#: The engine's own notes inside a sandbox (the ENTRYPOINT's log and exit code).
-RUN_DIR = "/run/pytest-harbor"
-ENTRYPOINT_EXIT = "entrypoint.exit"
 #: A reward file larger than this is not read: it is invalid.
 REWARD_CAP_BYTES = 64 * 1024
 #: Of any other file the verifier leaves, at most this much is kept.
@@ -58,8 +53,6 @@ SANDBOX_DIRECTORIES = {
     "/logs/artifacts": 0o777,
     TESTS_DIR: 0o755,
     "/solution": 0o755,
-    "/run": 0o755,
-    RUN_DIR: 0o1777,
 }
 
 _TAMPERED = "pytest-harbor-tampered:"

@@ -175,7 +175,7 @@ def pytest_configure(config: pytest.Config) -> None:
         registered_harnesses=_registered_harnesses(config),
     )
     if worker_input is None:
-        _warn_about_model_options(config, run)
+        _warn_about_options(config, run)
     run.row_digests.update((worker_input or {}).get(_WORKER_DIGESTS) or {})
     run.done_trials.update((worker_input or {}).get(_WORKER_DONE) or ())
     config.stash[HARBOR_RUN] = run
@@ -198,7 +198,9 @@ def _registered_harnesses(config: pytest.Config) -> dict[str, HarnessFactory]:
     return found
 
 
-def _warn_about_model_options(config: pytest.Config, run: HarborRun) -> None:
+def _warn_about_options(config: pytest.Config, run: HarborRun) -> None:
+    for warning in run.options.warnings:
+        config.issue_config_time_warning(HarborWarning(warning), stacklevel=2)
     model = run.options.model
     if model.given and run.model is None:
         config.issue_config_time_warning(

@@ -11,7 +11,12 @@ from typing import Any, Literal
 import pytest
 
 from pytest_harbor.harnesses.model import DEFAULT_API_KEY_ENV
-from pytest_harbor.settings import HarborSettings, SettingsError, load_settings
+from pytest_harbor.settings import (
+    HarborSettings,
+    SettingsError,
+    literal_secrets,
+    load_settings,
+)
 
 __all__ = ["HarborOptions", "ModelOptions", "add_options", "parse_key_values", "read_options"]
 
@@ -188,6 +193,8 @@ class HarborOptions:
     settings: HarborSettings = field(default_factory=HarborSettings)
     agent_options: dict[str, Any] = field(default_factory=dict)
     model: ModelOptions = field(default_factory=ModelOptions)
+    #: Things worth a warning at start-up (a secret given literally on the command line).
+    warnings: tuple[str, ...] = ()
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -237,6 +244,11 @@ def read_options(config: pytest.Config) -> HarborOptions:
         resume=_raw(config, "resume"),
         allow_unsupported_pairing=_raw(config, "allow-unsupported-pairing"),
         settings=_settings(config),
+        warnings=tuple(
+            f"--harbor-set secrets.{name}: a secret on the command line can be read by other "
+            "users of this machine; give it as env:VARIABLE or file:PATH instead"
+            for name in literal_secrets(config.getoption(_OPTIONS["set"].dest) or [])
+        ),
         agent_options=parse_key_values(_raw(config, "agent-option"), "agent-option"),
         model=ModelOptions(
             name=_text(config, "model"),

@@ -19,7 +19,7 @@ from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes import SandboxError
 from pytest_harbor.tasks import TaskLoadError
 from pytest_harbor.writers.failures import FailureRecord
-from pytest_harbor.writers.manifest import ManifestError, RunManifest
+from pytest_harbor.writers.manifest import ManifestError, RunManifest, secrets_key
 from pytest_harbor.writers.materialized import SkippedLog, write_task_rows
 from pytest_harbor.writers.resume import read_resume_point
 from pytest_harbor.writers.summary import run_summary, write_run_summary
@@ -166,6 +166,7 @@ class HarborReporter:
                 repeats=plan.repeats,
                 settings=self.run.settings,
                 task_digests=digests,
+                secrets_key=secrets_key(self.run.layout.taskset_dir(plan.taskset)),
                 model=None if self.run.model is None else self.run.model.identity(),
                 agent_options=self.run.options.agent_options,
             )

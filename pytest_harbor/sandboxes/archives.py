@@ -32,9 +32,11 @@ def pack_folder(folder: Path) -> bytes:
 
 
 def pack_folders(folders: Iterable[Path]) -> bytes:
-    """Several folders' contents layered into one stream: a later folder's file wins."""
+    """Several folders' contents layered into one stream: a later folder's file wins. A
+    symlinked file goes in as its target's content (the loader keeps targets inside the
+    task folder)."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
+    with tarfile.open(fileobj=buffer, mode="w", dereference=True) as archive:
         for folder in folders:
             for entry in sorted(os.listdir(folder)):
                 archive.add(folder / entry, arcname=entry, filter=_root_owned)
@@ -43,9 +45,10 @@ def pack_folders(folders: Iterable[Path]) -> bytes:
 
 def pack_tree(folders: Mapping[str, Iterable[Path]], files: Mapping[str, bytes]) -> bytes:
     """One stream to unpack at `/`: each folder's contents under its prefix (later
-    folders of a prefix win), then named files (relative paths), all owned by root."""
+    folders of a prefix win; a symlinked file as its target's content), then named files
+    (relative paths), all owned by root."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
+    with tarfile.open(fileobj=buffer, mode="w", dereference=True) as archive:
         for prefix, sources in folders.items():
             for folder in sources:
                 for entry in sorted(os.listdir(folder)):

@@ -19,6 +19,7 @@ __all__ = [
     "SandboxProvider",
     "SandboxSpec",
     "SandboxStartError",
+    "Spawned",
 ]
 
 
@@ -113,6 +114,19 @@ class ExecResult:
         return self.stderr_bytes.decode("utf-8", errors="replace")
 
 
+class Spawned(Protocol):
+    """A command left running in a sandbox, watched by the engine (not by anything inside
+    the sandbox, which an agent could change)."""
+
+    def exit_code(self) -> int | None:
+        """Its exit code once it has ended, else None."""
+        ...
+
+    def output_tail(self) -> str:
+        """The last few KiB of what it printed."""
+        ...
+
+
 class Sandbox(Protocol):
     """One running sandbox."""
 
@@ -131,6 +145,12 @@ class Sandbox(Protocol):
     ) -> ExecResult:
         """Run `command` with `stdin` as its input; at `timeout` seconds the process and
         its children are killed and `timed_out` is set."""
+        ...
+
+    def spawn(
+        self, command: Sequence[str], *, user: str | None = None, workdir: str | None = None
+    ) -> Spawned:
+        """Start `command` and leave it running; the engine keeps watching it."""
         ...
 
     def upload(self, source: Path | Mapping[str, bytes], target: str) -> None:

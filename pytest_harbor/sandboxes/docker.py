@@ -411,6 +411,19 @@ class DockerSandbox:
             timed_out=timed_out,
         )
 
+    def spawn(
+        self, command: Sequence[str], *, user: str | None = None, workdir: str | None = None
+    ) -> _Spawned:
+        engine = _engine()
+        try:
+            exec_id = engine.api.exec_create(
+                self._id, list(command), stdout=True, stderr=True, user=user or "", workdir=workdir
+            )["Id"]
+            connection = _Connection(engine.api.exec_start(exec_id, socket=True))
+        except docker.errors.APIError as error:
+            raise SandboxError(f"sandbox {self._id[:12]}: exec failed: {_explain(error)}") from None
+        return _Spawned(exec_id, connection)
+
     def _kill_group(self, pid: int | None) -> None:
         if pid is None:
             return
@@ -499,6 +512,43 @@ class DockerSandbox:
                     f"sandbox {self._id[:12]}: removal failed: {_explain(error)}"
                 ) from None
         self._stopped = True
+
+
+class _Spawned:
+    """A running exec, drained in a thread of its own; its exit code comes from the engine
+    when its output ends."""
+
+    _TAIL_BYTES = 4096
+
+    def __init__(self, exec_id: str, connection: _Connection) -> None:
+        self._exec_id = exec_id
+        self._connection = connection
+        self._tail = bytearray()
+        self._code: int | None = None
+        self._thread = threading.Thread(target=self._watch, name="harbor-spawned", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        try:
+            for _, data in self._connection.frames():
+                self._tail += data
+                del self._tail[: -self._TAIL_BYTES]
+        except (OSError, ValueError):
+            pass
+        finally:
+            self._connection.close()
+        try:
+            info = _engine().api.exec_inspect(self._exec_id)
+        except (docker.errors.APIError, *_TRANSPORT_ERRORS):
+            return  # the sandbox went away: nothing to tell
+        if not info.get("Running") and info.get("ExitCode") is not None:
+            self._code = int(info["ExitCode"])
+
+    def exit_code(self) -> int | None:
+        return self._code
+
+    def output_tail(self) -> str:
+        return bytes(self._tail).decode("utf-8", errors="replace")
 
 
 class _StartAttempt:

@@ -139,7 +139,7 @@ def load_task(
     task_file = path / TASK_FILE
     if path.is_symlink():
         raise TaskLoadError(path, "a task folder must not be a symlink")
-    _refuse_folder_symlinks(path)
+    _refuse_links_out(path)
     raw = _read_toml(task_file)
     override = dataset.override_for(path.name) if dataset else None
     if override:
@@ -163,13 +163,28 @@ def load_task(
     )
 
 
-def _refuse_folder_symlinks(task_dir: Path) -> None:
-    for root, dirs, _ in os.walk(task_dir):
+def _refuse_links_out(task_dir: Path) -> None:
+    """A task folder holds no symlink to a folder, and no file symlink that leads out of
+    it (or nowhere): its files are uploaded into sandboxes and built into images, and none
+    of them may be a file of this machine."""
+    inside = task_dir.resolve()
+    for root, dirs, files in os.walk(task_dir):
         for name in dirs:
             if (Path(root) / name).is_symlink():
                 raise TaskLoadError(
                     Path(root) / name, "a task folder must not hold a symlink to a folder"
                 )
+        for name in files:
+            link = Path(root) / name
+            if not link.is_symlink():
+                continue
+            target = link.resolve()
+            if not target.is_relative_to(inside):
+                raise TaskLoadError(
+                    link, f"is a symlink to {target}, outside the task folder: copy the file in"
+                )
+            if not target.is_file():
+                raise TaskLoadError(link, f"is a symlink to {target}, which is not a file")
 
 
 def _read_toml(task_file: Path) -> dict[str, Any]:

@@ -4,7 +4,9 @@ the same run (targets, agent, settings, task folders)."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,11 @@ __all__ = [
     "RunManifest",
     "dataset_digest",
     "read_manifest",
+    "secrets_key",
 ]
+
+#: Beside the results: the key of the secrets' fingerprint. Keep it out of anything shared.
+SECRETS_KEY = ".secrets_key"
 
 #: Settings that change how a run is scheduled or cleaned up, not what an episode does:
 #: a resumed run may change them.
@@ -47,11 +53,28 @@ def dataset_digest(task_digests: Mapping[str, str]) -> str:
     return hasher.hexdigest()
 
 
-def _secrets_fingerprint(settings: HarborSettings) -> str:
-    hasher = hashlib.sha256()
+def _secrets_fingerprint(settings: HarborSettings, key: bytes) -> str:
+    """HMAC-SHA256, keyed with the results folder's own random key, over the secrets'
+    names and values: it tells two runs' secrets apart, and without the key it cannot be
+    used to try guesses at a weak secret."""
+    mac = hmac.new(key, digestmod=hashlib.sha256)
     for name, value in sorted(settings.secrets.items()):
-        hasher.update(f"{name}\0{value}\n".encode())
-    return hasher.hexdigest()
+        mac.update(f"{name}\0{value}\n".encode())
+    return mac.hexdigest()
+
+
+def secrets_key(folder: Path) -> bytes:
+    """The random key of a results folder (`.secrets_key`, readable by its owner only),
+    made the first time it is asked for and kept across runs."""
+    path = folder / SECRETS_KEY
+    if path.is_file():
+        return bytes.fromhex(path.read_text().strip())
+    folder.mkdir(parents=True, exist_ok=True)
+    key = os.urandom(32)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(key.hex() + "\n")
+    return key
 
 
 class RunManifest(BaseModel):
@@ -89,6 +112,7 @@ class RunManifest(BaseModel):
         repeats: int,
         settings: HarborSettings,
         task_digests: Mapping[str, str],
+        secrets_key: bytes = b"",
         model: Mapping[str, Any] | None = None,
         agent_options: Mapping[str, Any] | None = None,
     ) -> RunManifest:
@@ -101,7 +125,7 @@ class RunManifest(BaseModel):
             sandbox=sandbox,
             repeats=repeats,
             settings=settings.redacted(),
-            secrets_fingerprint=_secrets_fingerprint(settings),
+            secrets_fingerprint=_secrets_fingerprint(settings, secrets_key),
             dataset_digest=dataset_digest(task_digests),
             task_digests=dict(task_digests),
             model=None if model is None else dict(model),
@@ -125,7 +149,8 @@ class RunManifest(BaseModel):
             before, after = self.settings.get(key), current.settings.get(key)
             if before != after:
                 found.append(f"setting {key}: {_show(before)} then, {_show(after)} now")
-        if self.secrets_fingerprint != current.secrets_fingerprint:
+        had, has = self.settings.get("secrets") or {}, current.settings.get("secrets") or {}
+        if (had or has) and self.secrets_fingerprint != current.secrets_fingerprint:
             found.append("setting secrets: the names or values differ")
         for task_id in sorted(set(self.task_digests) & set(current.task_digests)):
             before, after = self.task_digests[task_id], current.task_digests[task_id]

@@ -8,6 +8,7 @@ was not masked: an agent must neither raise its grade nor take itself out of the
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -213,3 +214,23 @@ def test_a_verifier_that_leaves_children_running_ends_at_its_timeout(
     row = graded(pytester, dataset, "--harbor-set=verifier_grace_s=1")
     assert (row["failure_kind"], row["mask_sample"]) == ("harbor:verifier_timeout", False)
     assert row["timings"]["verify_s"] < 20  # type: ignore[index]
+
+
+def test_an_agent_cannot_fake_the_entrypoint_failing(
+    pytester: pytest.Pytester, dataset: Dataset, built_images: list[Path]
+) -> None:
+    """The ENTRYPOINT's end is seen by the engine, not read from a file the agent could
+    write: an agent cannot take itself out of the score by faking it."""
+    task = dataset.task(
+        "service",
+        toml='[agent]\ntimeout_sec = 60\nuser = "nobody"\n',
+        dockerfile=f'FROM {BASE_IMAGE}\nENTRYPOINT ["sleep", "infinity"]\n',
+        solve_sh=(
+            "mkdir -p /run/pytest-harbor 2>/dev/null\n"
+            "echo 1 > /run/pytest-harbor/entrypoint.exit 2>/dev/null; true\n"
+        ),
+        test_sh=HONEST,
+    )
+    built_images.append(task / "environment")
+    row = graded(pytester, dataset)
+    assert (row["reward"], row["mask_sample"], row["failure_kind"]) == (0.0, False, None)
