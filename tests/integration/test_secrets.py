@@ -1,0 +1,130 @@
+"""Secrets given to the verifier never leave: not in the terminal, the junit XML or any
+file of the run; they come from the environment or a file; their fingerprint is keyed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
+
+pytestmark = pytest.mark.docker
+
+SECRET = "s3cr3t-Zq9-value"
+
+KEYED = (
+    '[verifier]\nenv = { TOKEN = "${API_TOKEN}" }\n'
+    f'[environment]\ndocker_image = "{BASE_IMAGE}"\n'
+)
+
+
+@pytest.fixture
+def dataset(harbor_dataset: Dataset) -> Dataset:
+    return harbor_dataset
+
+
+def test_a_failing_verifier_that_prints_its_secret_shows_it_nowhere(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MY_API_TOKEN", SECRET)
+    dataset.task(
+        "leaky-verifier",
+        toml=KEYED,
+        test_sh=(
+            'echo "the token is $TOKEN"\n'
+            'echo "$TOKEN" > /logs/verifier/token.txt\n'
+            'echo "{\\"reward\\": 0, \\"note\\": \\"$TOKEN\\"}" > /logs/verifier/reward.json\n'
+            'echo "oops $TOKEN" >&2\n'
+        ),
+    )
+    junit = pytester.path / "junit.xml"
+    result = run_harbor(
+        pytester,
+        dataset,
+        "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN",
+        f"--junitxml={junit}",
+        "-rA",
+    )
+    result.assert_outcomes(failed=1)
+    shown = result.stdout.str() + result.stderr.str()
+    assert "the token is ***" in shown  # the failure report did show test-stdout.txt
+    assert SECRET not in shown
+    assert SECRET not in junit.read_text()
+    written = [path for path in (pytester.path / "out").rglob("*") if path.is_file()]
+    assert any(path.name == "token.txt" for path in written)
+    for path in written:
+        assert SECRET.encode() not in path.read_bytes(), path
+    # A literal secret was not given, so no warning about one.
+    assert "a secret on the command line" not in shown
+
+
+def test_secrets_from_a_file_reach_the_verifier(
+    pytester: pytest.Pytester, dataset: Dataset, tmp_path: Path
+) -> None:
+    secret_file = tmp_path / "token"
+    secret_file.write_text(f"{SECRET}\n")
+    dataset.task(
+        "from-file",
+        toml=KEYED,
+        test_sh=f'[ "$TOKEN" = {SECRET} ] && echo 1 > /logs/verifier/reward.txt\n',
+    )
+    result = run_harbor(pytester, dataset, f"--harbor-set=secrets.API_TOKEN=file:{secret_file}")
+    result.assert_outcomes(passed=1)
+
+
+def test_a_literal_secret_on_the_command_line_is_warned_about(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task(
+        "literal",
+        toml=KEYED,
+        test_sh=f'[ "$TOKEN" = {SECRET} ] && echo 1 > /logs/verifier/reward.txt\n',
+    )
+    result = run_harbor(pytester, dataset, f"--harbor-set=secrets.API_TOKEN={SECRET}")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        ["*--harbor-set secrets.API_TOKEN: a secret on the command line can be read by other*"]
+    )
+    assert SECRET not in result.stdout.str()
+
+
+def test_an_unset_secret_variable_is_a_usage_error(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NOT_THERE", raising=False)
+    dataset.task("any")
+    result = run_harbor(pytester, dataset, "--harbor-set=secrets.API_TOKEN=env:NOT_THERE")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "*setting secrets.API_TOKEN (from --harbor-set secrets.API_TOKEN=env:NOT_THERE): "
+            "the variable NOT_THERE is not set*"
+        ]
+    )
+
+
+def test_the_secrets_fingerprint_is_keyed_by_the_results_folder(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MY_API_TOKEN", SECRET)
+    dataset.task("keyed", toml=KEYED, test_sh="echo 1 > /logs/verifier/reward.txt\n")
+    given = "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN"
+    run_harbor(pytester, dataset, given).assert_outcomes(passed=1)
+    folder = dataset.results_folder(pytester.path / "out")
+    manifest = json.loads((folder / "rollouts_manifest.json").read_text())
+    plain = hashlib.sha256(f"API_TOKEN\0{SECRET}\n".encode()).hexdigest()
+    assert manifest["secrets_fingerprint"] != plain  # no guessing at it without the key
+    key_file = folder / ".secrets_key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    summary = dataset.summary(pytester.path / "out")
+    assert ".secrets_key" not in summary["all_files"]
+    # The same secret resumes; another is refused.
+    run_harbor(pytester, dataset, given, "--harbor-resume").assert_outcomes()
+    monkeypatch.setenv("MY_API_TOKEN", "another-value")
+    refused = run_harbor(pytester, dataset, given, "--harbor-resume")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*setting secrets: the names or values differ*"])
