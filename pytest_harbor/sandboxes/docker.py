@@ -29,6 +29,7 @@ from pytest_harbor.sandboxes.archives import (
     unpack_files,
 )
 from pytest_harbor.sandboxes.base import (
+    TRUSTED_BUSYBOX,
     TRUSTED_TOOLS,
     ExecResult,
     ImageConfig,
@@ -61,9 +62,20 @@ _TRANSPORT_ERRORS = (OSError, requests.exceptions.RequestException, urllib3.exce
 _FOREVER_S = 2147483647
 #: First pause between image pulls; it doubles each try.
 _PULL_BACKOFF_S = 0.5
-#: Prints the shell's pid (the exec'd command keeps it, and leads its process group)
-#: on stderr before anything else, so a deadline can kill the whole group.
-_PID_WRAPPER = 'echo "$$" >&2; exec "$@"'
+#: Run by the trusted busybox shell: prints its pid (the command exec'd keeps it and leads
+#: its process group) on stderr before anything else, so a deadline can kill the whole
+#: group; then runs the command found on PATH by its full path (a bare name would run the
+#: busybox applet of that name instead of the image's program).
+_PID_WRAPPER = """echo "$$" >&2
+command=$1; shift
+case $command in */*) exec "$command" "$@" ;; esac
+IFS=:
+for dir in $PATH; do
+  if [ -f "$dir/$command" ] && [ -x "$dir/$command" ]; then exec "$dir/$command" "$@"; fi
+done
+echo "$command: command not found" >&2
+exit 127
+"""
 
 
 class _Engine:
@@ -285,7 +297,6 @@ class DockerProvider:
         lifetime = _FOREVER_S if spec.ttl_s is None else max(1, math.ceil(spec.ttl_s))
         try:
             host_config = api.create_host_config(
-                init=True,
                 auto_remove=spec.ttl_s is not None,
                 network_mode=None if spec.network else "none",
                 binds={self.tools_volume(): {"bind": TRUSTED_TOOLS, "mode": "ro"}},
@@ -293,7 +304,11 @@ class DockerProvider:
             )
             created = api.create_container(
                 spec.image,
-                entrypoint=["sleep"],
+                # The keep-alive is the sandbox's first process, the trusted busybox's
+                # `sleep`: nothing inside the sandbox, root included, can signal it, so no
+                # agent can end its own sandbox. (Orphans it does not reap stay zombies
+                # until the sandbox goes.)
+                entrypoint=[TRUSTED_BUSYBOX, "sleep"],
                 command=[str(lifetime)],
                 labels=dict(spec.labels),
                 environment=[f"{key}={value}" for key, value in spec.env.items()],
@@ -367,7 +382,7 @@ class DockerSandbox:
         engine = _engine()
         argv = list(command)
         if timeout is not None:
-            argv = ["/bin/sh", "-c", _PID_WRAPPER, "sh", *argv]
+            argv = [TRUSTED_BUSYBOX, "sh", "-c", _PID_WRAPPER, "sh", *argv]
         try:
             exec_id = engine.api.exec_create(
                 self._id,
@@ -430,7 +445,7 @@ class DockerSandbox:
         # Negative pid: the whole process group the command leads.
         script = f"kill -9 -{pid} 2>/dev/null; kill -9 {pid} 2>/dev/null; true"
         with contextlib.suppress(SandboxError):
-            self.exec(["/bin/sh", "-c", script], user="root")
+            self.exec([TRUSTED_BUSYBOX, "sh", "-c", script], user="root")
 
     def upload(self, source: Path | Mapping[str, bytes], target: str) -> None:
         data = pack_folder(source) if isinstance(source, Path) else pack_files(source)

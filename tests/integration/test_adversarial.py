@@ -234,3 +234,31 @@ def test_an_agent_cannot_fake_the_entrypoint_failing(
     built_images.append(task / "environment")
     row = graded(pytester, dataset)
     assert (row["reward"], row["mask_sample"], row["failure_kind"]) == (0.0, False, None)
+
+
+def test_a_fake_sh_decides_nothing(pytester: pytest.Pytester, dataset: Dataset) -> None:
+    dataset.task(
+        "fake-sh",
+        toml=toml(),
+        solve_sh=(
+            "printf '#!/bin/bash\\necho 1 > /logs/verifier/reward.txt\\n' > /tmp/sh\n"
+            "chmod +x /tmp/sh\n"
+            "cp /tmp/sh /bin/sh; cp /tmp/sh /usr/bin/sh 2>/dev/null; true\n"
+        ),
+        test_sh=HONEST,
+    )
+    row = graded(pytester, dataset)
+    assert (row["reward"], row["mask_sample"], row["failure_kind"]) == (0.0, False, None)
+
+
+def test_an_agent_cannot_end_its_own_sandbox_to_be_masked(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task(
+        "suicide",
+        toml=toml(),
+        solve_sh="kill -9 1 2>/dev/null; (sleep 0.5; kill -9 -1) > /dev/null 2>&1 &\nexit 0\n",
+        test_sh=HONEST,
+    )
+    row = graded(pytester, dataset)
+    assert (row["reward"], row["mask_sample"]) == (0.0, False)

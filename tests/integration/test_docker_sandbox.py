@@ -214,3 +214,33 @@ def test_build_past_its_timeout_is_refused(
     source = ImageSource(docker_image=None, context_dir=tmp_path, build_timeout_sec=2)
     with pytest.raises(SandboxStartError, match="build_timeout_sec = 2 s"):
         DockerProvider().prepare_image(source)
+
+
+def test_the_trusted_tools_resist_root_in_the_sandbox(start: StartSandbox) -> None:
+    sandbox = start()
+    tried = sandbox.exec(
+        [
+            "bash",
+            "-c",
+            "touch /.pytest-harbor/x; rm -f /.pytest-harbor/busybox; "
+            "mv /.pytest-harbor /elsewhere; umount /.pytest-harbor; "
+            "/.pytest-harbor/busybox echo still-here",
+        ],
+        user="root",
+    )
+    assert tried.stdout.strip() == "still-here"
+    assert "Read-only file system" in tried.stderr
+
+
+def test_nothing_inside_can_end_the_sandbox(start: StartSandbox) -> None:
+    sandbox = start()
+    sandbox.exec(["bash", "-c", "kill -9 1; kill -9 -1"], user="root")
+    assert sandbox.exec(["true"], user="root").exit_code == 0
+
+
+def test_a_command_with_a_deadline_is_the_images_own(start: StartSandbox) -> None:
+    """The deadline's wrapper finds a bare command on PATH, not the busybox applet of that
+    name."""
+    done = start().exec(["ls", "--version"], timeout=30)
+    assert done.exit_code == 0
+    assert "GNU coreutils" in done.stdout
