@@ -273,11 +273,22 @@ class Episode:
                 remaining=self._remaining,
             )
         self._note_entrypoint()
-        try:
-            self._survey = survey(self._sandbox)
-        except SandboxError as error:
-            raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
+        if self._survey is None:
+            try:
+                self._survey = survey(self._sandbox)
+            except SandboxError as error:
+                raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
         self._timings["seed_s"] = time.monotonic() - started
+
+    @property
+    def _nothing_starts_at_seed(self) -> bool:
+        """The seed adds no process to the started sandbox (no ENTRYPOINT, no healthcheck):
+        a survey right after the start is as good as one at the end of the seed."""
+        assert self._image is not None
+        return (
+            not self.provider.image_config(self._image).entrypoint
+            and self.task.config.environment.healthcheck is None
+        )
 
     def _take_early_sandbox(self) -> Sandbox | None:
         if self._early is None:
@@ -519,6 +530,7 @@ class Episode:
         self._attempt += 1
         self._masked = None
         self._entrypoint = None
+        self._survey = None
         self._users = {}
         self._workdir_owner = None
         self.seed()
@@ -842,6 +854,8 @@ class _EarlyStart:
         assert episode._image is not None
         try:
             self.sandbox = episode._start(episode._image, episode.task.config.environment)
+            if episode._nothing_starts_at_seed:
+                episode._survey = survey(self.sandbox)
         except EpisodeError as error:
             self.start_error = error
         except SandboxError as error:
