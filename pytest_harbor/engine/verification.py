@@ -12,6 +12,7 @@ sandbox. Before test.sh starts, every process a non-root agent started is killed
 from __future__ import annotations
 
 import io
+import logging
 import tarfile
 import time
 from collections.abc import Iterator
@@ -34,6 +35,8 @@ __all__ = [
     "survey",
     "trusted",
 ]
+
+log = logging.getLogger("pytest_harbor")
 
 TESTS_DIR = "/tests"
 #: Where the verifier finds the agent's transcript (ATIF), written just before it runs.
@@ -71,13 +74,14 @@ empty() {{
 """
 
 # What the sandbox is at the end of the seed, before any agent: the image's bash and
-# timeout on its PATH, and every process with its start time (which no later process can
-# have: the kernel sets it).
+# timeout on its PATH (else in the usual folders), and every process with its start time
+# (which no later process can have: the kernel sets it).
 _SURVEY = """
+echo "path:$PATH"
 locate() {
   found=""
   old_ifs=$IFS; IFS=:
-  for dir in $PATH; do
+  for dir in $PATH:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; do
     if [ -f "$dir/$1" ] && [ -x "$dir/$1" ]; then found="$dir/$1"; break; fi
   done
   IFS=$old_ifs
@@ -192,19 +196,41 @@ class SandboxSurvey:
 
 
 def survey(sandbox: Sandbox) -> SandboxSurvey:
-    """Look at a sandbox before the agent has it (the end of the seed)."""
-    done = sandbox.exec(trusted(_SURVEY), user="root", timeout=60.0)
-    if done.exit_code != 0:
-        raise SandboxError(f"cannot survey the sandbox: {done.stderr.strip()[-300:]}")
-    tools: dict[str, str | None] = {}
-    processes = set()
-    for line in done.stdout.splitlines():
-        kind, _, value = line.partition(":")
-        if kind == "proc":
-            processes.add(value)
-        elif kind in ("bash", "timeout"):
-            tools[kind] = value or None
-    return SandboxSurvey(tools.get("bash"), tools.get("timeout"), frozenset(processes))
+    """Look at a sandbox before the agent has it (the end of the seed). An answer that
+    lists no process (there is always one: the keep-alive) was lost on its way: it is
+    asked again, once, rather than taken to say that the image lacks its tools."""
+    for _ in range(2):
+        done = sandbox.exec(trusted(_SURVEY), user="root", timeout=60.0)
+        if done.exit_code != 0:
+            raise SandboxError(f"cannot survey the sandbox: {done.stderr.strip()[-300:]}")
+        tools: dict[str, str | None] = {}
+        processes = set()
+        for line in done.stdout.splitlines():
+            kind, _, value = line.partition(":")
+            if kind == "proc":
+                processes.add(value)
+            elif kind in ("bash", "timeout"):
+                tools[kind] = value or None
+        if processes and len(tools) == 2:
+            found = SandboxSurvey(tools["bash"], tools["timeout"], frozenset(processes))
+            if found.lacking:
+                log.warning(
+                    "sandbox %s: no %s on its PATH (%s) or in the usual folders",
+                    sandbox.id[:12],
+                    " or ".join(found.lacking),
+                    next(
+                        (line[5:] for line in done.stdout.splitlines() if line.startswith("path:")),
+                        "",
+                    ),
+                )
+            return found
+        log.warning(
+            "the survey of sandbox %s gave an incomplete answer (stdout %r, stderr %r)",
+            sandbox.id[:12],
+            done.stdout[-300:],
+            done.stderr[-300:],
+        )
+    raise SandboxError(f"the survey of sandbox {sandbox.id[:12]} gave no complete answer")
 
 
 def clear_for_next_turn(sandbox: Sandbox) -> None:

@@ -419,6 +419,10 @@ class DockerSandbox:
         except docker.errors.APIError as error:
             raise SandboxError(f"sandbox {self._id[:12]}: exec lost: {_explain(error)}") from None
         exit_code = info.get("ExitCode")
+        if reader.broken is not None and not timed_out:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: the output of {argv[0]} was lost ({reader.broken})"
+            )
         return ExecResult(
             exit_code=-1 if exit_code is None or info.get("Running") else int(exit_code),
             stdout_bytes=bytes(reader.out),
@@ -680,6 +684,8 @@ class _OutputReader:
         self._pid: int | None = None
         self._pid_known = threading.Event()
         self._reads_pid = reads_pid
+        #: Why the output stream broke off, when it did for a reason other than a close.
+        self.broken: str | None = None
         if not reads_pid:
             self._pid_known.set()
 
@@ -694,6 +700,8 @@ class _OutputReader:
                         self._take_pid()
         except (OSError, ValueError):
             pass  # closed under us after a deadline; what was read is kept
+        except Exception as error:  # a torn frame: the output cannot be trusted whole
+            self.broken = f"{type(error).__name__}: {error}"
         finally:
             self._pid_known.set()
 
