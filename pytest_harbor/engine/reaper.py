@@ -1,7 +1,10 @@
 """Removing what runs that are gone left behind, never what a live run owns.
 
-Every sandbox is labelled with its run's owner: `host:pid:start`, where `start` is when
-the process began (so a recycled pid does not pass for the dead process).
+Every sandbox is labelled with its run's owner: `host:pid:start:boot:pidns`, where
+`start` is when the process began (so a recycled pid does not pass for the dead process),
+`boot` the kernel's boot id and `pidns` its PID namespace: a pid means something only to
+processes of the same boot and namespace (two CI containers on one host's network share a
+host name, not their pids).
 """
 
 from __future__ import annotations
@@ -43,17 +46,43 @@ def _is_zombie(pid: int) -> bool:
     return fields is not None and fields[0] in ("Z", "X")
 
 
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _pid_namespace() -> str:
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return ""
+    return "".join(character for character in link if character.isdigit())
+
+
+def _here() -> tuple[str, str, str]:
+    """What a pid is relative to: this host, its boot, this PID namespace."""
+    return socket.gethostname(), _boot_id(), _pid_namespace()
+
+
 def owner_of_this_process() -> str:
     pid = os.getpid()
-    return f"{socket.gethostname()}:{pid}:{_start_time(pid) or 0}"
+    host, boot, namespace = _here()
+    return f"{host}:{pid}:{_start_time(pid) or 0}:{boot}:{namespace}"
 
 
 def owner_is_alive(owner: str) -> bool:
-    """False only when `owner` is a process of this host that has ended (or whose pid now
-    belongs to a later process); anything unsure counts as alive."""
-    host, _, rest = owner.partition(":")
-    pid_text, _, start = rest.partition(":")
-    if host != socket.gethostname() or not pid_text.isdigit():
+    """False only when `owner` is a process of this host, boot and PID namespace that has
+    ended (or whose pid now belongs to a later process); anything unsure counts as alive,
+    an owner written without boot and namespace too."""
+    parts = owner.split(":")
+    if len(parts) != 5:
+        return True
+    host, pid_text, start, boot, namespace = parts
+    if (host, boot, namespace) != _here() or not boot or not namespace:
+        return True
+    if not pid_text.isdigit():
         return True
     pid = int(pid_text)
     try:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import base64
+import os
+import socket
 from collections.abc import Generator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +22,7 @@ from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes import SandboxError
 from pytest_harbor.tasks import TaskLoadError
 from pytest_harbor.writers.failures import FailureRecord
+from pytest_harbor.writers.lock import ResultsFolderBusy, ResultsLock
 from pytest_harbor.writers.manifest import ManifestError, RunManifest, secrets_key
 from pytest_harbor.writers.materialized import SkippedLog, write_task_rows
 from pytest_harbor.writers.resume import read_resume_point
@@ -127,6 +131,7 @@ class HarborReporter:
             pass_reward=run.options.pass_reward,
         )
         self.manifests: dict[str, RunManifest] = {}
+        self.locks: list[ResultsLock] = []
         self.items = 0
         self.unvalidated = 0
         self.kept = 0
@@ -155,6 +160,7 @@ class HarborReporter:
                 plan = self.run.plan(target)
             except TaskLoadError:
                 continue  # collection reports it, as an error of the taskset
+            self._lock(self.run.layout.taskset_dir(plan.taskset))
             digests = {task.id: task.digest for task in plan.tasks}
             manifest = RunManifest.describe(
                 run_id=self.run.run_id,
@@ -184,6 +190,23 @@ class HarborReporter:
             self.skipped.start(plan.taskset, skipped)
             for task in plan.tasks:
                 self.run.row_digests[f"{plan.taskset}/{task.id}"] = task.digest
+
+    def _lock(self, folder: Path) -> None:
+        lock = ResultsLock(
+            folder,
+            f"run {self.run.run_id}, pid {os.getpid()} on {socket.gethostname()}, "
+            f"since {self.run.started_at}",
+        )
+        try:
+            lock.acquire()
+        except ResultsFolderBusy as error:
+            raise pytest.UsageError(str(error)) from None
+        self.locks.append(lock)
+
+    def pytest_unconfigure(self) -> None:
+        for lock in self.locks:
+            lock.release()
+        self.locks = []
 
     def _resume(self, manifest: RunManifest) -> None:
         layout, taskset = self.run.layout, manifest.taskset

@@ -113,7 +113,9 @@ def test_the_reaper_removes_what_a_gone_process_left_on_the_engine(
     ended.communicate(b"")
     run_id = f"reaper-test-{uuid.uuid4().hex[:8]}"
     owners = {
-        "gone": f"{socket.gethostname()}:{ended.pid}:{start}",
+        "gone": ":".join(
+            [socket.gethostname(), str(ended.pid), start, *owner_of_this_process().split(":")[3:]]
+        ),
         "live": owner_of_this_process(),
     }
     # Created, not started: a reaper lists stopped containers too, and another run's
@@ -165,3 +167,71 @@ def test_an_interrupt_is_recorded_even_when_pytest_fails_to_report_it(
     assert failure["failure_kind"] == "harbor:interrupted", output
     assert dataset.summary(dataset.path.parent / "results")["interrupted"] is True
     assert containers_of(docker_client, dataset.name, "hang-a") == []
+
+
+def test_the_reaper_leaves_the_sandboxes_of_another_pid_namespace(
+    docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
+    """A run in its own PID namespace on this host (a CI container on the host network)
+    labels its sandbox with a pid that means nothing here: the reaper leaves it alone."""
+    run_id = f"other-ns-{uuid.uuid4().hex[:8]}"
+    script = tmp_path / "other.py"
+    script.write_text(
+        "import docker\n"
+        "from pytest_harbor.engine.reaper import owner_of_this_process, OWNER_LABEL, RUN_LABEL\n"
+        "client = docker.from_env()\n"
+        f"client.containers.create({BASE_IMAGE!r}, ['sleep', '300'],\n"
+        f"    labels={{RUN_LABEL: {run_id!r}, OWNER_LABEL: owner_of_this_process()}})\n"
+        "print(owner_of_this_process())\n"
+    )
+    made = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    other_owner = made.stdout.strip()
+    assert other_owner.split(":")[1] == "1"  # pid 1 of its namespace: here, init
+    try:
+        reap_orphans(make_provider("docker"))
+        left = docker_client.containers.list(
+            all=True, filters={"label": f"{RUN_LABEL}={run_id}"}, ignore_removed=True
+        )
+        assert [container.labels[OWNER_LABEL] for container in left] == [other_owner]
+    finally:
+        for container in docker_client.containers.list(
+            all=True, filters={"label": f"{RUN_LABEL}={run_id}"}, ignore_removed=True
+        ):
+            container.remove(force=True)
+
+
+def test_a_second_run_on_the_same_results_folder_stops_at_once(
+    dataset: Dataset, docker_client: docker.DockerClient
+) -> None:
+    dataset.task("long", solve_sh=HANGING_SOLUTION)
+    first = start_run(dataset)
+    try:
+        wait_for_sandboxes(docker_client, dataset, ["long"], first)
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                f"--harbor-dataset={dataset.path}",
+                "-p",
+                "no:cacheprovider",
+            ],
+            cwd=dataset.path.parent,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert second.returncode == pytest.ExitCode.USAGE_ERROR, second.stdout + second.stderr
+        folder = dataset.path.parent / "results" / "harbor" / "validation" / dataset.name
+        assert f"{folder} is being written by another run (run " in second.stderr
+        assert f"pid {first.pid} on {socket.gethostname()}" in second.stderr
+        # The second run touched nothing of the first's.
+        assert containers_of(docker_client, dataset.name, "long")
+    finally:
+        first.send_signal(signal.SIGINT)
+        finish(first)
