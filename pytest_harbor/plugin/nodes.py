@@ -272,8 +272,11 @@ class HarborTurnItem(_HarborNode, pytest.Item):
             pytest.skip(f"the episode has no result: turn {self.trial.lost_in} broke down")
         try:
             output = episode.run_turn(self.turn)
-        except EpisodeError:
+        except Exception:
+            # Whatever broke, the sandbox is in no state to go on from: the later turns
+            # are skipped, and it goes now rather than after them.
             self.trial.lost_in = self.turn.name
+            self.trial.abort()
             raise
         turn = output.result.model_copy(
             update={"verifier_logs_dir": str(self._logs_dir(episode.id, self.turn.name))}

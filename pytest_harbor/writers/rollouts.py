@@ -32,7 +32,8 @@ class ResultsLayout:
     """Where files go: `<results>/harbor/<taskset>/`, or `.../harbor/validation/<taskset>/`.
 
     `verifier_root` (the `artifacts_dir` setting) moves the verifier folders elsewhere:
-    `<verifier_root>/<taskset>/<episode>/`.
+    `<verifier_root>/<taskset>/<episode>/`, or `<verifier_root>/validation/<taskset>/...`
+    for the oracle.
     """
 
     results_dir: Path
@@ -63,7 +64,10 @@ class ResultsLayout:
 
     def verifier_root_of(self, taskset: str) -> Path:
         if self.verifier_root is not None:
-            return self.verifier_root / taskset
+            # Split like the results folder, so that an agent run and a validation run of
+            # one taskset never share (or delete) each other's folders.
+            root = self.verifier_root / "validation" if self.validation else self.verifier_root
+            return root / taskset
         return self.taskset_dir(taskset) / VERIFIER
 
     def verifier_dir(self, taskset: str, episode_id: str, step: str = SINGLE_STEP_TURN) -> Path:

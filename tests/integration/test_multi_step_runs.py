@@ -363,3 +363,48 @@ def test_a_turn_without_a_result_skips_the_rest_and_leaves_one_failure_row(
         "harbor:episode_timeout",
     )
     assert dataset.rows(pytester.path / "out") == []
+
+
+def test_any_exception_in_a_turn_ends_the_episode(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    """Not only the engine's own errors: anything a turn raises leaves the episode without
+    a result, skips the later turns and removes the sandbox at once."""
+    multi_step(dataset, "breaks", {"01-a": ("true\n", PASS), "02-b": ("true\n", PASS)})
+    seen = pytester.path / "containers-at-02-b.txt"
+    pytester.makeconftest(
+        f"""
+        import docker
+        from pytest_harbor.engine.episode import Episode
+
+        original = Episode._run_collect_hooks
+
+        def broken(self, sandbox):
+            raise KeyError("a bug in the engine")
+
+        def pytest_configure(config):
+            Episode._run_collect_hooks = broken
+
+        def pytest_unconfigure(config):
+            Episode._run_collect_hooks = original
+
+        def pytest_runtest_setup(item):
+            if item.name == "02-b":
+                found = docker.from_env().containers.list(
+                    all=True, filters={{"label": "pytest-harbor.task={dataset.name}/breaks"}}
+                )
+                open({str(seen)!r}, "w").write(str(len(found)))
+        """
+    )
+    result = run_harbor(pytester, dataset, "-rA")
+    result.assert_outcomes(errors=1, skipped=1)
+    result.stdout.fnmatch_lines(["*SKIPPED*the episode has no result: turn 01-a broke down*"])
+    assert seen.read_text() == "0"
+    assert dataset.rows(pytester.path / "out") == []
+    (failure,) = dataset.failures(pytester.path / "out")
+    assert (failure["failure_kind"], failure["step"], failure["stage"]) == (
+        "harbor:internal_error",
+        "01-a",
+        "turn",
+    )
+    assert "KeyError" in failure["failure_reason"]

@@ -241,6 +241,21 @@ def test_artifacts_dir_moves_the_verifier_folders(
         passed=1
     )
     (row,) = dataset.rows(pytester.path / "out")
-    expected = pytester.path / "logs" / dataset.name / "moved__r0"
+    expected = pytester.path / "logs" / "validation" / dataset.name / "moved__r0"
     assert row["verifier_logs_dir"] == str(expected)
     assert (expected / "reward.txt").read_text() == "1\n"
+
+
+def test_artifacts_dir_keeps_validation_and_agent_runs_apart(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task("both")
+    logs = f"--harbor-set=artifacts_dir={pytester.path / 'logs'}"
+    run(pytester, dataset, logs).assert_outcomes(passed=1)
+    run(pytester, dataset, logs, "--harbor-agent=nop").assert_outcomes(failed=1)
+    (oracle_row,) = dataset.rows(pytester.path / "out")
+    (nop_row,) = dataset.rows(pytester.path / "out", validation=False)
+    # The agent run's fresh start deleted nothing of the validation run's.
+    assert (Path(oracle_row["verifier_logs_dir"]) / "reward.txt").read_text() == "1\n"
+    assert Path(nop_row["verifier_logs_dir"]).is_dir()
+    assert oracle_row["verifier_logs_dir"] != nop_row["verifier_logs_dir"]
