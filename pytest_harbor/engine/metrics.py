@@ -23,8 +23,9 @@ __all__ = [
 #: What became of one task and repeat. `no_result`: the episode produced nothing (its
 #: failure is in rollouts_failures.jsonl); `skipped`: it never started (no solution for
 #: the oracle, a task left out as unloadable); `not_run`: selected but never reached
-#: (an interrupted run, say).
-EpisodeStatus = Literal["passed", "failed", "masked", "no_result", "skipped", "not_run"]
+#: (an interrupted run, say); `partial`: a row of the turns that ran, some steps of the
+#: episode not selected (out of the score, like a masked one).
+EpisodeStatus = Literal["passed", "failed", "masked", "partial", "no_result", "skipped", "not_run"]
 
 
 def episode_passed(result: EpisodeResult, *, validation: bool, pass_reward: float) -> bool:
@@ -39,6 +40,8 @@ def episode_status(result: EpisodeResult, *, validation: bool, pass_reward: floa
     """The status of an episode with a row."""
     if result.mask_sample:
         return "masked"
+    if result.partial:
+        return "partial"
     return (
         "passed"
         if episode_passed(result, validation=validation, pass_reward=pass_reward)

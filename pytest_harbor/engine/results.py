@@ -94,6 +94,11 @@ class EpisodeResult(_Record):
     solution_exit_code: int | None = None
     #: The step after which the episode stopped early, if it did.
     stopped_after_turn: str | None = None
+    #: Some of the episode's steps were not selected (`-k`, `--deselect`): the row holds the
+    #: turns that ran (`turns`), not the episode. Out of the score; a resume runs it again.
+    partial: bool = False
+    #: The steps left out, for a partial row.
+    unselected_steps: list[str] = []
     response: str | None = None
     #: Model tokens and requests over every turn, and over attempts given up for a retry
     #: (None when the agent used no model).

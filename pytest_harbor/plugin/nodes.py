@@ -319,10 +319,14 @@ class HarborTurnItem(_HarborNode, pytest.Item):
             for turn in result.turns
         ]
         single = not self.trial.task.config.is_multi_step
+        left_out = [item.name for item in self.trial.turn_items if item not in self.trial.selected]
         return result.model_copy(
             update={
                 "turns": turns,
                 "verifier_logs_dir": turns[0].verifier_logs_dir if single else None,
+                # Stopped early, the episode is whole: the rest would not have run.
+                "partial": bool(left_out) and episode.stopped_after is None,
+                "unselected_steps": left_out if episode.stopped_after is None else [],
             }
         )
 

@@ -175,6 +175,7 @@ class HarborReporter:
                 secrets_key=secrets_key(self.run.layout.taskset_dir(plan.taskset)),
                 model=None if self.run.model is None else self.run.model.identity(),
                 agent_options=self.run.options.agent_options,
+                dataset_config=None if target.is_task else target.path / "dataset.toml",
             )
             self.run.trial_ids.update(self.ledger.plan(plan.taskset, plan.repeats, digests))
             if self.run.options.resume:
@@ -369,6 +370,14 @@ class HarborReporter:
             write(f"removed {self.reaped} sandbox(es) left by runs whose process is gone")
         if self.run.harness.validates and self._nothing_validatable:
             write("no selected task has a solution/solve.sh: nothing was validated", red=True)
+        partial = sum(self.ledger.score(taskset).count("partial") for taskset in self.manifests)
+        if partial:
+            write(
+                f"{partial} episode(s) ran only some of their steps (the others were not "
+                "selected): their rows are marked partial, out of the score, and "
+                "--harbor-resume runs them again in full",
+                yellow=True,
+            )
 
 
 def _skip_text(report: pytest.TestReport) -> str:
@@ -385,7 +394,7 @@ def _write_score(write: Any, taskset: str, score: TasksetScore) -> None:
     )
     extra = [
         f"{score.count(status)} {status.replace('_', ' ')}"
-        for status in ("skipped", "not_run")
+        for status in ("partial", "skipped", "not_run")
         if score.count(status)
     ]
     write(

@@ -8,6 +8,7 @@ import hmac
 import json
 import os
 from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,11 @@ class RunManifest(BaseModel):
     model: dict[str, Any] | None = None
     #: The `--harbor-agent-option` values.
     agent_options: dict[str, Any] = {}
+    #: SHA-256 of the dataset's dataset.toml (its [gym] table scales timeouts and
+    #: resources, and overrides tasks), None without one.
+    dataset_config_digest: str | None = None
+    #: The release that made the rows (what they hold and how they are graded).
+    pytest_harbor_version: str | None = None
 
     @classmethod
     def describe(
@@ -115,6 +121,7 @@ class RunManifest(BaseModel):
         secrets_key: bytes = b"",
         model: Mapping[str, Any] | None = None,
         agent_options: Mapping[str, Any] | None = None,
+        dataset_config: Path | None = None,
     ) -> RunManifest:
         return cls(
             run_id=run_id,
@@ -130,6 +137,12 @@ class RunManifest(BaseModel):
             task_digests=dict(task_digests),
             model=None if model is None else dict(model),
             agent_options=dict(agent_options or {}),
+            dataset_config_digest=(
+                hashlib.sha256(dataset_config.read_bytes()).hexdigest()
+                if dataset_config is not None and dataset_config.is_file()
+                else None
+            ),
+            pytest_harbor_version=_version(),
         )
 
     def differences(self, current: RunManifest) -> list[str]:
@@ -139,6 +152,13 @@ class RunManifest(BaseModel):
             for name in ("target", "agent", "sandbox", "repeats")
             if getattr(self, name) != getattr(current, name)
         ]
+        for name, what in (
+            ("dataset_config_digest", "dataset.toml"),
+            ("pytest_harbor_version", "pytest-harbor"),
+        ):
+            before, after = getattr(self, name), getattr(current, name)
+            if before != after:
+                found.append(f"{what}: {_short(before)} then, {_short(after)} now")
         for name in ("model", "agent_options"):
             before, after = getattr(self, name), getattr(current, name)
             if before != after:
@@ -165,6 +185,20 @@ class RunManifest(BaseModel):
         if redactor is not None:
             data = redactor.data(data)
         write_atomically(path, json.dumps(data, indent=2) + "\n")
+
+
+def _version() -> str | None:
+    try:
+        return version("pytest-harbor")
+    except PackageNotFoundError:
+        return None
+
+
+def _short(value: str | None) -> str:
+    """A digest cut to a readable length, a version as it is, or `none`."""
+    if value is None:
+        return "none"
+    return value[:12] if len(value) == 64 else value
 
 
 def _show(value: Any) -> str:

@@ -1,9 +1,10 @@
 """What an earlier run of a taskset left, read back for `--harbor-resume`.
 
 Kept: every row (a reward of 0 and masked rows included) and every terminal failure of an
-episode without a row. Retried: episodes whose failure is not terminal, and episodes with
-nothing at all. A line that cannot be read (a run killed while writing it) is dropped, and
-so is a second row of the same episode: the files hold each episode once.
+episode without a row. Retried: episodes whose failure is not terminal, episodes with a
+partial row (some of their steps were not selected), and episodes with nothing at all. A
+line that cannot be read (a run killed while writing it) is dropped, and so is a second
+row of the same episode: the files hold each episode once.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class ResumePoint:
     kept_failures: list[FailureRecord] = field(default_factory=list)
     retried: list[FailureRecord] = field(default_factory=list)
     dropped_lines: int = 0
+    #: Partial rows, dropped: their episodes run again in full.
+    partial: int = 0
 
     @property
     def finished(self) -> set[EpisodeKey]:
@@ -45,7 +48,7 @@ class ResumePoint:
 
     @property
     def has_results(self) -> bool:
-        return bool(self.rows or self.kept_failures or self.retried)
+        return bool(self.rows or self.kept_failures or self.retried or self.partial)
 
 
 def read_resume_point(
@@ -56,6 +59,9 @@ def read_resume_point(
     point = ResumePoint(taskset, read_manifest(manifest))
     for data, result in _records(rollouts, EpisodeResult, point):
         key = (result.task_id, result.repeat)
+        if result.partial:
+            point.partial += 1
+            continue
         if key in point.rows:
             point.dropped_lines += 1
             continue

@@ -88,7 +88,15 @@ def run_summary(
             "episodes": score.episodes,
             **{
                 status: score.count(status)
-                for status in ("passed", "failed", "masked", "no_result", "skipped", "not_run")
+                for status in (
+                    "passed",
+                    "failed",
+                    "masked",
+                    "partial",
+                    "no_result",
+                    "skipped",
+                    "not_run",
+                )
             },
             "mean_reward": score.mean_reward,
         },
@@ -118,6 +126,7 @@ def _episode(entry: EpisodeEntry, relative: Any) -> dict[str, Any]:
             failure_kind=result.failure_kind,
             failure_reason=result.failure_reason,
             failure_cause=result.failure_cause,
+            partial=result.partial,
             usage=None if result.usage is None else result.usage.model_dump(mode="json"),
             logs=[_logs(turn.step, turn.verifier_logs_dir, relative) for turn in result.turns],
         )

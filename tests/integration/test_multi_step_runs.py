@@ -408,3 +408,32 @@ def test_any_exception_in_a_turn_ends_the_episode(
         "turn",
     )
     assert "KeyError" in failure["failure_reason"]
+
+
+def test_a_partly_selected_episode_writes_a_partial_row_that_resume_runs_in_full(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    multi_step(
+        dataset, "two", {"01-a": (LOG_STEP.format(step="a"), PASS), "02-b": ("true\n", PASS)}
+    )
+    result = run_harbor(pytester, dataset, "-k", "01-a")
+    result.assert_outcomes(passed=1, deselected=1)
+    result.stdout.fnmatch_lines(
+        [
+            f"{dataset.name}: 1 episodes, mean reward n/a (0 passed, 0 failed, 0 masked, "
+            "0 no result); 1 partial",
+            "*1 episode(s) ran only some of their steps*marked partial*",
+        ]
+    )
+    (row,) = dataset.rows(pytester.path / "out")
+    assert (row["partial"], row["unselected_steps"]) == (True, ["02-b"])
+    assert [turn["step"] for turn in row["turns"]] == ["01-a"]
+    summary = dataset.summary(pytester.path / "out")
+    assert summary["counts"]["partial"] == 1
+    assert summary["episodes"][0]["status"] == "partial"
+
+    resumed = run_harbor(pytester, dataset, "--harbor-resume")
+    resumed.assert_outcomes(passed=2)
+    (row,) = dataset.rows(pytester.path / "out")
+    assert row["partial"] is False
+    assert [turn["step"] for turn in row["turns"]] == ["01-a", "02-b"]

@@ -175,6 +175,20 @@ def test_resume_refuses_a_run_with_other_settings_or_changed_tasks(
     assert dataset.rows(results) == rows  # a refused resume touches nothing
 
 
+def test_resume_refuses_a_changed_dataset_toml(pytester: pytest.Pytester, dataset: Dataset) -> None:
+    dataset.task("hello")
+    run_harbor(pytester, dataset).assert_outcomes(passed=1)
+    manifest = json.loads(
+        (dataset.results_folder(pytester.path / RESULTS_DIR) / "rollouts_manifest.json").read_text()
+    )
+    assert manifest["dataset_config_digest"] is None
+    assert manifest["pytest_harbor_version"]
+    (dataset.path / "dataset.toml").write_text("[gym.defaults]\ntimeout_multiplier = 2.0\n")
+    refused = run_harbor(pytester, dataset, "--harbor-resume")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["  dataset.toml: none then, * now"])
+
+
 def test_resume_refuses_results_without_a_manifest(
     pytester: pytest.Pytester, dataset: Dataset
 ) -> None:
