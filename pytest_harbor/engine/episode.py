@@ -254,7 +254,7 @@ class Episode:
         self._check_digest()
         environment = self.task.config.environment
         try:
-            self._sandbox = self._take_early_sandbox() or self._start(self._image, environment)
+            self._sandbox = self._take_early_sandbox() or self._start_agent_sandbox()
             if self.task.loose_environment_files:
                 target = self.workdir or self._image_workdir(self._image)
                 self._sandbox.upload(self.task.environment_dir, target)
@@ -352,7 +352,16 @@ class Episode:
                 f"then, {now} now); run again to materialize it afresh",
             )
 
-    def _start(self, image: str, environment: EnvironmentConfig, *, record: bool = True) -> Sandbox:
+    def _start(
+        self,
+        image: str,
+        environment: EnvironmentConfig,
+        *,
+        record: bool = True,
+        network: bool | None = None,
+    ) -> Sandbox:
+        """A sandbox from `image` with `environment`'s settings; `network` (else the
+        environment's mode) says whether it has the network from its start."""
         override = self.settings.sandbox_resources_override
         cpus, memory = environment.cpus, environment.memory_mb
         if override is not None:
@@ -372,7 +381,9 @@ class Episode:
                 env=environment.env,
                 cpus=cpus,
                 memory_mb=memory,
-                network=environment.network_mode != "no-network",
+                network=network
+                if network is not None
+                else environment.network_mode != "no-network",
                 labels=self.labels,
                 directories=SANDBOX_DIRECTORIES,
                 ttl_s=ttl,
@@ -382,6 +393,25 @@ class Episode:
         if record:
             self._timings["start_s"] = time.monotonic() - started
         return sandbox
+
+    def _start_agent_sandbox(self) -> Sandbox:
+        """The agent's sandbox: with the network when any phase of any turn has it, and
+        without it through the seed when the environment says `no-network`."""
+        assert self._image is not None
+        environment = self.task.config.environment
+        online = environment.network_mode != "no-network"
+        needed = online or any(t.agent_network or t.verifier_network for t in self.task.turns)
+        sandbox = self._start(self._image, environment, network=needed)
+        if needed and not online:
+            sandbox.set_network(False)
+        return sandbox
+
+    def _network(self, sandbox: Sandbox, enabled: bool, phase: str) -> None:
+        """Give the sandbox the network its next phase has (or take it away)."""
+        try:
+            sandbox.set_network(enabled)
+        except SandboxError as error:
+            raise EpisodeError(FailureKind.SANDBOX_LOST, f"before {phase}: {error}") from None
 
     def _image_workdir(self, image: str) -> str:
         return self.provider.image_config(image).workdir or "/"
@@ -417,6 +447,7 @@ class Episode:
             turn = self._as_user(sandbox, turn)
         except SandboxError as error:
             raise EpisodeError(FailureKind.SANDBOX_LOST, str(error)) from None
+        self._network(sandbox, turn.agent_network, f"the agent's turn {turn.name}")
         started = time.monotonic()
         agent = self._agent.open_session(
             sandbox, turn, workdir=self.workdir, seconds=self._setup_room(turn)
@@ -444,6 +475,7 @@ class Episode:
         last = turn.name == self.task.turns[-1].name
         if not self._continuing or last:
             self._close_session(sandbox)
+        self._network(sandbox, turn.verifier_network, f"the verification of {turn.name}")
         started = time.monotonic()
         notes = self._run_collect_hooks(sandbox)
         masked = self._note_entrypoint()
@@ -649,7 +681,9 @@ class Episode:
         image = agent_sandbox.snapshot(self.image_labels)
         try:
             try:
-                verifier = self._start(image, self.task.config.environment, record=False)
+                verifier = self._start(
+                    image, self.task.config.environment, record=False, network=turn.verifier_network
+                )
             except SandboxStartError as error:
                 raise SandboxError(f"the snapshot's sandbox did not start: {error}") from None
             try:
@@ -679,8 +713,14 @@ class Episode:
         """A fresh sandbox from the verifier's image, holding the agent's artifacts."""
         assert self._verifier_image is not None
         environment = self.task.config.verifier.environment or self.task.config.environment
+        # The verifier's own network_mode, else its environment's.
+        network = (
+            turn.verifier_network
+            if self.task.config.verifier.network_mode is not None
+            else environment.network_mode != "no-network"
+        )
         try:
-            verifier = self._start(self._verifier_image, environment, record=False)
+            verifier = self._start(self._verifier_image, environment, record=False, network=network)
         except SandboxStartError as error:
             raise SandboxError(f"the separate verifier did not start: {error}") from None
         try:
@@ -853,7 +893,7 @@ class _EarlyStart:
             return
         assert episode._image is not None
         try:
-            self.sandbox = episode._start(episode._image, episode.task.config.environment)
+            self.sandbox = episode._start_agent_sandbox()
             if episode._nothing_starts_at_seed:
                 episode._survey = survey(self.sandbox)
         except EpisodeError as error:

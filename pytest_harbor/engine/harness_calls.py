@@ -100,6 +100,9 @@ class SandboxWindow:
     def snapshot(self, labels: Mapping[str, str]) -> str:
         raise SandboxError("a harness cannot snapshot the sandbox")
 
+    def set_network(self, enabled: bool) -> None:
+        raise SandboxError("a harness cannot change the sandbox's network")
+
     def spawn(
         self, command: Sequence[str], *, user: str | None = None, workdir: str | None = None
     ) -> Spawned:

@@ -176,6 +176,11 @@ class Sandbox(Protocol):
         None when it does not exist."""
         ...
 
+    def set_network(self, enabled: bool) -> None:
+        """Give the sandbox its network, or take it away (loopback stays), from now on.
+        Only a sandbox started with `network` can have it again."""
+        ...
+
     def snapshot(self, labels: Mapping[str, str]) -> str:
         """An image of the sandbox's file system as it is now (its processes are not part
         of it), carrying `labels`; remove it with the provider's remove_image()."""

@@ -46,6 +46,8 @@ __all__ = ["TOOLS_IMAGE", "DockerProvider", "DockerSandbox"]
 #: The image the trusted tools come from: its /bin/busybox must be statically linked.
 #: Pulled when missing, like a task's image; PYTEST_HARBOR_TOOLS_IMAGE names another.
 TOOLS_IMAGE = os.environ.get("PYTEST_HARBOR_TOOLS_IMAGE", "busybox:musl")
+#: The network a sandbox with network access is on (and that a phase without it leaves).
+_NETWORK = "bridge"
 #: Volumes pytest-harbor keeps as a cache (the trusted tools), like built images.
 _CACHE_LABEL = "pytest-harbor.cache"
 
@@ -320,7 +322,7 @@ class DockerProvider:
             raise SandboxStartError(
                 f"cannot create a sandbox from {spec.image}: {_explain(error)}"
             ) from None
-        sandbox = DockerSandbox(created["Id"])
+        sandbox = DockerSandbox(created["Id"], online=spec.network)
         try:
             if spec.directories:
                 # Before start, so no exec is needed to make them.
@@ -361,9 +363,10 @@ class DockerProvider:
 class DockerSandbox:
     """One container; every call goes through the Docker engine API."""
 
-    def __init__(self, container_id: str) -> None:
+    def __init__(self, container_id: str, online: bool = True) -> None:
         self._id = container_id
         self._stopped = False
+        self._online = online
 
     @property
     def id(self) -> str:
@@ -503,6 +506,22 @@ class DockerSandbox:
                 f"sandbox {self._id[:12]}: reading {source} failed: {_explain(error)}"
             ) from None
         return _guarded(chunks, f"sandbox {self._id[:12]}: reading {source} failed")
+
+    def set_network(self, enabled: bool) -> None:
+        if enabled == self._online:
+            return
+        api = _engine().api
+        try:
+            if enabled:
+                api.connect_container_to_network(self._id, _NETWORK)
+            else:
+                api.disconnect_container_from_network(self._id, _NETWORK, force=True)
+        except docker.errors.APIError as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: cannot {'connect' if enabled else 'disconnect'} "
+                f"its network: {_explain(error)}"
+            ) from None
+        self._online = enabled
 
     def snapshot(self, labels: Mapping[str, str]) -> str:
         try:

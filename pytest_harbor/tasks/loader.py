@@ -418,6 +418,8 @@ def _turns(path: Path, config: TaskConfig) -> tuple[Turn, ...]:
                 verifier_user=_user(config.verifier.user),
                 verifier_env=dict(config.verifier.env),
                 solution_env=dict(config.solution.env),
+                agent_network=_online(config.agent.network_mode, config),
+                verifier_network=_online(config.verifier.network_mode, config),
             ),
         )
     turns = []
@@ -443,9 +445,19 @@ def _turns(path: Path, config: TaskConfig) -> tuple[Turn, ...]:
                 verifier_env={**config.verifier.env, **step.verifier.env},
                 solution_env=dict(config.solution.env),
                 min_reward=step.min_reward,
+                agent_network=_online(step.agent.network_mode or config.agent.network_mode, config),
+                verifier_network=_online(
+                    step.verifier.network_mode or config.verifier.network_mode, config
+                ),
             )
         )
     return tuple(turns)
+
+
+def _online(mode: str | None, config: TaskConfig) -> bool:
+    """A phase's network: its own mode, else the environment's ("allowlist" is refused
+    before a task runs on a provider that cannot enforce it)."""
+    return (mode or config.environment.network_mode) != "no-network"
 
 
 def _notes(config: TaskConfig) -> tuple[str, ...]:

@@ -28,6 +28,10 @@ class Turn:
     verifier_env: dict[str, str] = field(default_factory=dict)
     solution_env: dict[str, str] = field(default_factory=dict)
     min_reward: float | dict[str, float] | None = None
+    #: Whether the agent's phase, and the verifier's, have the network (each phase's own
+    #: `network_mode`, else the step's, else the environment's).
+    agent_network: bool = True
+    verifier_network: bool = True
 
     @property
     def solve_script(self) -> Path | None:

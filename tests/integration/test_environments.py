@@ -263,3 +263,39 @@ def test_skip_unloadable_skips_a_task_whose_image_does_not_build(
         f"building {task / 'environment' / 'Dockerfile'} failed"
     )
     assert "missing dependency" in skipped["unbuildable"]
+
+
+NETWORK_SEEN = "ls /sys/class/net | tr '\\n' ' '"
+IMAGE = f'[environment]\ndocker_image = "{BASE_IMAGE}"\n'
+
+
+@pytest.mark.parametrize(
+    ("toml", "agent", "verifier"),
+    [
+        ('[agent]\nnetwork_mode = "no-network"\n' + IMAGE, "=", "!="),
+        (
+            '[agent]\nnetwork_mode = "public"\n[verifier]\nnetwork_mode = "no-network"\n'
+            + IMAGE
+            + 'network_mode = "no-network"\n',
+            "!=",
+            "=",
+        ),
+    ],
+    ids=["agent-offline", "agent-online-verifier-offline"],
+)
+def test_each_phase_has_the_network_its_network_mode_says(
+    pytester: pytest.Pytester, dataset: Dataset, toml: str, agent: str, verifier: str
+) -> None:
+    """`agent` and `verifier`: `=` when the phase sees loopback alone, `!=` when it has
+    the network too."""
+    dataset.task(
+        "phases",
+        toml=toml,
+        solve_sh=f"{NETWORK_SEEN} > /tmp/agent-saw\n",
+        test_sh=(
+            f'echo "agent saw: $(cat /tmp/agent-saw)"; echo "verifier sees: $({NETWORK_SEEN})"\n'
+            f'[ "$(cat /tmp/agent-saw)" {agent} "lo " ] && [ "$({NETWORK_SEEN})" {verifier} "lo " ]'
+            " && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+        ),
+    )
+    run_harbor(pytester, dataset, "-rA").assert_outcomes(passed=1)
