@@ -3,8 +3,9 @@ writes or prints."""
 
 from __future__ import annotations
 
+import builtins
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 __all__ = ["MASK", "Redactor"]
@@ -50,6 +51,25 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self.data(item) for item in value]
         return value
+
+    def stream(self, chunks: Iterable[builtins.bytes]) -> Iterator[builtins.bytes]:
+        """Chunks of bytes masked as they pass, a secret split across two chunks too (the
+        last bytes of each are held back until the next one comes)."""
+        if not self._bytes:
+            yield from chunks
+            return
+        held_back = max(len(secret) for secret in self._bytes) - 1
+        pending = b""
+        for chunk in chunks:
+            masked = self.bytes(pending + chunk)
+            cut = len(masked) - held_back
+            if cut > 0:
+                yield masked[:cut]
+                pending = masked[cut:]
+            else:
+                pending = masked
+        if pending:
+            yield pending
 
     def extended(self, secrets: Iterable[str]) -> Redactor:
         """This redactor with more values to hide."""

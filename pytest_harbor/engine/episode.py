@@ -8,10 +8,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -66,10 +68,22 @@ ARTIFACTS_DIR = "/logs/artifacts"
 
 @dataclass(frozen=True)
 class TurnOutput:
-    """A turn's result and the files the verifier left in /logs/verifier."""
+    """A turn's result, and the folder that holds what the verifier left in
+    /logs/verifier (with the transcript it was given)."""
 
     result: TurnResult
-    verifier_files: dict[str, bytes] = field(default_factory=dict)
+    verifier_dir: Path
+
+    @property
+    def verifier_files(self) -> dict[str, bytes]:
+        """The files of `verifier_dir` (read now: mind their size)."""
+        if not self.verifier_dir.is_dir():
+            return {}
+        return {
+            path.relative_to(self.verifier_dir).as_posix(): path.read_bytes()
+            for path in sorted(self.verifier_dir.rglob("*"))
+            if path.is_file()
+        }
 
 
 class Episode:
@@ -81,9 +95,10 @@ class Episode:
 
     `model` is what a model-driven harness talks to; `model_gate` caps its requests in
     flight (one process's own cap when not given); the harness keeps its files in
-    `agent_logs_dir` (a temporary folder, removed at cleanup, when not given); values of
-    `redactor` (by default the settings' secrets and the model's key) never reach a file
-    the harness leaves there or a failure message.
+    `agent_logs_dir`, and each verification's files go to `verifier_logs_dir` (for a
+    multi-step task, a folder per step below it); either, when not given, is a temporary
+    folder removed at cleanup. Values of `redactor` (by default the settings' secrets and
+    the model's key) never reach those files or a failure message.
     """
 
     def __init__(
@@ -101,6 +116,7 @@ class Episode:
         model: ModelConfig | None = None,
         model_gate: ModelGate | None = None,
         agent_logs_dir: Path | None = None,
+        verifier_logs_dir: Path | None = None,
         redactor: Redactor | None = None,
     ) -> None:
         self.task = task
@@ -152,6 +168,8 @@ class Episode:
         self._retries: dict[str, int] = {}
         #: Model usage of attempts given up for a retry.
         self._spent: list[Usage] = []
+        self._verifier_root = verifier_logs_dir
+        self._own_verifier_root: Path | None = None
 
     @property
     def id(self) -> str:
@@ -612,7 +630,13 @@ class Episode:
             notes or [],
             oracle=self.harness.validates,
         )
-        result = result.model_copy(update={"verifier_mode": self.verifier_mode})
+        result = result.model_copy(
+            update={
+                "verifier_mode": self.verifier_mode,
+                "verifier_logs_dir": str(self._verifier_dir(turn)),
+                "verifier_files_cut": verification.cut,
+            }
+        )
         self._turns.append(result)
         if self.task.config.is_multi_step:
             reason = stop_reason(result, turn.min_reward)
@@ -620,7 +644,7 @@ class Episode:
                 self._stopped_after, self._stop_reason = turn.name, reason
         self._clock_end["turn"] = time.monotonic()
         self._wall[1] = _now()
-        return TurnOutput(result, verification.files)
+        return TurnOutput(result, self._verifier_dir(turn))
 
     def _bounded(self, turn: Turn) -> Turn:
         """The turn with its agent budget cut to what the episode deadline leaves, keeping
@@ -662,8 +686,19 @@ class Episode:
             budget_s=self._verifier_budget(turn),
             trajectory=transcript,
             seed=self._survey,
+            into=self._verifier_dir(turn),
+            redactor=self.redactor,
             kill_user=self._agent_processes_owner(turn),
         )
+
+    def _verifier_dir(self, turn: Turn) -> Path:
+        """Where a turn's verifier files go: the episode's folder, or its step's below."""
+        root = self._verifier_root
+        if root is None:
+            if self._own_verifier_root is None:
+                self._own_verifier_root = Path(tempfile.mkdtemp(prefix="harbor-verifier-"))
+            root = self._own_verifier_root
+        return root / turn.name if self.task.config.is_multi_step else root
 
     def _agent_processes_owner(self, turn: Turn) -> str | None:
         """The user whose processes are killed before the turn's shared verification: the
@@ -695,6 +730,8 @@ class Episode:
                     budget_s=self._verifier_budget(turn),
                     trajectory=transcript,
                     seed=seed,
+                    into=self._verifier_dir(turn),
+                    redactor=self.redactor,
                 )
             finally:
                 _stop_within(verifier, self.settings.cleanup_timeout_seconds)
@@ -751,6 +788,8 @@ class Episode:
                 budget_s=self._verifier_budget(turn),
                 trajectory=transcript,
                 seed=fresh,
+                into=self._verifier_dir(turn),
+                redactor=self.redactor,
                 upload_tests=not ships_tests,
             )
         finally:
@@ -842,6 +881,9 @@ class Episode:
         if self._agent.has_session:
             self._close_session(self._sandbox)
         self._agent.discard_logs()
+        if self._own_verifier_root is not None:
+            shutil.rmtree(self._own_verifier_root, ignore_errors=True)
+            self._own_verifier_root = None
         if self._sandbox is None:
             return
         started = time.monotonic()

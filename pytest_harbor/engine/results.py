@@ -61,8 +61,10 @@ class TurnResult(_Record):
     verifier_timed_out: bool = False
     agent_log_tail: str = ""
     verifier_mode: str = "shared"
-    #: The folder this turn's /logs/verifier was written to (set by whoever writes it).
+    #: The folder this turn's /logs/verifier was copied to.
     verifier_logs_dir: str | None = None
+    #: Files of /logs/verifier cut short or left out of that copy (its caps).
+    verifier_files_cut: list[str] = []
     response: str | None = None
     usage: Usage | None = None
     timings: TurnTimings = TurnTimings()

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import io
 import logging
+import shutil
 import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
 
 from pytest_harbor.engine.failures import FailureKind
 from pytest_harbor.engine.rewards import REWARD_FILES, RewardReading, read_reward
+from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.archives import pack_tree
 from pytest_harbor.sandboxes.base import TRUSTED_BUSYBOX, Sandbox, SandboxError
 from pytest_harbor.tasks import Turn
@@ -44,8 +48,12 @@ TRAJECTORY = "/logs/agent/trajectory.json"
 VERIFIER_LOGS = "/logs/verifier"
 #: A reward file larger than this is not read: it is invalid.
 REWARD_CAP_BYTES = 64 * 1024
-#: Of any other file the verifier leaves, at most this much is kept.
+#: Of any other file the verifier leaves, at most this much is kept ...
 FILE_CAP_BYTES = 64 * 1024 * 1024
+#: ... and of all of them together this much, in at most this many files.
+TOTAL_CAP_BYTES = 256 * 1024 * 1024
+FILE_COUNT_CAP = 20_000
+_CHUNK = 64 * 1024
 
 #: Made before the sandbox starts. The agent's folder is writable by any user; the
 #: verifier's is handed to the verifier's user when it runs.
@@ -243,12 +251,13 @@ def clear_for_next_turn(sandbox: Sandbox) -> None:
 
 @dataclass(frozen=True)
 class VerifierRun:
-    """What one verification gave: the reward reading and everything in /logs/verifier."""
+    """What one verification gave: the reward reading, and what of /logs/verifier was
+    cut or left out of the copy (the caps)."""
 
     reading: RewardReading
     exit_code: int | None = None
     timed_out: bool = False
-    files: dict[str, bytes] = field(default_factory=dict)
+    cut: list[str] = field(default_factory=list)
 
 
 def run_verifier(
@@ -260,6 +269,8 @@ def run_verifier(
     budget_s: float,
     trajectory: bytes,
     seed: SandboxSurvey,
+    into: Path,
+    redactor: Redactor | None = None,
     kill_user: str | None = None,
     upload_tests: bool = True,
 ) -> VerifierRun:
@@ -271,6 +282,8 @@ def run_verifier(
     An image that lacked bash or timeout at the seed masks the sample (nothing the agent
     did); a folder or a bash the agent replaced or removed scores 0
     (`harbor:verifier_tampered`). As root this is one exec; a verifier user needs a second.
+    What the verifier left is copied into the folder `into`, file by file (with the
+    transcript, as `trajectory.json`), with secrets masked.
     """
     if seed.lacking:
         tools = " and ".join(seed.lacking)
@@ -338,52 +351,94 @@ def run_verifier(
     elapsed = time.monotonic() - started
     # busybox timeout: 143 after SIGTERM worked, 137 when SIGKILL was needed.
     timed_out = result.timed_out or (result.exit_code in (124, 137, 143) and elapsed >= budget)
-    files, unusable = read_verifier_folder(sandbox)
-    files.setdefault("trajectory.json", trajectory)
+    copied = copy_verifier_folder(sandbox, into, redactor or Redactor())
+    if not (into / "trajectory.json").exists():
+        (into / "trajectory.json").write_bytes((redactor or Redactor()).bytes(trajectory))
     if timed_out:
         reading = RewardReading.failed(
             FailureKind.VERIFIER_TIMEOUT,
             f"the verifier did not finish within its budget of {budget:g} s and was killed",
         )
     else:
-        reading = read_reward(files, unusable)
-    return VerifierRun(reading, result.exit_code, timed_out, files)
+        reading = read_reward(copied.rewards, copied.unusable)
+    return VerifierRun(reading, result.exit_code, timed_out, copied.cut)
 
 
-def read_verifier_folder(sandbox: Sandbox) -> tuple[dict[str, bytes], dict[str, str]]:
-    """What /logs/verifier holds, read through the engine's archive API as a stream: its
-    regular files (each cut at FILE_CAP_BYTES), and why a reward file cannot be read when
-    it is not a regular file or is larger than REWARD_CAP_BYTES."""
+@dataclass
+class _Copied:
+    """What copy_verifier_folder() found: the reward files' bytes, why a reward file
+    could not be read, and the files cut short or left out."""
+
+    rewards: dict[str, bytes] = field(default_factory=dict)
+    unusable: dict[str, str] = field(default_factory=dict)
+    cut: list[str] = field(default_factory=list)
+
+
+def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _Copied:
+    """Copy /logs/verifier into `into` (emptied first), read through the engine's archive
+    API as a stream and written file by file with secrets masked: nothing of it is held
+    whole. A file is cut at FILE_CAP_BYTES; past TOTAL_CAP_BYTES or FILE_COUNT_CAP, files
+    are left out. A reward file that is not a regular file, or is larger than
+    REWARD_CAP_BYTES, is not read (`unusable` says why)."""
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True, exist_ok=True)
+    copied = _Copied()
     chunks = sandbox.iter_archive(VERIFIER_LOGS)
-    files: dict[str, bytes] = {}
-    unusable: dict[str, str] = {}
     if chunks is None:
-        return files, unusable
+        return copied
+    total = files = 0
     with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:
         for member in archive:
             parts = member.name.split("/")[1:]
-            if not parts or any(part in ("", "..") for part in parts):
+            if not parts or any(part in ("", ".", "..") for part in parts):
                 continue
             name = "/".join(parts)
             if name in REWARD_FILES:
                 if not member.isreg():
-                    unusable[name] = f"is not a regular file ({_kind(member)})"
+                    copied.unusable[name] = f"is not a regular file ({_kind(member)})"
                     continue
                 if member.size > REWARD_CAP_BYTES:
-                    unusable[name] = (
+                    copied.unusable[name] = (
                         f"is larger than {REWARD_CAP_BYTES} bytes ({member.size} bytes)"
                     )
+                    copied.cut.append(name)
                     continue
             if not member.isreg():
                 continue
-            extracted = archive.extractfile(member)
-            if extracted is None:
+            # The reward files (small, by the check above) are never left out.
+            if name not in REWARD_FILES and (files >= FILE_COUNT_CAP or total >= TOTAL_CAP_BYTES):
+                copied.cut.append(name)
                 continue
-            data = extracted.read(FILE_CAP_BYTES)
-            if member.size > FILE_CAP_BYTES:
-                data += f"\n[... cut: {member.size - FILE_CAP_BYTES} more bytes ...]\n".encode()
-            files[name] = data
-    return files, unusable
+            source = archive.extractfile(member)
+            if source is None:
+                continue
+            room = min(FILE_CAP_BYTES, TOTAL_CAP_BYTES - total)
+            target = into.joinpath(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if name in REWARD_FILES:
+                # Read as written (a masked copy could no longer be a number).
+                copied.rewards[name] = source.read()
+                target.write_bytes(redactor.bytes(copied.rewards[name]))
+            else:
+                with target.open("wb") as handle:
+                    for chunk in redactor.stream(_read_up_to(source, room)):
+                        handle.write(chunk)
+                    if member.size > room:
+                        cut = member.size - room
+                        handle.write(f"\n[... cut: {cut} more bytes ...]\n".encode())
+                        copied.cut.append(name)
+            total += min(member.size, room)
+            files += 1
+    return copied
+
+
+def _read_up_to(source: IO[bytes], limit: int) -> Iterator[bytes]:
+    while limit > 0:
+        chunk = source.read(min(_CHUNK, limit))
+        if not chunk:
+            return
+        limit -= len(chunk)
+        yield chunk
 
 
 def _kind(member: tarfile.TarInfo) -> str:

@@ -14,7 +14,7 @@ from pytest_harbor.harnesses.base import (
     no_options,
 )
 from pytest_harbor.sandboxes.archives import pack_folder
-from pytest_harbor.sandboxes.base import ExecResult, Sandbox
+from pytest_harbor.sandboxes.base import TRUSTED_BUSYBOX, ExecResult, Sandbox
 from pytest_harbor.tasks.task import Task
 
 __all__ = ["OracleHarness"]
@@ -90,6 +90,9 @@ class _OracleSession:
 def _ran(sandbox: Sandbox, result: ExecResult) -> AgentRun:
     log_tail = ""
     if result.exit_code != 0 or result.timed_out:
-        log = sandbox.download(ORACLE_LOG).get("oracle.txt", b"")
-        log_tail = log[-_LOG_TAIL_BYTES:].decode("utf-8", errors="replace")
+        # Its end only (the log may be huge), with the engine's own `tail`.
+        tail = sandbox.exec(
+            [TRUSTED_BUSYBOX, "tail", "-c", str(_LOG_TAIL_BYTES), ORACLE_LOG], user="root"
+        )
+        log_tail = tail.stdout if tail.exit_code == 0 else ""
     return AgentRun(exit_code=result.exit_code, timed_out=result.timed_out, log_tail=log_tail)

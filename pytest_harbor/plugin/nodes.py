@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -203,6 +202,9 @@ class HarborTrial(_HarborNode, pytest.Collector):
                 agent_logs_dir=run.layout.agent_dir(
                     self.taskset, episode_id(self.task.id, self.repeat)
                 ),
+                verifier_logs_dir=run.layout.verifier_dir(
+                    self.taskset, episode_id(self.task.id, self.repeat)
+                ),
                 redactor=run.redactor,
             )
         return self.episode
@@ -278,16 +280,12 @@ class HarborTurnItem(_HarborNode, pytest.Item):
             self.trial.lost_in = self.turn.name
             self.trial.abort()
             raise
-        turn = output.result.model_copy(
-            update={"verifier_logs_dir": str(self._logs_dir(episode.id, self.turn.name))}
-        )
+        turn = output.result
+        # The worker wrote the verifier's files itself; the controller gets their folder.
         self.harbor_payload = {
             "episode_id": episode.id,
             "step": self.turn.name,
-            "verifier_files": {
-                name: base64.b64encode(data).decode("ascii")
-                for name, data in output.verifier_files.items()
-            },
+            "verifier_dir": str(output.verifier_dir),
         }
         if episode.stopped_after is not None or self is self.trial.selected[-1]:
             self.harbor_payload["result"] = self._row(episode).model_dump(mode="json")
@@ -301,23 +299,14 @@ class HarborTurnItem(_HarborNode, pytest.Item):
             return
         if outcome.status == "skipped":
             pytest.skip(outcome.headline)
-        stdout = output.verifier_files.get("test-stdout.txt", b"")
+        stdout = _tail(output.verifier_dir / "test-stdout.txt")
         details = _details(turn, stdout, validation=run.harness.validates)
         pytest.fail(f"{outcome.headline}\n{details}", pytrace=False)
 
-    def _logs_dir(self, episode_id: str, step: str) -> Path:
-        return _run(self).layout.verifier_dir(self.trial.taskset, episode_id, step)
-
     def _row(self, episode: Episode) -> EpisodeResult:
-        """The episode's result, with each turn's verifier folder (and, single-step, the
-        episode's)."""
+        """The episode's result, with (single-step) the episode's verifier folder."""
         result = episode.result()
-        turns = [
-            turn.model_copy(
-                update={"verifier_logs_dir": str(self._logs_dir(episode.id, turn.step))}
-            )
-            for turn in result.turns
-        ]
+        turns = result.turns
         single = not self.trial.task.config.is_multi_step
         left_out = [item.name for item in self.trial.turn_items if item not in self.trial.selected]
         return result.model_copy(
@@ -333,6 +322,17 @@ class HarborTurnItem(_HarborNode, pytest.Item):
     def reportinfo(self) -> tuple[Path, int, str]:
         # Line 0: task.toml has no line for an episode, and skip reports need a number.
         return self.path / "task.toml", 0, self.nodeid
+
+
+def _tail(path: Path, size: int = 16 * 1024) -> bytes:
+    """The end of a file (it may be large), or nothing when there is none."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            handle.seek(max(handle.tell() - size, 0))
+            return handle.read()
+    except OSError:
+        return b""
 
 
 def _details(turn: TurnResult, test_stdout: bytes, *, validation: bool) -> str:

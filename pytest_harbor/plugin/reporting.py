@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import os
 import socket
 from collections.abc import Generator
@@ -285,9 +284,6 @@ class HarborReporter:
             self._failed(record, data)
 
     def _call(self, record: TrialRecord, data: dict[str, Any]) -> None:
-        if "verifier_files" in data:
-            files = {name: base64.b64decode(blob) for name, blob in data["verifier_files"].items()}
-            self.writer.write_turn_files(data["taskset"], data["episode_id"], data["step"], files)
         if "result" in data:
             if record.finished:
                 return  # one row per episode, whatever a worker sends twice

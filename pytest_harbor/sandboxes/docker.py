@@ -40,6 +40,7 @@ from pytest_harbor.sandboxes.base import (
     SandboxStartError,
 )
 from pytest_harbor.sandboxes.images import build_lock, image_tag_for
+from pytest_harbor.sandboxes.output import CappedOutput
 
 __all__ = ["TOOLS_IMAGE", "DockerProvider", "DockerSandbox"]
 
@@ -428,7 +429,7 @@ class DockerSandbox:
             )
         return ExecResult(
             exit_code=-1 if exit_code is None or info.get("Running") else int(exit_code),
-            stdout_bytes=bytes(reader.out),
+            stdout_bytes=reader.out.value(),
             stderr_bytes=reader.stderr(),
             timed_out=timed_out,
         )
@@ -698,8 +699,8 @@ class _OutputReader:
 
     def __init__(self, connection: _Connection, reads_pid: bool) -> None:
         self._connection = connection
-        self.out = bytearray()
-        self._err = bytearray()
+        self.out = CappedOutput()
+        self._err = CappedOutput()
         self._pid: int | None = None
         self._pid_known = threading.Event()
         self._reads_pid = reads_pid
@@ -712,9 +713,9 @@ class _OutputReader:
         try:
             for stream, data in self._connection.frames():
                 if stream == _STDOUT:
-                    self.out += data
+                    self.out.append(data)
                 elif stream == _STDERR:
-                    self._err += data
+                    self._err.append(data)
                     if not self._pid_known.is_set():
                         self._take_pid()
         except (OSError, ValueError):
@@ -725,11 +726,11 @@ class _OutputReader:
             self._pid_known.set()
 
     def _take_pid(self) -> None:
-        line, newline, rest = bytes(self._err).partition(b"\n")
+        line, newline, _ = bytes(self._err.head).partition(b"\n")
         if not newline:
             return
         self._pid = int(line) if line.strip().isdigit() else None
-        self._err = bytearray(rest)
+        self._err.drop_prefix(len(line) + 1)
         self._pid_known.set()
 
     def wait_for_pid(self, timeout: float) -> int | None:
@@ -739,7 +740,7 @@ class _OutputReader:
     def stderr(self) -> bytes:
         if self._reads_pid and self._pid is None:
             self._take_pid()
-        return bytes(self._err)
+        return self._err.value()
 
 
 def _guarded(chunks: Iterator[bytes], what: str) -> Iterator[bytes]:

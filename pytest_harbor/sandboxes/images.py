@@ -29,7 +29,8 @@ def context_hash(folder: Path) -> str:
             path = Path(root) / name
             relative = path.relative_to(folder).as_posix()
             mode = "x" if os.access(path, os.X_OK) else "-"
-            content = hashlib.sha256(path.read_bytes()).hexdigest()
+            with path.open("rb") as handle:
+                content = hashlib.file_digest(handle, "sha256").hexdigest()
             records.append(f"{relative}\0{mode}\0{content}\n".encode())
     digest = hashlib.sha256()
     for record in sorted(records):

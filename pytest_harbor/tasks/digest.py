@@ -61,5 +61,6 @@ def _records_below(task_dir: Path, folder: Path) -> list[bytes | None]:
 def _record(task_dir: Path, path: Path) -> bytes | None:
     if not path.is_file():
         return None
-    content = hashlib.sha256(path.read_bytes()).hexdigest()
+    with path.open("rb") as handle:
+        content = hashlib.file_digest(handle, "sha256").hexdigest()
     return f"{path.relative_to(task_dir).as_posix()}\0{content}\n".encode()

@@ -127,15 +127,6 @@ class RolloutsWriter:
         (folder / SUMMARY).unlink(missing_ok=True)
         self._started.add(point.taskset)
 
-    def write_turn_files(
-        self, taskset: str, episode_id: str, step: str, files: Mapping[str, bytes]
-    ) -> Path:
-        """Write what a turn's verifier left in /logs/verifier; returns the folder."""
-        self._start(taskset)
-        folder = self.layout.verifier_dir(taskset, episode_id, step)
-        _write_files(folder, {name: self.redactor.bytes(data) for name, data in files.items()})
-        return folder
-
     def append_row(self, result: EpisodeResult) -> None:
         """Append the episode's row to rollouts.jsonl, flushed."""
         self._start(result.taskset)
@@ -153,13 +144,3 @@ class RolloutsWriter:
         with path.open("a", encoding="utf-8") as handle:
             handle.write(self._line(data))
             handle.flush()
-
-
-def _write_files(folder: Path, files: Mapping[str, bytes]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        target = (folder / name).resolve()
-        if not target.is_relative_to(folder.resolve()):
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)

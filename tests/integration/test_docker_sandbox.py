@@ -244,3 +244,15 @@ def test_a_command_with_a_deadline_is_the_images_own(start: StartSandbox) -> Non
     done = start().exec(["ls", "--version"], timeout=30)
     assert done.exit_code == 0
     assert "GNU coreutils" in done.stdout
+
+
+def test_exec_output_is_kept_within_its_cap(start: StartSandbox) -> None:
+    done = start().exec(
+        ["bash", "-c", "echo START; head -c 30000000 /dev/zero | tr '\\0' x; echo; echo END"],
+        timeout=60,
+    )
+    assert done.exit_code == 0
+    assert len(done.stdout_bytes) <= 8 * 1024 * 1024 + 100
+    assert done.stdout.startswith("START\nxxx")
+    assert done.stdout.endswith("xxx\nEND\n")
+    assert "bytes cut ...]" in done.stdout

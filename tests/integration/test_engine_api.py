@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import docker
 import pytest
@@ -13,7 +14,9 @@ from tests.fixtures import QUICKSTART
 pytestmark = pytest.mark.docker
 
 
-def test_an_episode_runs_from_plain_python(docker_client: docker.DockerClient) -> None:
+def test_an_episode_runs_from_plain_python(
+    docker_client: docker.DockerClient, tmp_path: Path
+) -> None:
     task = load_task(QUICKSTART / "greeting-workdir")
     labels = {"pytest-harbor.run": f"api-{uuid.uuid4().hex[:8]}"}
     episode = Episode(
@@ -23,6 +26,7 @@ def test_an_episode_runs_from_plain_python(docker_client: docker.DockerClient) -
         harness=make_harness("oracle"),
         provider=make_provider("docker"),
         labels=labels,
+        verifier_logs_dir=tmp_path / "verifier",
     )
     try:
         episode.seed()
@@ -31,7 +35,9 @@ def test_an_episode_runs_from_plain_python(docker_client: docker.DockerClient) -
         episode.cleanup()
     result = episode.result()
     assert output.result.reward == 1.0
+    assert output.verifier_dir == tmp_path / "verifier"
     assert output.verifier_files["reward.txt"] == b"1\n"
+    assert output.result.verifier_logs_dir == str(tmp_path / "verifier")
     assert (result.task_id, result.reward, result.solution_exit_code) == (
         "greeting-workdir",
         1.0,

@@ -336,4 +336,52 @@ def test_sandbox_lost_mid_episode_is_an_error(
         (row,) = rows
         assert (row["mask_sample"], row["failure_kind"]) == (True, "harbor:sandbox_lost")
     else:
-        result.stdout.fnmatch_lines(["*SandboxError: sandbox*"])
+        result.stdout.fnmatch_lines(["*the sandbox was lost during turn episode: sandbox*"])
+        (failure,) = dataset.failures(pytester.path / "out")
+        assert failure["failure_kind"] == "harbor:sandbox_lost"
+
+
+def test_the_verifier_folder_is_copied_within_its_caps(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    """Per-file, total and file-count caps (made small here): the reward is read all the
+    same, and the row names what was cut or left out."""
+    pytester.makeconftest(
+        """
+        import pytest_harbor.engine.verification as verification
+
+        saved = {}
+
+        def pytest_configure(config):
+            for name, value in (("FILE_CAP_BYTES", 1000), ("FILE_COUNT_CAP", 20)):
+                saved[name] = getattr(verification, name)
+                setattr(verification, name, value)
+
+        def pytest_unconfigure(config):
+            for name, value in saved.items():
+                setattr(verification, name, value)
+        """
+    )
+    dataset.task(
+        "chatty",
+        test_sh="printf 'x%.0s' $(seq 5000)\necho 1 > /logs/verifier/reward.txt\n",
+    )
+    dataset.task(
+        "many-files",
+        test_sh=(
+            "mkdir /logs/verifier/many\n"
+            "for i in $(seq 1 30); do echo $i > /logs/verifier/many/$i.txt; done\n"
+            "echo 1 > /logs/verifier/reward.txt\n"
+        ),
+    )
+    run(pytester, dataset).assert_outcomes(passed=2)
+    rows = {row["task_id"]: row for row in dataset.rows(pytester.path / "out")}
+    chatty, many = rows["chatty"], rows["many-files"]
+    assert chatty["reward"] == many["reward"] == 1.0
+    assert chatty["turns"][0]["verifier_files_cut"] == ["test-stdout.txt"]
+    stdout = (Path(chatty["verifier_logs_dir"]) / "test-stdout.txt").read_text()
+    assert stdout == "x" * 1000 + "\n[... cut: 4000 more bytes ...]\n"
+    cut = many["turns"][0]["verifier_files_cut"]
+    kept = list((Path(many["verifier_logs_dir"]) / "many").iterdir())
+    assert len(kept) + len([name for name in cut if name.startswith("many/")]) == 30
+    assert len(kept) <= 20

@@ -185,9 +185,11 @@ def test_summary_paths_resolve_after_the_results_folder_moves(tmp_path: Path) ->
     layout = ResultsLayout(tmp_path / "results", validation=True)
     writer = RolloutsWriter(layout)
     writer.start(["ts"])
-    writer.write_turn_files(
-        "ts", "a__r0", "episode", {"test-stdout.txt": b"ok\n", "reward.txt": b"1\n"}
-    )
+    # As a worker leaves them: the verifier's files in the episode's folder.
+    folder = layout.verifier_dir("ts", "a__r0")
+    folder.mkdir(parents=True)
+    (folder / "test-stdout.txt").write_bytes(b"ok\n")
+    (folder / "reward.txt").write_bytes(b"1\n")
     result = EpisodeResult.model_validate(
         {
             **_row("a", 1.0),

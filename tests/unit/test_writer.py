@@ -37,17 +37,11 @@ def test_writer_starts_fresh_then_appends_rows_and_files(tmp_path: Path) -> None
         reward=1.0,
         turns=[TurnResult(step="episode", reward=1.0, agent_log_tail="secret tail")],
     )
-    writer.write_turn_files(
-        "qs", result.episode_id, "episode", {"reward.txt": b"1\n", "../outside": b"x"}
-    )
     writer.append_row(result)
     rows = [json.loads(line) for line in layout.rollouts_file("qs").read_text().splitlines()]
     assert len(rows) == 1
     assert rows[0]["task_id"] == "t" and rows[0]["repeat"] == 1
     assert "agent_log_tail" not in rows[0]["turns"][0]
-    folder = layout.verifier_dir("qs", "t__r1")
-    assert (folder / "reward.txt").read_bytes() == b"1\n"
-    assert not (folder.parent / "outside").exists()
 
 
 def test_only_the_controller_has_a_writer(tmp_path: Path) -> None:
