@@ -33,7 +33,6 @@ NOT_IMPLEMENTED = frozenset(
     {
         "gpu_sandbox_provider",
         "request_gpu_type",
-        "sandbox_provider_options",
         "step_setup_timeout_s",
         "task_mcp_grants",
         "compose_variables",

@@ -26,6 +26,7 @@ from pytest_harbor.harnesses.base import (
     AgentFailure,
     AgentLogs,
     AgentRun,
+    AgentSetupError,
     Deadline,
     Harness,
     HarnessSession,
@@ -293,6 +294,8 @@ class AgentPhase:
         """An exception from the harness: a crash, unless the sandbox itself is gone."""
         error = call.error
         assert error is not None
+        if isinstance(error, AgentSetupError):
+            return self._failed(error.cause, str(error))
         if isinstance(error, SandboxError) and not call.error_after_close:
             try:
                 sandbox.exec(["true"], user="root", timeout=_ALIVE_CHECK_S)

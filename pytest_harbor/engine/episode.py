@@ -37,11 +37,19 @@ from pytest_harbor.engine.verification import (
     SandboxSurvey,
     VerifierRun,
     clear_for_next_turn,
+    kill_processes_since,
     run_verifier,
     survey,
     trusted,
 )
-from pytest_harbor.harnesses.base import AgentFailure, AgentRun, Harness, ModelGate, Usage
+from pytest_harbor.harnesses.base import (
+    AgentFailure,
+    AgentRun,
+    AgentSetupError,
+    Harness,
+    ModelGate,
+    Usage,
+)
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.archives import filter_archive
@@ -170,6 +178,8 @@ class Episode:
         self._spent: list[Usage] = []
         self._verifier_root = verifier_logs_dir
         self._own_verifier_root: Path | None = None
+        #: The harness could not make its image (prepare_image): every turn fails so.
+        self._setup_failure: AgentFailure | None = None
 
     @property
     def id(self) -> str:
@@ -210,14 +220,28 @@ class Episode:
             return
         started = time.monotonic()
         try:
-            self._image = self.provider.prepare_image(
-                self._image_source(self.task.config.environment)
-            )
+            image = self.provider.prepare_image(self._image_source(self.task.config.environment))
             if self.separate_verifier:
                 self._verifier_image = self.provider.prepare_image(self._verifier_source())
         except SandboxStartError as error:
             raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
         self._timings["build_s"] = time.monotonic() - started
+        started = time.monotonic()
+        self._setup_failure = None
+        try:
+            prepare = getattr(self.harness, "prepare_image", None)
+            self._image = (
+                image if prepare is None else prepare(image, self.provider, self.image_labels)
+            )
+        except AgentSetupError as error:
+            # The agent's turn fails (agent_outcome_policy decides); the sandbox is the
+            # task's own, so that a verification has something to grade.
+            self._setup_failure = AgentFailure(
+                cause=error.cause, message=self.redactor.text(str(error))
+            )
+            self._image = image
+        if self._image != image or self._setup_failure is not None:
+            self._timings["agent_install_s"] = time.monotonic() - started
 
     def start_early(self) -> None:
         """Make the images and start the sandbox in the background, so that a later seed()
@@ -337,6 +361,17 @@ class Episode:
                 "separate_verifier_for_artifacts cannot send a multi-step task to a separate "
                 "verifier: multi-step tasks verify in their agent's sandbox",
             )
+        if not self.provider.capabilities.network_off:
+            offline = config.environment.network_mode == "no-network" or any(
+                not (turn.agent_network and turn.verifier_network) for turn in self.task.turns
+            )
+            if offline:
+                raise EpisodeError(
+                    FailureKind.TASK_REFUSED,
+                    "the task has a phase without the network (network_mode = no-network), "
+                    f"which the {self.provider.name} sandboxes cannot go without on this "
+                    "network (sandbox_provider_options.network)",
+                )
         if not self.provider.capabilities.user_groups:
             for turn in self.task.turns:
                 for role, user in (("agent", turn.agent_user), ("verifier", turn.verifier_user)):
@@ -466,10 +501,14 @@ class Episode:
         except SandboxError as error:
             raise EpisodeError(FailureKind.SANDBOX_LOST, str(error)) from None
         self._network(sandbox, turn.agent_network, f"the agent's turn {turn.name}")
+        before = self._processes_now(sandbox)
         started = time.monotonic()
-        agent = self._agent.open_session(
-            sandbox, turn, workdir=self.workdir, seconds=self._setup_room(turn)
-        )
+        if self._setup_failure is not None:
+            agent: AgentRun | None = AgentRun(failure=self._setup_failure)
+        else:
+            agent = self._agent.open_session(
+                sandbox, turn, workdir=self.workdir, seconds=self._setup_room(turn)
+            )
         setup_s = time.monotonic() - started
         started = time.monotonic()
         if agent is None:
@@ -487,6 +526,8 @@ class Episode:
                 grace_s=min(HARNESS_GRACE_S, max(1.0, spare - self.settings.verifier_grace_s)),
             )
         agent_s = time.monotonic() - started
+        if agent.timed_out:
+            self._end_agent_processes(sandbox, before)
         self._require_time("the agent")
         if agent.failure is not None and self._handle_agent_failure(agent):
             return self.run_turn(original)
@@ -512,6 +553,24 @@ class Episode:
         if self._stopped_after is not None:
             self._close_session(sandbox)
         return output
+
+    def _processes_now(self, sandbox: Sandbox) -> frozenset[str]:
+        """The processes there as the turn begins: the seed's survey for the first turn of
+        an attempt, a fresh look for a later one."""
+        if not self._turns and self._survey is not None:
+            return self._survey.processes
+        try:
+            return survey(sandbox).processes
+        except SandboxError as error:
+            raise EpisodeError(FailureKind.SANDBOX_LOST, str(error)) from None
+
+    def _end_agent_processes(self, sandbox: Sandbox, before: frozenset[str]) -> None:
+        """After a turn that ran out of time: every process the turn started goes (the
+        agent's CLI, and whatever it left running or detached), before the verifier."""
+        try:
+            kill_processes_since(sandbox, before)
+        except SandboxError as error:
+            raise EpisodeError(FailureKind.SANDBOX_LOST, str(error)) from None
 
     @property
     def _continuing(self) -> bool:
@@ -583,6 +642,8 @@ class Episode:
         self._survey = None
         self._users = {}
         self._workdir_owner = None
+        if self._setup_failure is not None:  # the install is tried again too
+            self._image = None
         self.seed()
 
     @property
@@ -859,6 +920,7 @@ class Episode:
             finished_at=self._wall[1],
             timings=PhaseTimings(
                 build_s=self._timings.get("build_s"),
+                agent_install_s=self._timings.get("agent_install_s"),
                 start_s=self._timings.get("start_s"),
                 seed_s=self._timings.get("seed_s"),
                 agent_s=sum(turn.timings.agent_s or 0.0 for turn in self._turns),

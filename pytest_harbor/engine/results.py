@@ -23,6 +23,8 @@ class PhaseTimings(_Record):
     """
 
     build_s: float | None = None
+    #: Making (or finding cached) the agent's install image, for an in-sandbox agent.
+    agent_install_s: float | None = None
     #: Creating and starting the sandbox, wherever that happened (it may have started
     #: early, while the episode before it ran: then it is not part of seed_s).
     start_s: float | None = None

@@ -35,6 +35,7 @@ __all__ = [
     "SandboxSurvey",
     "VerifierRun",
     "clear_for_next_turn",
+    "kill_processes_since",
     "run_verifier",
     "survey",
     "trusted",
@@ -105,8 +106,9 @@ for p in /proc/[0-9]*; do
 done
 """
 
-# Kills, as root, every process of user $1 (a name or a uid) that is not in $2, the seed's
-# "pid:start" list; again until none is left (one may fork while its parent dies).
+# Kills, as root, every process of user $1 (a name or a uid; "" for every user) that is
+# not in $2, the seed's "pid:start" list; again until none is left (one may fork while
+# its parent dies).
 _KILL = """
 kill_user=$1 keep=" $2 "
 case $kill_user in
@@ -122,12 +124,14 @@ while [ $round -lt 20 ]; do
     read -r stat 2>/dev/null < "$p/stat" || continue
     rest=${stat##*) }
     set -- $rest
+    # A zombie is dead already (nothing reaps orphans in a sandbox); kill cannot end it.
+    [ "$1" = Z ] && continue
     case "$keep" in *" $pid:${20} "*) continue ;; esac
     owner=""
     { while read -r key real rest; do
         if [ "$key" = "Uid:" ]; then owner=$real; break; fi
       done < "$p/status"; } 2>/dev/null
-    if [ "$owner" = "$uid" ]; then kill -9 "$pid" 2>/dev/null && killed=1; fi
+    if [ -z "$uid" ] || [ "$owner" = "$uid" ]; then kill -9 "$pid" 2>/dev/null && killed=1; fi
   done
   [ -z "$killed" ] && break
 done
@@ -239,6 +243,15 @@ def survey(sandbox: Sandbox) -> SandboxSurvey:
             done.stderr[-300:],
         )
     raise SandboxError(f"the survey of sandbox {sandbox.id[:12]} gave no complete answer")
+
+
+def kill_processes_since(sandbox: Sandbox, before: frozenset[str]) -> None:
+    """Kill, as root, every process of any user that is not in `before` (`pid:start` of
+    the processes there when the agent's turn began): all the agent started, however it
+    detached. An agent's turn that ran out of time ends this way."""
+    done = sandbox.exec(trusted(_KILL, "", " ".join(sorted(before))), user="root", timeout=60.0)
+    if done.exit_code != 0:
+        raise SandboxError(f"cannot end the agent's processes: {done.stderr.strip()[-300:]}")
 
 
 def clear_for_next_turn(sandbox: Sandbox) -> None:

@@ -13,6 +13,7 @@ from pytest_harbor.harnesses.base import (
     AgentFailure,
     AgentLogs,
     AgentRun,
+    AgentSetupError,
     Deadline,
     Harness,
     HarnessFactory,
@@ -35,6 +36,7 @@ __all__ = [
     "AgentFailure",
     "AgentLogs",
     "AgentRun",
+    "AgentSetupError",
     "Deadline",
     "Harness",
     "HarnessFactory",
@@ -75,7 +77,9 @@ class UnknownHarness(LookupError):
 
 
 def harness_names(registered: Mapping[str, HarnessFactory] | None = None) -> list[str]:
-    names = set(BUILT_IN_HARNESSES) | set(registered or {})
+    from pytest_harbor.harnesses.recipes import recipe_names
+
+    names = set(BUILT_IN_HARNESSES) | set(registered or {}) | set(recipe_names())
     return sorted(names | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
 
 
@@ -85,8 +89,9 @@ def make_harness(
     *,
     registered: Mapping[str, HarnessFactory] | None = None,
 ) -> Harness:
-    """A harness by name: built in, `registered` (by the pytest hook), or an installed
-    entry point naming a class or a factory. Each is called with `options=`."""
+    """A harness by name: built in, `registered` (by the pytest hook), an installed entry
+    point naming a class or a factory (each called with `options=`), or a CLI agent's
+    recipe (by name, or a recipe file's path; RecipeError when it is broken)."""
     factory = BUILT_IN_HARNESSES.get(name) or (registered or {}).get(name)
     if factory is None:
         for ep in entry_points(group=ENTRY_POINT_GROUP):
@@ -94,6 +99,13 @@ def make_harness(
                 factory = ep.load()
                 break
     if factory is None:
+        # A CLI agent by its recipe: shipped, from an entry point, or a recipe file.
+        from pytest_harbor.harnesses.cli_agent import CliAgentHarness
+        from pytest_harbor.harnesses.recipes import find_recipe
+
+        recipe = find_recipe(name)
+        if recipe is not None:
+            return CliAgentHarness(recipe, options)
         raise UnknownHarness(
             f"unknown harness {name!r}; available: {', '.join(harness_names(registered))}"
         )

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pytest_harbor.agent_outcomes import AgentCause
 from pytest_harbor.harnesses.atif import Trajectory
 from pytest_harbor.harnesses.model import ModelConfig
-from pytest_harbor.sandboxes.base import Sandbox
+from pytest_harbor.sandboxes.base import Sandbox, SandboxProvider
 from pytest_harbor.tasks.task import Task, Turn
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "AgentFailure",
     "AgentLogs",
     "AgentRun",
+    "AgentSetupError",
     "Deadline",
     "Harness",
     "HarnessFactory",
@@ -172,6 +173,15 @@ class AgentRun:
     failure: AgentFailure | None = None
 
 
+class AgentSetupError(Exception):
+    """What the agent needs could not be set up (an install failed, say): the turn fails
+    with `cause`, and `agent_outcome_policy` decides what follows."""
+
+    def __init__(self, message: str, cause: AgentCause = "agent_crashed") -> None:
+        super().__init__(message)
+        self.cause: AgentCause = cause
+
+
 class HarnessOptionsError(ValueError):
     """`--harbor-agent-option` values a harness does not take; names the key."""
 
@@ -205,6 +215,15 @@ class Harness(Protocol):
     def unavailable_reason(self, task: Task) -> str | None:
         """Why this harness cannot run `task` (its items are skipped), or None."""
         return None
+
+    def prepare_image(
+        self, image: str, provider: SandboxProvider, labels: Mapping[str, str]
+    ) -> str:
+        """The image the agent's sandbox starts from: the task's `image` itself, or one
+        made from it with what the agent needs (an install), labelled with `labels`.
+        Called before the episode's clock starts, like the task's own build; raise
+        AgentSetupError when it cannot be made."""
+        return image
 
     def open_session(self, context: SessionContext) -> HarnessSession:
         """Set up for an episode (within `harness_setup_allowance_s`, not the agent's

@@ -64,9 +64,17 @@ class ModelEndpointError(Exception):
     """The endpoint cannot serve the model: unreachable, refused, or does not list it."""
 
 
-def check_endpoint(model: ModelConfig, *, timeout_s: float = 30.0) -> None:
-    """GET `{base_url}/models` with the key; the model must be among those listed."""
-    request = urllib.request.Request(model.models_url, headers=model.headers())
+def check_endpoint(
+    model: ModelConfig, *, timeout_s: float = 30.0, api: str = "chat-completions"
+) -> None:
+    """GET `{base_url}/models` with the key; the model must be among those listed. An
+    `anthropic-messages` endpoint gets the key as Anthropic's API takes it, too."""
+    headers = model.headers()
+    if api == "anthropic-messages":
+        headers["anthropic-version"] = "2023-06-01"
+        if model.api_key is not None:
+            headers["x-api-key"] = model.api_key.get_secret_value()
+    request = urllib.request.Request(model.models_url, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             body = response.read()

@@ -148,7 +148,10 @@ class HarborReporter:
             return
         if self.run.model is not None:
             try:
-                check_endpoint(self.run.model)
+                check_endpoint(
+                    self.run.model,
+                    api=getattr(self.run.harness, "model_api", "chat-completions"),
+                )
             except ModelEndpointError as error:
                 raise pytest.UsageError(
                     f"--harbor-model {self.run.model.name} at {self.run.model.base_url}: {error}"

@@ -28,9 +28,16 @@ from pytest_harbor.harnesses import (
     UnknownHarness,
     make_harness,
 )
+from pytest_harbor.harnesses.recipes import RecipeError
 from pytest_harbor.plugin.options import HarborOptions, ModelOptions
 from pytest_harbor.redaction import Redactor
-from pytest_harbor.sandboxes import SandboxError, SandboxProvider, UnknownProvider, make_provider
+from pytest_harbor.sandboxes import (
+    ProviderOptionsError,
+    SandboxError,
+    SandboxProvider,
+    UnknownProvider,
+    make_provider,
+)
 from pytest_harbor.tasks import is_dataset_dir, is_task_dir
 from pytest_harbor.writers import ResultsLayout, RolloutsWriter
 
@@ -101,6 +108,8 @@ class HarborRun:
             raise pytest.UsageError(f"--harbor-agent: {error}") from None
         except HarnessOptionsError as error:
             raise pytest.UsageError(f"--harbor-agent-option: {error}") from None
+        except RecipeError as error:
+            raise pytest.UsageError(f"--harbor-agent: {error}") from None
         except ImportError as error:
             raise pytest.UsageError(
                 f"--harbor-agent {options.agent}: {error}; install pytest-harbor[agents]"
@@ -109,11 +118,15 @@ class HarborRun:
         self.model: ModelConfig | None = (
             _model_config(options.model, options.agent) if self.harness.needs_model else None
         )
+        self.settings = options.settings
         try:
-            self._provider: SandboxProvider = make_provider(options.sandbox)
+            self._provider: SandboxProvider = make_provider(
+                options.sandbox, self.settings.sandbox_provider_options
+            )
         except UnknownProvider as error:
             raise pytest.UsageError(f"--harbor-sandbox: {error}") from None
-        self.settings = options.settings
+        except ProviderOptionsError as error:
+            raise pytest.UsageError(f"setting sandbox_provider_options: {error}") from None
         #: Every value no file or report of the run may show.
         self.redactor = Redactor(
             [*self.settings.secrets.values(), *(self.model.secret_values() if self.model else [])]

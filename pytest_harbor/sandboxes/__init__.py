@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from pytest_harbor.sandboxes.base import (
     ExecResult,
     ImageConfig,
+    ImageLayer,
     ImageSource,
     Sandbox,
     SandboxCapabilities,
@@ -19,7 +21,9 @@ from pytest_harbor.sandboxes.base import (
 __all__ = [
     "ExecResult",
     "ImageConfig",
+    "ImageLayer",
     "ImageSource",
+    "ProviderOptionsError",
     "Sandbox",
     "SandboxCapabilities",
     "SandboxError",
@@ -32,28 +36,41 @@ __all__ = [
 ]
 
 
-def _docker() -> SandboxProvider:
+def _docker(options: Mapping[str, Any]) -> SandboxProvider:
     from pytest_harbor.sandboxes.docker import DockerProvider
 
-    return DockerProvider()
+    unknown = sorted(set(options) - {"network"})
+    if unknown:
+        raise ProviderOptionsError(
+            f"the docker provider takes only the option network, not: {', '.join(unknown)}"
+        )
+    network = options.get("network")
+    if network is not None and (not isinstance(network, str) or not network):
+        raise ProviderOptionsError("the docker provider's network must be a network's name")
+    return DockerProvider(network=network)
 
 
-_PROVIDERS: dict[str, Callable[[], SandboxProvider]] = {"docker": _docker}
+_PROVIDERS: dict[str, Callable[[Mapping[str, Any]], SandboxProvider]] = {"docker": _docker}
 
 
 class UnknownProvider(LookupError):
     pass
 
 
+class ProviderOptionsError(ValueError):
+    """`sandbox_provider_options` the provider does not take; names the key."""
+
+
 def provider_names() -> list[str]:
     return sorted(_PROVIDERS)
 
 
-def make_provider(name: str) -> SandboxProvider:
+def make_provider(name: str, options: Mapping[str, Any] | None = None) -> SandboxProvider:
+    """The provider `name`, set up with `options` (the `sandbox_provider_options`)."""
     try:
         factory = _PROVIDERS[name]
     except KeyError:
         raise UnknownProvider(
             f"unknown sandbox provider {name!r}; available: {', '.join(provider_names())}"
         ) from None
-    return factory()
+    return factory(dict(options or {}))

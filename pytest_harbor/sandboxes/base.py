@@ -12,6 +12,7 @@ __all__ = [
     "TRUSTED_TOOLS",
     "ExecResult",
     "ImageConfig",
+    "ImageLayer",
     "ImageSource",
     "Sandbox",
     "SandboxCapabilities",
@@ -53,6 +54,8 @@ class SandboxCapabilities:
     compose: bool = False
     #: Users written `name:group` or `uid:gid` are applied as such.
     user_groups: bool = False
+    #: A sandbox's network can be taken away for a phase (`network_mode = "no-network"`).
+    network_off: bool = True
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,23 @@ class ImageSource:
     labels: Mapping[str, str] = field(default_factory=dict)
     #: Further tries of a pull that failed (the `image_pull_retries` setting).
     pull_retries: int = 0
+
+
+@dataclass(frozen=True)
+class ImageLayer:
+    """An image made from `base` by running `script` in it as root (an agent's install):
+    made once per `key`, a content hash of everything that goes into it."""
+
+    base: str
+    script: str
+    key: str
+    #: A name for messages ("the mini-swe-agent 2.4.6 install").
+    what: str
+    timeout_sec: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: Make it again even when one exists, unless the one there carries this label
+    #: (the run's own: made earlier in the same run, by another worker, say).
+    rebuild_unless: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +223,12 @@ class SandboxProvider(Protocol):
 
     def image_config(self, image: str) -> ImageConfig:
         """The entrypoint, command, working directory and user `image` declares."""
+        ...
+
+    def prepare_layer(self, layer: ImageLayer) -> str:
+        """An image of `layer.base` with `layer.script` run in it, made once per
+        `layer.key` and kept as a cache; raises SandboxStartError with the script's
+        output when it fails. The image runs as `layer.base` does (entrypoint, user)."""
         ...
 
     def start(self, spec: SandboxSpec) -> Sandbox: ...

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import os
 import re
@@ -33,6 +34,7 @@ from pytest_harbor.sandboxes.base import (
     TRUSTED_TOOLS,
     ExecResult,
     ImageConfig,
+    ImageLayer,
     ImageSource,
     SandboxCapabilities,
     SandboxError,
@@ -49,8 +51,12 @@ __all__ = ["TOOLS_IMAGE", "DockerProvider", "DockerSandbox"]
 TOOLS_IMAGE = os.environ.get("PYTEST_HARBOR_TOOLS_IMAGE", "busybox:musl")
 #: The network a sandbox with network access is on (and that a phase without it leaves).
 _NETWORK = "bridge"
-#: Volumes pytest-harbor keeps as a cache (the trusted tools), like built images.
+#: Volumes and images pytest-harbor keeps as a cache (the trusted tools, install layers).
 _CACHE_LABEL = "pytest-harbor.cache"
+#: The content hash an install layer was made for.
+_LAYER_KEY = "pytest-harbor.content-hash"
+#: Where an install script waits in the image while it runs (removed after).
+_INSTALL_SCRIPT = "/tmp/pytest-harbor-install.sh"
 
 #: Control calls (create, inspect, remove) give up after this long.
 _CONTROL_TIMEOUT_S = 300
@@ -121,11 +127,17 @@ class DockerProvider:
     """Starts one container per sandbox: keep-alive sleep, labels, limits, forceful removal."""
 
     name = "docker"
-    #: Plain containers on one engine: no accelerators or egress filtering; `--user`
-    #: takes a group.
-    capabilities = SandboxCapabilities(user_groups=True)
 
-    def __init__(self) -> None:
+    def __init__(self, network: str | None = None) -> None:
+        #: The network sandboxes with the network are on: the engine's default bridge,
+        #: another network by name, or "host" (this machine's own, loopback included;
+        #: then no phase can go without it).
+        self.network = network or _NETWORK
+        #: Plain containers on one engine: no accelerators or egress filtering; `--user`
+        #: takes a group.
+        self.capabilities = SandboxCapabilities(
+            user_groups=True, network_off=self.network != "host"
+        )
         self._present: set[str] = set()
         self._tags: dict[Path, str] = {}
         self._configs: dict[str, ImageConfig] = {}
@@ -197,6 +209,57 @@ class DockerProvider:
                 self._build(source, tag)
         return tag
 
+    def prepare_layer(self, layer: ImageLayer) -> str:
+        tag = f"hb-layer__{layer.key[:32]}"
+        with build_lock(tag):
+            stale: str | None = None
+            if self._has_image(tag):
+                if not self._stale(tag, layer):
+                    return tag
+                stale = str(_engine().api.inspect_image(tag)["Id"])
+            self._present.discard(tag)
+            config = self.image_config(layer.base)
+            base_id = str(_engine().api.inspect_image(layer.base)["Id"])
+            # The base's own user comes back after the install, which runs as root.
+            dockerfile = (
+                f"FROM {base_id}\nUSER root\nCOPY install.sh {_INSTALL_SCRIPT}\n"
+                f"RUN /bin/sh {_INSTALL_SCRIPT} && rm -f {_INSTALL_SCRIPT}\n"
+                f"USER {config.user or 'root'}\n"
+            )
+            context = pack_files(
+                {"Dockerfile": dockerfile.encode(), "install.sh": layer.script.encode()}
+            )
+            self._run_build(
+                _Build(
+                    _engine().api,
+                    fileobj=io.BytesIO(context),
+                    custom_context=True,
+                    tag=tag,
+                    rm=True,
+                    forcerm=True,
+                    labels={**layer.labels, _CACHE_LABEL: "layer", _LAYER_KEY: layer.key},
+                    decode=True,
+                ),
+                what=layer.what,
+                budget=layer.timeout_sec,
+                budget_name="its timeout_sec",
+            )
+            if not self._has_image(tag):
+                raise SandboxStartError(f"{layer.what} produced no image {tag}")
+            if stale is not None:
+                # The one it replaces goes, unless a sandbox still runs from it.
+                with contextlib.suppress(docker.errors.APIError):
+                    _engine().api.remove_image(stale)
+        return tag
+
+    def _stale(self, tag: str, layer: ImageLayer) -> bool:
+        """With `rebuild_unless`, an image there counts only when it carries that label."""
+        if layer.rebuild_unless is None:
+            return False
+        key, value = layer.rebuild_unless
+        labels = (_engine().api.inspect_image(tag).get("Config") or {}).get("Labels") or {}
+        return bool(labels.get(key) != value)
+
     def _has_image(self, name: str) -> bool:
         if name in self._present:
             return True
@@ -245,16 +308,24 @@ class DockerProvider:
     def _build(self, source: ImageSource, tag: str) -> None:
         assert source.context_dir is not None
         dockerfile = source.context_dir / "Dockerfile"
-        budget = source.build_timeout_sec
-        build = _Build(
-            _engine().api,
-            path=str(source.context_dir),
-            tag=tag,
-            rm=True,
-            forcerm=True,
-            labels=dict(source.labels),
-            decode=True,
+        self._run_build(
+            _Build(
+                _engine().api,
+                path=str(source.context_dir),
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                labels=dict(source.labels),
+                decode=True,
+            ),
+            what=f"building {dockerfile}",
+            budget=source.build_timeout_sec,
+            budget_name="[environment].build_timeout_sec",
         )
+        if not self._has_image(tag):
+            raise SandboxStartError(f"building {dockerfile} produced no image {tag}")
+
+    def _run_build(self, build: _Build, *, what: str, budget: float, budget_name: str) -> None:
         thread = threading.Thread(target=build.run, name="harbor-build", daemon=True)
         thread.start()
         if not _join(thread, budget):
@@ -263,15 +334,10 @@ class DockerProvider:
             build.stop()
             _join(thread, _KILL_GRACE_S)
             raise SandboxStartError(
-                f"building {dockerfile} took longer than "
-                f"[environment].build_timeout_sec = {budget:g} s\n{_tail(build.log)}"
+                f"{what} took longer than {budget_name} = {budget:g} s\n{_tail(build.log)}"
             )
         if build.error is not None:
-            raise SandboxStartError(
-                f"building {dockerfile} failed: {build.error}\n{_tail(build.log)}"
-            )
-        if not self._has_image(tag):
-            raise SandboxStartError(f"building {dockerfile} produced no image {tag}")
+            raise SandboxStartError(f"{what} failed: {build.error}\n{_tail(build.log)}")
 
     def start(self, spec: SandboxSpec) -> DockerSandbox:
         if spec.ready_timeout_s is None:
@@ -301,7 +367,7 @@ class DockerProvider:
         try:
             host_config = api.create_host_config(
                 auto_remove=spec.ttl_s is not None,
-                network_mode=None if spec.network else "none",
+                network_mode=self.network if spec.network else "none",
                 binds={self.tools_volume(): {"bind": TRUSTED_TOOLS, "mode": "ro"}},
                 **limits,
             )
@@ -323,7 +389,7 @@ class DockerProvider:
             raise SandboxStartError(
                 f"cannot create a sandbox from {spec.image}: {_explain(error)}"
             ) from None
-        sandbox = DockerSandbox(created["Id"], online=spec.network)
+        sandbox = DockerSandbox(created["Id"], online=spec.network, network=self.network)
         try:
             if spec.directories:
                 # Before start, so no exec is needed to make them.
@@ -364,10 +430,11 @@ class DockerProvider:
 class DockerSandbox:
     """One container; every call goes through the Docker engine API."""
 
-    def __init__(self, container_id: str, online: bool = True) -> None:
+    def __init__(self, container_id: str, online: bool = True, network: str = _NETWORK) -> None:
         self._id = container_id
         self._stopped = False
         self._online = online
+        self._network = network
 
     @property
     def id(self) -> str:
@@ -511,12 +578,17 @@ class DockerSandbox:
     def set_network(self, enabled: bool) -> None:
         if enabled == self._online:
             return
+        if self._network == "host":
+            raise SandboxError(
+                f"sandbox {self._id[:12]} is on the host network, which cannot be "
+                "taken away or given back"
+            )
         api = _engine().api
         try:
             if enabled:
-                api.connect_container_to_network(self._id, _NETWORK)
+                api.connect_container_to_network(self._id, self._network)
             else:
-                api.disconnect_container_from_network(self._id, _NETWORK, force=True)
+                api.disconnect_container_from_network(self._id, self._network, force=True)
         except docker.errors.APIError as error:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: cannot {'connect' if enabled else 'disconnect'} "
