@@ -238,6 +238,9 @@ class DockerProvider:
                     rm=True,
                     forcerm=True,
                     labels={**layer.labels, _CACHE_LABEL: "layer", _LAYER_KEY: layer.key},
+                    # Made again on request means the install runs again, not the
+                    # builder's cached step.
+                    nocache=stale is not None,
                     decode=True,
                 ),
                 what=layer.what,

@@ -207,6 +207,7 @@ def write_recipe(
             "cat > /usr/local/bin/fake-agent <<'AGENT'\n"
             + FAKE_AGENT
             + "AGENT\nchmod 755 /usr/local/bin/fake-agent\n"
+            + "date +%s%N > /usr/local/share/fake-agent-installed\n"
         )
     path = folder / f"{name}.toml"
     lines = [
@@ -365,7 +366,11 @@ def test_the_install_image_is_made_once_and_again_on_request(
     fake_run(
         pytester, dataset, server, recipe, "--harbor-agent-option=rebuild=true"
     ).assert_outcomes(passed=1)
-    assert install_image().id != first.id, "rebuild=true makes it again"
+    again = install_image()
+    assert again.id != first.id, "rebuild=true makes it again"
+    assert again.attrs["RootFS"]["Layers"] != first.attrs["RootFS"]["Layers"], (
+        "the install ran again (not the builder's cached step)"
+    )
     timings = dataset.rows(pytester.path / "out", validation=False)[0]["timings"]
     assert timings["agent_install_s"] is not None
 
