@@ -11,7 +11,6 @@ sandbox. Before test.sh starts, every process a non-root agent started is killed
 
 from __future__ import annotations
 
-import io
 import logging
 import shutil
 import tarfile
@@ -24,7 +23,7 @@ from typing import IO
 from pytest_harbor.engine.failures import FailureKind
 from pytest_harbor.engine.rewards import REWARD_FILES, RewardReading, read_reward
 from pytest_harbor.redaction import Redactor
-from pytest_harbor.sandboxes.archives import pack_tree
+from pytest_harbor.sandboxes.archives import ChunkReader, pack_tree
 from pytest_harbor.sandboxes.base import TRUSTED_BUSYBOX, Sandbox, SandboxError
 from pytest_harbor.tasks import Turn
 
@@ -400,7 +399,7 @@ def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _C
     if chunks is None:
         return copied
     total = files = 0
-    with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as archive:
+    with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as archive:
         for member in archive:
             parts = member.name.split("/")[1:]
             if not parts or any(part in ("", ".", "..") for part in parts):
@@ -466,28 +465,6 @@ def _kind(member: tarfile.TarInfo) -> str:
     if member.isdir():
         return "a folder"
     return "not a file"
-
-
-class _ChunkReader(io.RawIOBase):
-    """A file object over chunks of bytes, read once, front to back."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._pending = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        while not self._pending:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return 0
-            self._pending = chunk
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
 
 
 def _marked(stderr: str, marker: str) -> str | None:

@@ -23,6 +23,7 @@ from pytest_harbor.harnesses.base import (
     SessionContext,
     TurnContext,
     Usage,
+    parse_options,
 )
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.harnesses.nop import NopHarness
@@ -53,6 +54,7 @@ __all__ = [
     "Usage",
     "harness_names",
     "make_harness",
+    "parse_options",
 ]
 
 ENTRY_POINT_GROUP = "pytest_harbor.harnesses"

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pytest_harbor.agent_outcomes import AgentCause
 from pytest_harbor.harnesses.atif import Trajectory
@@ -44,6 +44,7 @@ __all__ = [
     "TurnContext",
     "Usage",
     "no_options",
+    "parse_options",
 ]
 
 #: The agent's own folder in the sandbox (kept across the turns of a multi-step task).
@@ -242,3 +243,19 @@ def no_options(name: str, options: Mapping[str, Any]) -> None:
         raise HarnessOptionsError(
             f"the {name} harness takes no options, got: {', '.join(sorted(options))}"
         )
+
+
+OptionsModel = TypeVar("OptionsModel", bound=BaseModel)
+
+
+def parse_options(
+    model: type[OptionsModel], name: str, options: Mapping[str, Any] | None
+) -> OptionsModel:
+    """`options` read as `model`; HarnessOptionsError names the harness and the first bad
+    key."""
+    try:
+        return model.model_validate(dict(options or {}))
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        raise HarnessOptionsError(f"{name} option {key}: {first['msg']}") from None

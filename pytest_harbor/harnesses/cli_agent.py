@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import io
 import json
 import logging
 import re
 import tarfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from pytest_harbor.harnesses.base import (
     AGENT_LOGS,
@@ -29,14 +28,15 @@ from pytest_harbor.harnesses.base import (
     AgentRun,
     AgentSetupError,
     Harness,
-    HarnessOptionsError,
     HarnessSession,
     SessionContext,
     TurnContext,
     Usage,
+    parse_options,
 )
 from pytest_harbor.harnesses.converters import ConverterInput, convert
 from pytest_harbor.harnesses.recipes import Recipe, render
+from pytest_harbor.sandboxes.archives import ChunkReader
 from pytest_harbor.sandboxes.base import (
     ExecResult,
     ImageLayer,
@@ -85,12 +85,7 @@ class CliAgentHarness(Harness):
     needs_model: ClassVar[bool] = True
 
     def __init__(self, recipe: Recipe, options: Mapping[str, Any] | None = None) -> None:
-        try:
-            self.options = CliAgentOptions.model_validate(dict(options or {}))
-        except ValidationError as error:
-            first = error.errors()[0]
-            key = ".".join(str(part) for part in first["loc"])
-            raise HarnessOptionsError(f"{recipe.name} option {key}: {first['msg']}") from None
+        self.options = parse_options(CliAgentOptions, recipe.name, options)
         self.recipe = (
             recipe if self.options.version is None else recipe.with_version(self.options.version)
         )
@@ -292,7 +287,7 @@ def _keep_files(context: TurnContext, patterns: list[str]) -> dict[str, bytes]:
         return {}
     kept: dict[str, bytes] = {}
     try:
-        with tarfile.open(fileobj=_Stream(chunks), mode="r|") as archive:
+        with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as archive:
             for member in archive:
                 relative = _relative(member.name)
                 if relative is None or not member.isfile():
@@ -319,23 +314,3 @@ def _relative(name: str) -> str | None:
     if not parts or any(part in ("..", "") for part in parts) or parts[0].startswith("/"):
         return None
     return str(PurePosixPath(*parts))
-
-
-class _Stream(io.RawIOBase):
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buffer = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._buffer:
-            try:
-                self._buffer = next(self._chunks)
-            except StopIteration:
-                return 0
-        size = min(len(buffer), len(self._buffer))
-        buffer[:size] = self._buffer[:size]
-        self._buffer = self._buffer[size:]
-        return size

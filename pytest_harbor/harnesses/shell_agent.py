@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from pytest_harbor.harnesses.atif import (
     AgentInfo,
@@ -31,11 +31,11 @@ from pytest_harbor.harnesses.base import (
     AgentFailure,
     AgentRun,
     Harness,
-    HarnessOptionsError,
     HarnessSession,
     SessionContext,
     TurnContext,
     Usage,
+    parse_options,
 )
 from pytest_harbor.harnesses.chat import (
     ChatClient,
@@ -124,12 +124,7 @@ class ShellAgentHarness(Harness):
     needs_model: ClassVar[bool] = True
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
-        try:
-            self.options = ShellAgentOptions.model_validate(dict(options or {}))
-        except ValidationError as error:
-            first = error.errors()[0]
-            key = ".".join(str(part) for part in first["loc"])
-            raise HarnessOptionsError(f"shell-agent option {key}: {first['msg']}") from None
+        self.options = parse_options(ShellAgentOptions, "shell-agent", options)
         self._clients: dict[str, ChatClient] = {}
         self._lock = threading.Lock()
 

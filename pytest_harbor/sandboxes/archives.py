@@ -6,10 +6,11 @@ import fnmatch
 import io
 import os
 import tarfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 __all__ = [
+    "ChunkReader",
     "filter_archive",
     "pack_directories",
     "pack_files",
@@ -123,3 +124,25 @@ def unpack_files(data: bytes, strip_components: int = 1) -> dict[str, bytes]:
             if extracted is not None:
                 files["/".join(parts)] = extracted.read()
     return files
+
+
+class ChunkReader(io.RawIOBase):
+    """A file object over chunks of bytes, read once, front to back."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        while not self._pending:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._pending = chunk
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size

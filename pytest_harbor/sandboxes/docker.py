@@ -127,17 +127,17 @@ class DockerProvider:
     """Starts one container per sandbox: keep-alive sleep, labels, limits, forceful removal."""
 
     name = "docker"
+    #: Plain containers on one engine: no accelerators or egress filtering; `--user`
+    #: takes a group. (On the host network a phase cannot go without the network.)
+    capabilities = SandboxCapabilities(user_groups=True)
 
     def __init__(self, network: str | None = None) -> None:
         #: The network sandboxes with the network are on: the engine's default bridge,
         #: another network by name, or "host" (this machine's own, loopback included;
         #: then no phase can go without it).
         self.network = network or _NETWORK
-        #: Plain containers on one engine: no accelerators or egress filtering; `--user`
-        #: takes a group.
-        self.capabilities = SandboxCapabilities(
-            user_groups=True, network_off=self.network != "host"
-        )
+        if self.network == "host":
+            self.capabilities = SandboxCapabilities(user_groups=True, network_off=False)
         self._present: set[str] = set()
         self._tags: dict[Path, str] = {}
         self._configs: dict[str, ImageConfig] = {}

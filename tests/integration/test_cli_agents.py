@@ -15,10 +15,13 @@ import pytest
 
 from tests.anthropic_server import MODEL as CLAUDE_MODEL
 from tests.anthropic_server import MessagesRequest, ScriptedMessages, bash, text
-from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
+from tests.fixtures import BASE_IMAGE, REPO_ROOT, Dataset, run_harbor
+from tests.integration.test_shell_agent import model_server
 from tests.model_server import ChatRequest, Reply, ScriptedModel, answer, tool_call
 
 pytestmark = pytest.mark.docker
+
+__all__ = ["model_server"]  # the fixture, shared with shell-agent's tests
 
 HOST_NETWORK = "--harbor-set=sandbox_provider_options.network=host"
 ANSWER_TEST = (
@@ -30,21 +33,6 @@ ANSWER_TEST = (
 @pytest.fixture
 def dataset(harbor_dataset: Dataset) -> Dataset:
     return harbor_dataset
-
-
-@pytest.fixture
-def model_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., ScriptedModel]]:
-    servers: list[ScriptedModel] = []
-
-    def start(script: Callable[[ChatRequest], Reply]) -> ScriptedModel:
-        server = ScriptedModel(script).__enter__()
-        servers.append(server)
-        monkeypatch.setenv("HARBOR_MODEL_API_KEY", server.api_key)
-        return server
-
-    yield start
-    for server in servers:
-        server.__exit__(None, None, None)
 
 
 @pytest.fixture
@@ -174,6 +162,43 @@ def test_claude_code_solves_a_task_over_the_messages_api(
     assert calls[0]["arguments"]["command"] == "echo 1 > /tmp/answer"
     for path in every_file(pytester.path / "out"):
         assert server.api_key.encode() not in path.read_bytes(), path
+
+
+# ---------------------------------------------------------------- the documented example
+
+CURL_AGENT = REPO_ROOT / "docs" / "examples" / "curl-agent.toml"
+
+
+def test_the_recipe_written_from_scratch_in_the_docs_solves_a_task(
+    pytester: pytest.Pytester,
+    dataset: Dataset,
+    model_server: Callable[..., ScriptedModel],
+    install_images: list[str],
+) -> None:
+    dataset.task("write-answer", toml=task_toml(), test_sh=ANSWER_TEST)
+    install_images.append("curl-agent@1.0")
+
+    def script(request: ChatRequest) -> Reply:
+        if not request.tool_results:
+            return tool_call("echo 1 > /tmp/answer")
+        return answer("Written.")
+
+    server = model_server(script)
+    run_harbor(pytester, dataset, *agent_args(server, str(CURL_AGENT))).assert_outcomes(passed=1)
+    row = dataset.rows(pytester.path / "out", validation=False)[0]
+    assert row["reward"] == 1.0 and row["response"] == "Written."
+    assert row["usage"]["prompt_tokens"] == 220
+    folder = results(pytester, dataset)
+    assert next(folder.rglob("curl-agent.messages.json"))
+    document = json.loads(next(folder.rglob("trajectory.json")).read_text())
+    sources = [step["source"] for step in document["steps"]]
+    assert sources == ["user", "agent", "agent"]
+    assert document["steps"][1]["observation"]["results"][0]["content"] == ""
+
+
+def test_the_docs_show_the_example_recipe_as_it_is() -> None:
+    page = (REPO_ROOT / "docs" / "run-a-cli-agent.md").read_text()
+    assert CURL_AGENT.read_text().strip() in page
 
 
 # ---------------------------------------------------------------- recipes written here
@@ -411,3 +436,28 @@ def test_a_broken_recipe_is_named_with_its_field(
     result = fake_run(pytester, dataset, server, recipe)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{recipe}: run.command: unknown placeholder {{{{ api_key }}}}*"])
+
+
+# ---------------------------------------------------------------- the sandboxes' network
+
+
+def test_the_host_network_refuses_a_task_that_must_go_without_it(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task(
+        "offline",
+        toml='[environment]\ndocker_image = "debian:bookworm-slim"\nnetwork_mode = "no-network"\n',
+    )
+    dataset.task("online")
+    result = run_harbor(pytester, dataset, HOST_NETWORK)
+    result.assert_outcomes(passed=1, errors=1)
+    (failure,) = dataset.failures(pytester.path / "out")
+    assert failure["failure_kind"] == "harbor:task_refused"
+    assert "sandbox_provider_options.network" in str(failure["failure_reason"])
+
+
+def test_an_unknown_provider_option_is_refused(pytester: pytest.Pytester, dataset: Dataset) -> None:
+    dataset.task("any")
+    result = run_harbor(pytester, dataset, "--harbor-set=sandbox_provider_options.colour=red")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*sandbox_provider_options*network*not: colour*"])
