@@ -1,6 +1,6 @@
 """A scripted OpenAI-compatible model server for the tests: a real HTTP server on 127.0.0.1
-that speaks Chat Completions (tool calls, `usage`, error bodies, `Retry-After`) and answers
-each request as the test's script says."""
+that speaks Chat Completions (tool calls, `usage`, error bodies, `Retry-After`; streamed when
+the request asks for it) and answers each request as the test's script says."""
 
 from __future__ import annotations
 
@@ -138,6 +138,37 @@ class ChatRequest:
 Script = Callable[[ChatRequest], Reply]
 
 
+def _chunks(completion: dict[str, Any], with_usage: bool) -> list[dict[str, Any]]:
+    """A chat.completion as the chunks of its stream: the role and text, each tool call
+    (its id and name, then its arguments), the finish reason, and the usage if asked."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+    base = {key: completion[key] for key in ("id", "created", "model")}
+    base["object"] = "chat.completion.chunk"
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    chunks = [chunk({"role": "assistant", "content": message.get("content") or ""})]
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = call["function"]
+        head = {"index": index, "id": call["id"], "type": "function"}
+        chunks.append(
+            chunk(
+                {"tool_calls": [{**head, "function": {"name": function["name"], "arguments": ""}}]}
+            )
+        )
+        chunks.append(
+            chunk(
+                {"tool_calls": [{"index": index, "function": {"arguments": function["arguments"]}}]}
+            )
+        )
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if with_usage:
+        chunks.append({**base, "choices": [], "usage": completion["usage"]})
+    return chunks
+
+
 class ScriptedModel:
     """The server: `script(request)` decides every answer; `requests` keeps what came."""
 
@@ -217,7 +248,31 @@ class ScriptedModel:
                 if not self._authorized():
                     return
                 request = server._record(json.loads(data), dict(self.headers.items()))
-                self._send(server.script(request))
+                reply = server.script(request)
+                if request.body.get("stream") and reply.status == 200 and reply.raw is None:
+                    self._stream(
+                        reply, bool((request.body.get("stream_options") or {}).get("include_usage"))
+                    )
+                else:
+                    self._send(reply)
+
+            def _stream(self, reply: Reply, with_usage: bool) -> None:
+                """The completion as `stream: true` sends it: chunks, then [DONE]."""
+                payload = (
+                    b"".join(
+                        f"data: {json.dumps(chunk)}\n\n".encode()
+                        for chunk in _chunks(reply.body, with_usage)
+                    )
+                    + b"data: [DONE]\n\n"
+                )
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except OSError:
+                    pass
 
             def _send(self, reply: Reply) -> None:
                 if reply.delay_s:

@@ -319,6 +319,7 @@ def _from_codex(source: ConverterInput) -> Trajectory | None:
     builder = StepsBuilder(source)
     builder.add("user", source.instruction)
     reasoning: list[str] = []
+    errors: list[str] = []
     prompt = completion = cached = 0
     for line in _json_lines(source.stdout):
         kind = line.get("type")
@@ -334,6 +335,8 @@ def _from_codex(source: ConverterInput) -> Trajectory | None:
         item_type = item.get("type")
         if item_type == "reasoning":
             reasoning.append(str(item.get("text") or ""))
+        elif item_type == "error":
+            errors.append(str(item.get("message") or ""))
         elif item_type == "agent_message":
             builder.agent(str(item.get("text") or ""), reasoning="\n".join(reasoning))
             reasoning = []

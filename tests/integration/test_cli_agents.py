@@ -18,6 +18,8 @@ from tests.anthropic_server import MessagesRequest, ScriptedMessages, bash, text
 from tests.fixtures import BASE_IMAGE, REPO_ROOT, Dataset, run_harbor
 from tests.integration.test_shell_agent import model_server
 from tests.model_server import ChatRequest, Reply, ScriptedModel, answer, tool_call
+from tests.responses_server import MODEL as RESPONSES_MODEL
+from tests.responses_server import ResponsesRequest, ScriptedResponses, message, shell_call
 
 pytestmark = pytest.mark.docker
 
@@ -159,6 +161,67 @@ def test_claude_code_solves_a_task_over_the_messages_api(
     document = json.loads(next(results(pytester, dataset).rglob("trajectory.json")).read_text())
     calls = [c for step in document["steps"] for c in step.get("tool_calls") or []]
     assert calls[0]["function_name"] == "Bash"
+    assert calls[0]["arguments"]["command"] == "echo 1 > /tmp/answer"
+    for path in every_file(pytester.path / "out"):
+        assert server.api_key.encode() not in path.read_bytes(), path
+
+
+# ---------------------------------------------------------------- codex and opencode, end to end
+
+
+def test_codex_solves_a_task_over_the_responses_api(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dataset.task("write-answer", toml=task_toml(), test_sh=ANSWER_TEST)
+
+    def script(request: ResponsesRequest) -> dict[str, object]:
+        if not request.outputs:
+            return shell_call(request, "echo 1 > /tmp/answer")
+        return message("The answer is written.")
+
+    with ScriptedResponses(script) as server:
+        monkeypatch.setenv("HARBOR_MODEL_API_KEY", server.api_key)
+        run_harbor(
+            pytester,
+            dataset,
+            "--harbor-agent=codex",
+            f"--harbor-model={RESPONSES_MODEL}",
+            f"--harbor-model-url={server.url}",
+            HOST_NETWORK,
+        ).assert_outcomes(passed=1)
+    assert any("Write 1 to /tmp/answer." in request.text for request in server.requests)
+    row = dataset.rows(pytester.path / "out", validation=False)[0]
+    assert row["reward"] == 1.0 and row["failure_cause"] is None
+    assert row["response"] == "The answer is written."
+    assert row["usage"]["prompt_tokens"] == 200
+    document = json.loads(next(results(pytester, dataset).rglob("trajectory.json")).read_text())
+    calls = [c for step in document["steps"] for c in step.get("tool_calls") or []]
+    assert "echo 1 > /tmp/answer" in calls[0]["arguments"]["command"]
+    for path in every_file(pytester.path / "out"):
+        assert server.api_key.encode() not in path.read_bytes(), path
+
+
+def test_opencode_solves_a_task_over_streamed_chat_completions(
+    pytester: pytest.Pytester, dataset: Dataset, model_server: Callable[..., ScriptedModel]
+) -> None:
+    dataset.task("write-answer", toml=task_toml(), test_sh=ANSWER_TEST)
+
+    def script(request: ChatRequest) -> Reply:
+        if not request.body.get("tools"):
+            return answer("A title")
+        if not request.tool_results:
+            return tool_call("echo 1 > /tmp/answer")
+        return answer("The answer is written.")
+
+    server = model_server(script)
+    run_harbor(pytester, dataset, *agent_args(server, "opencode")).assert_outcomes(passed=1)
+    assert all(request.body.get("stream") for request in server.requests)
+    row = dataset.rows(pytester.path / "out", validation=False)[0]
+    assert row["reward"] == 1.0 and row["failure_cause"] is None
+    assert row["response"] == "The answer is written."
+    document = json.loads(next(results(pytester, dataset).rglob("trajectory.json")).read_text())
+    calls = [c for step in document["steps"] for c in step.get("tool_calls") or []]
+    assert calls[0]["function_name"] == "bash"
     assert calls[0]["arguments"]["command"] == "echo 1 > /tmp/answer"
     for path in every_file(pytester.path / "out"):
         assert server.api_key.encode() not in path.read_bytes(), path
