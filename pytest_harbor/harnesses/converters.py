@@ -359,7 +359,7 @@ def _from_codex(source: ConverterInput) -> Trajectory | None:
         completion,
         cached,
     )
-    return builder.trajectory()
+    return builder.trajectory(notes="; ".join(errors) or None)
 
 
 def _from_opencode(source: ConverterInput) -> Trajectory | None:
