@@ -195,7 +195,7 @@ def test_unknown_agent_or_sandbox_is_a_usage_error(pytester: pytest.Pytester) ->
     dataset = make_dataset(pytester.path)
     agent = pytester.runpytest(f"--harbor-dataset={dataset}", "--harbor-agent=wizard")
     agent.stderr.fnmatch_lines(
-        ["*--harbor-agent: unknown harness 'wizard'; available: nop, oracle*"]
+        ["*--harbor-agent: unknown harness 'wizard'; available: *mini-swe-agent, nop, *oracle*"]
     )
     assert agent.ret == pytest.ExitCode.USAGE_ERROR
     sandbox = pytester.runpytest(f"--harbor-dataset={dataset}", "--harbor-sandbox=cloud")
