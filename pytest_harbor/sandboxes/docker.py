@@ -336,10 +336,12 @@ class DockerProvider:
             # makes the engine end the build.
             build.stop()
             _join(thread, _KILL_GRACE_S)
+            build.remove_steps()
             raise SandboxStartError(
                 f"{what} took longer than {budget_name} = {budget:g} s\n{_tail(build.log)}"
             )
         if build.error is not None:
+            build.remove_steps()
             raise SandboxStartError(f"{what} failed: {build.error}\n{_tail(build.log)}")
 
     def start(self, spec: SandboxSpec) -> DockerSandbox:
@@ -708,6 +710,7 @@ class _Build:
     """One image build, followed event by event (run() in a thread of its own)."""
 
     _STEP_CONTAINER = re.compile(r"Running in ([0-9a-f]{12,64})")
+    _STEP_IMAGE = re.compile(r"^---> ([0-9a-f]{12,64})$")
 
     def __init__(self, api: docker.APIClient, **arguments: Any) -> None:
         self._api = api
@@ -730,6 +733,15 @@ class _Build:
             self.error = _explain(error)
         except _TRANSPORT_ERRORS as error:
             self.error = str(error)
+
+    def remove_steps(self) -> None:
+        """After a failed build: the untagged images its finished steps left (kept by the
+        builder as a cache) go, latest first; tagged ones and those still used stay."""
+        steps = [m.group(1) for line in self.log if (m := self._STEP_IMAGE.match(line.strip()))]
+        for image in reversed(steps):
+            with contextlib.suppress(docker.errors.APIError):
+                if not self._api.inspect_image(image).get("RepoTags"):
+                    self._api.remove_image(image)
 
     def stop(self) -> None:
         if self._step_container is not None:
