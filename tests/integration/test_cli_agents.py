@@ -524,3 +524,47 @@ def test_an_unknown_provider_option_is_refused(pytester: pytest.Pytester, datase
     result = run_harbor(pytester, dataset, "--harbor-set=sandbox_provider_options.colour=red")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*sandbox_provider_options*network*not: colour*"])
+
+
+def test_a_retry_after_a_failed_install_installs_again(
+    pytester: pytest.Pytester,
+    dataset: Dataset,
+    model_server: Callable[..., ScriptedModel],
+    install_images: list[str],
+) -> None:
+    """The install fails the first time only (a registry hiccup, played by a marker file
+    on the host's side): the policy's retry makes the install again, and the episode
+    passes on its second attempt."""
+    marker = pytester.path / "failed-once"
+    dataset.task("any", toml=task_toml(), test_sh=ANSWER_TEST, instruction="solve\n")
+    flaky = (
+        "cat > /usr/local/bin/fake-agent <<'AGENT'\n" + FAKE_AGENT + "AGENT\n"
+        "chmod 755 /usr/local/bin/fake-agent\n"
+    )
+    recipe = write_recipe(pytester.path, "fake-flaky", install=flaky)
+    install_images.append("fake-flaky@1.0")
+    server = model_server(lambda request: answer("unused"))
+    from pytest_harbor.sandboxes import docker as docker_provider
+
+    real = docker_provider.DockerProvider.prepare_layer
+
+    def once_broken(self: object, layer: object) -> str:
+        if not marker.exists():
+            marker.write_text("1")
+            from pytest_harbor.sandboxes import SandboxStartError
+
+            raise SandboxStartError("the registry did not answer")
+        return real(self, layer)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(docker_provider.DockerProvider, "prepare_layer", once_broken)
+        fake_run(
+            pytester,
+            dataset,
+            server,
+            recipe,
+            "--harbor-set=agent_outcome_policy.agent_crashed="
+            "{action: retry, retries: 1, backoff_s: 0}",
+        ).assert_outcomes(passed=1)
+    row = dataset.rows(pytester.path / "out", validation=False)[0]
+    assert row["reward"] == 1.0 and row["attempts"] == 2
