@@ -532,8 +532,8 @@ def test_a_retry_after_a_failed_install_installs_again(
     model_server: Callable[..., ScriptedModel],
     install_images: list[str],
 ) -> None:
-    """The install fails the first time only (a registry hiccup, played by a marker file
-    on the host's side): the policy's retry makes the install again, and the episode
+    """The install image cannot be made the first time only (a registry hiccup, played by
+    the provider refusing once): the policy's retry asks for it again, and the episode
     passes on its second attempt."""
     marker = pytester.path / "failed-once"
     dataset.task("any", toml=task_toml(), test_sh=ANSWER_TEST, instruction="solve\n")
