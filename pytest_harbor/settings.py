@@ -35,8 +35,6 @@ NOT_IMPLEMENTED = frozenset(
         "request_gpu_type",
         "step_setup_timeout_s",
         "task_mcp_grants",
-        "compose_variables",
-        "compose_overlay",
     }
 )
 #: Keys Gym's `eval run` sets itself; here the command line does their job.
@@ -55,6 +53,23 @@ class ResourcesOverride(BaseModel):
     cpu: float | None = Field(default=None, gt=0)
     memory_mib: int | None = Field(default=None, gt=0)
     disk_gib: float | None = Field(default=None, gt=0)
+
+
+class ComposeOverlay(BaseModel):
+    """`compose_overlay`: Compose files added after every task's own (a task without a
+    Compose file becomes one), and a prompt template around every instruction."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    files: list[str] = []
+    #: `{instruction}` stands for the task's instruction.
+    prompt_template: str | None = None
+
+    @model_validator(mode="after")
+    def _template_has_instruction(self) -> ComposeOverlay:
+        if self.prompt_template is not None and "{instruction}" not in self.prompt_template:
+            raise ValueError("prompt_template must contain {instruction}")
+        return self
 
 
 class HarborSettings(BaseModel):
@@ -86,7 +101,7 @@ class HarborSettings(BaseModel):
     task_mcp_grants: Literal["off", "optional", "required"] = "off"
     turn_sessions: Literal["fresh", "continue"] = "fresh"
     compose_variables: dict[str, str] = {}
-    compose_overlay: Any = None
+    compose_overlay: ComposeOverlay | None = None
     agent_outcome_policy: AgentOutcomePolicy = AgentOutcomePolicy()
     artifacts_dir: str | None = None
     agent_server: Any = None

@@ -32,28 +32,35 @@ def refuse_unrunnable(task: Task, capabilities: SandboxCapabilities, provider: s
                 f'network_mode = "allowlist" cannot be enforced by the {provider} sandbox',
                 key=f"{key}.network_mode",
             )
-    if not capabilities.compose:
-        for compose in (
-            task.path / "environment" / "docker-compose.yaml",
-            task.path / "tests" / "docker-compose.yaml",
-        ):
-            if compose.is_file():
-                raise TaskLoadError(
-                    compose, f"Compose tasks are not supported by the {provider} sandbox"
-                )
+    verifier_compose = task.path / "tests" / "docker-compose.yaml"
+    if verifier_compose.is_file():
+        raise TaskLoadError(
+            verifier_compose, "a separate verifier from a Compose file is not supported"
+        )
+    if task.compose_file is not None and not capabilities.compose:
+        raise TaskLoadError(
+            task.compose_file, f"Compose tasks are not supported by the {provider} sandbox"
+        )
+    if task.compose_file is None:
+        # Services other than main exist only in a Compose task (or under a
+        # compose_overlay, which planning checks with the run's settings).
+        lacking = (
+            "the task has no Compose file"
+            if capabilities.compose
+            else f"needs Compose, which the {provider} sandbox lacks"
+        )
         for index, hook in enumerate(config.verifier.collect):
             if hook.service != "main":
                 raise TaskLoadError(
                     task_file,
-                    f"service {hook.service!r} needs Compose, which the {provider} sandbox lacks",
+                    f"service {hook.service!r}: {lacking}",
                     key=f"verifier.collect[{index}].service",
                 )
         for index, artifact in enumerate(config.artifacts):
             if artifact.service not in (None, "main"):
                 raise TaskLoadError(
                     task_file,
-                    f"service {artifact.service!r} needs Compose, which the {provider} sandbox "
-                    "lacks",
+                    f"service {artifact.service!r}: {lacking}",
                     key=f"artifacts[{index}].service",
                 )
 

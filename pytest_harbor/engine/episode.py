@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pytest_harbor.engine.agent_phase import AgentPhase
 from pytest_harbor.engine.budget import EpisodeBudget, episode_budget
+from pytest_harbor.engine.compose_tasks import compose_spec
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
 from pytest_harbor.engine.harness_calls import HARNESS_GRACE_S, InProcessGate
 from pytest_harbor.engine.readiness import entrypoint_failure, start_entrypoint, wait_healthy
@@ -57,14 +58,17 @@ from pytest_harbor.sandboxes.base import (
     ImageSource,
     Sandbox,
     SandboxError,
+    SandboxGroup,
     SandboxProvider,
     SandboxSpec,
     SandboxStartError,
     Spawned,
 )
+from pytest_harbor.sandboxes.compose import ComposeSpec
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task, Turn, task_digest
 from pytest_harbor.tasks.config import EnvironmentConfig
+from pytest_harbor.tasks.errors import TaskLoadError
 
 __all__ = ["Episode", "TurnOutput", "verifies_separately"]
 
@@ -180,6 +184,8 @@ class Episode:
         self._own_verifier_root: Path | None = None
         #: The harness could not make its image (prepare_image): every turn fails so.
         self._setup_failure: AgentFailure | None = None
+        #: A Compose task's images built for services other than main.
+        self._built: dict[str, str] = {}
 
     @property
     def id(self) -> str:
@@ -220,7 +226,7 @@ class Episode:
             return
         started = time.monotonic()
         try:
-            image = self.provider.prepare_image(self._image_source(self.task.config.environment))
+            image = self._prepare_task_images()
             if self.separate_verifier:
                 self._verifier_image = self.provider.prepare_image(self._verifier_source())
         except SandboxStartError as error:
@@ -242,6 +248,43 @@ class Episode:
             self._image = image
         if self._image != image or self._setup_failure is not None:
             self._timings["agent_install_s"] = time.monotonic() - started
+
+    def _prepare_task_images(self) -> str:
+        """The main image; for a Compose task also every service's (built once per
+        content hash, pulled when missing), kept for the start."""
+        spec = self._compose
+        if spec is None:
+            return self.provider.prepare_image(self._image_source(self.task.config.environment))
+        environment = self.task.config.environment
+        built = {
+            service: self.provider.prepare_image(
+                ImageSource(
+                    docker_image=None,
+                    context_dir=context,
+                    build_timeout_sec=environment.build_timeout_sec,
+                    labels=self.image_labels,
+                )
+            )
+            for service, context in spec.builds.items()
+        }
+        for image in spec.images().values():
+            self.provider.prepare_image(
+                ImageSource(
+                    docker_image=image,
+                    context_dir=None,
+                    build_timeout_sec=environment.build_timeout_sec,
+                    pull_retries=self.settings.image_pull_retries,
+                )
+            )
+        self._built = {service: tag for service, tag in built.items() if service != "main"}
+        return built.get("main") or spec.images()["main"]
+
+    @property
+    def _compose(self) -> ComposeSpec | None:
+        try:
+            return compose_spec(self.task, self.settings)
+        except TaskLoadError as error:
+            raise EpisodeError(FailureKind.TASK_REFUSED, str(error)) from None
 
     def start_early(self) -> None:
         """Make the images and start the sandbox in the background, so that a later seed()
@@ -412,6 +455,7 @@ class Episode:
         *,
         record: bool = True,
         network: bool | None = None,
+        group: SandboxGroup | None = None,
     ) -> Sandbox:
         """A sandbox from `image` with `environment`'s settings; `network` (else the
         environment's mode) says whether it has the network from its start."""
@@ -441,6 +485,7 @@ class Episode:
                 directories=SANDBOX_DIRECTORIES,
                 ttl_s=ttl,
                 ready_timeout_s=self.settings.sandbox_ready_timeout_s,
+                group=group,
             )
         )
         if record:
@@ -454,6 +499,11 @@ class Episode:
         environment = self.task.config.environment
         online = environment.network_mode != "no-network"
         needed = online or any(t.agent_network or t.verifier_network for t in self.task.turns)
+        spec = self._compose
+        if spec is not None:
+            # One network for every phase (checked at planning).
+            group = SandboxGroup(config=spec.config, built=self._built, episode=self.id)
+            return self._start(self._image, environment, network=needed, group=group)
         sandbox = self._start(self._image, environment, network=needed)
         if needed and not online:
             sandbox.set_network(False)
@@ -722,12 +772,20 @@ class Episode:
         """`[[verifier.collect]]` on main: a failing hook is noted, not fatal."""
         notes = []
         for hook in self.task.config.verifier.collect:
-            done = sandbox.exec(
-                ["bash", "-c", hook.command],
-                user=_user(hook.user),
-                workdir=self.workdir,
-                timeout=min(hook.timeout_sec, self._remaining()),
-            )
+            if hook.service == "main":
+                done = sandbox.exec(
+                    ["bash", "-c", hook.command],
+                    user=_user(hook.user),
+                    workdir=self.workdir,
+                    timeout=min(hook.timeout_sec, self._remaining()),
+                )
+            else:
+                # Another service of a Compose task: its own shell, user and folder.
+                done = _service(sandbox, hook.service).exec(
+                    ["sh", "-c", hook.command],
+                    user=_user(hook.user),
+                    timeout=min(hook.timeout_sec, self._remaining()),
+                )
             if done.timed_out or done.exit_code != 0:
                 why = "timed out" if done.timed_out else f"exited {done.exit_code}"
                 notes.append(f"collect hook `{hook.command}` {why}")
@@ -858,10 +916,14 @@ class Episode:
 
     def _copy_artifacts(self, source: Sandbox, target: Sandbox) -> None:
         """`/logs/artifacts` and each declared artifact, at the same path in `target`."""
-        declared = [(artifact.source, artifact.exclude) for artifact in self.task.config.artifacts]
-        for path, exclude in [(ARTIFACTS_DIR, []), *declared]:
+        declared = [
+            (artifact.source, artifact.exclude, artifact.service)
+            for artifact in self.task.config.artifacts
+        ]
+        for path, exclude, service in [(ARTIFACTS_DIR, [], None), *declared]:
             absolute = path if path.startswith("/") else f"{self.workdir or '/'}/{path}"
-            archive = source.read_archive(absolute)
+            origin = source if service in (None, "main") else _service(source, service)
+            archive = origin.read_archive(absolute)
             if archive is None:
                 continue
             parent = absolute.rstrip("/").rsplit("/", 1)[0] or "/"
@@ -1021,6 +1083,15 @@ def verifies_separately(task: Task, settings: HarborSettings) -> bool:
         or task.verifier_dockerfile is not None
         or (settings.separate_verifier_for_artifacts and bool(task.config.artifacts))
     )
+
+
+def _service(sandbox: Sandbox, name: str) -> Sandbox:
+    """Another service of the Compose project `sandbox` is the main service of."""
+    find = getattr(sandbox, "service", None)
+    if find is None:
+        raise SandboxError(f"no service {name!r}: the task is not a Compose task")
+    found: Sandbox = find(name)
+    return found
 
 
 def _stop_within(sandbox: Sandbox, seconds: float) -> None:

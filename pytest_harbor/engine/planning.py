@@ -6,7 +6,7 @@ collect its nodes. Planning reads files only; it starts no sandbox.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,11 +64,13 @@ def plan_taskset(
     secrets: Mapping[str, str] | None = None,
     repeats: int | None = None,
     admit_any_harness: bool = False,
+    check: Callable[[Task], None] | None = None,
 ) -> TasksetPlan:
     """Plan the taskset rooted at `root` (a task folder or a dataset folder).
 
     Raises TaskLoadError for what spoils the whole taskset: a bad dataset.toml, a harness
     it does not admit, an override naming no task, two tasks with one id, no tasks at all.
+    `check` may refuse a task (TaskLoadError) for what only the run knows (its settings).
     """
     dataset = DatasetConfig() if (root / "task.toml").is_file() else read_dataset_config(root)
     _admit(root, dataset, harness, admit_any_harness)
@@ -99,6 +101,8 @@ def plan_taskset(
         try:
             task = load_task(task_dir, secrets=secrets, dataset=dataset)
             refuse_unrunnable(task, capabilities, provider)
+            if check is not None:
+                check(task)
         except TaskLoadError as error:
             plan.failures[task_dir] = error
         else:

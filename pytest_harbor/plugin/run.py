@@ -16,6 +16,7 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from pytest_harbor.engine import Episode, EpisodeError, FailureKind
+from pytest_harbor.engine.compose_tasks import compose_spec, refuse_compose
 from pytest_harbor.engine.planning import Selection, TasksetPlan, plan_taskset
 from pytest_harbor.engine.reaper import OWNER_LABEL, RUN_LABEL, reap_orphans
 from pytest_harbor.engine.slots import EpisodeSlots, Slot
@@ -32,13 +33,14 @@ from pytest_harbor.harnesses.recipes import RecipeError
 from pytest_harbor.plugin.options import HarborOptions, ModelOptions
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes import (
+    ImageSource,
     ProviderOptionsError,
     SandboxError,
     SandboxProvider,
     UnknownProvider,
     make_provider,
 )
-from pytest_harbor.tasks import is_dataset_dir, is_task_dir
+from pytest_harbor.tasks import Task, TaskLoadError, is_dataset_dir, is_task_dir
 from pytest_harbor.writers import ResultsLayout, RolloutsWriter
 
 __all__ = [
@@ -168,7 +170,30 @@ class HarborRun:
             secrets=self.settings.secrets,
             repeats=self.options.repeats,
             admit_any_harness=self.options.allow_unsupported_pairing,
+            check=self._check_compose if self._provider.capabilities.compose else None,
         )
+
+    def _check_compose(self, task: Task) -> None:
+        """A Compose task's file is read and checked, and the images its services name
+        without a build must be here (or pulled): else it is refused, in skipped.json."""
+        spec = compose_spec(task, self.settings)
+        if spec is None:
+            return
+        refuse_compose(task, self.settings)
+        for service, image in spec.images().items():
+            try:
+                self._provider.prepare_image(
+                    ImageSource(
+                        docker_image=image,
+                        context_dir=None,
+                        build_timeout_sec=task.config.environment.build_timeout_sec,
+                        pull_retries=self.settings.image_pull_retries,
+                    )
+                )
+            except SandboxError as error:
+                raise TaskLoadError(
+                    spec.file, str(error), key=f"services.{service}.image"
+                ) from None
 
     def acquire_slot(self) -> Slot | None:
         """A place under `max_concurrent_episodes` (shared by every worker of the run);

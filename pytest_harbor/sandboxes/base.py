@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = [
     "TRUSTED_BUSYBOX",
@@ -17,6 +17,7 @@ __all__ = [
     "Sandbox",
     "SandboxCapabilities",
     "SandboxError",
+    "SandboxGroup",
     "SandboxProvider",
     "SandboxSpec",
     "SandboxStartError",
@@ -98,6 +99,17 @@ class ImageConfig:
 
 
 @dataclass(frozen=True)
+class SandboxGroup:
+    """A Compose project the sandbox is the `main` service of: `config` is the checked,
+    canonical Compose configuration, `built` the images made for services with a build,
+    `episode` names the project."""
+
+    config: Mapping[str, Any]
+    built: Mapping[str, str]
+    episode: str
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     """Everything a provider needs to start one sandbox."""
 
@@ -114,6 +126,9 @@ class SandboxSpec:
     ttl_s: float | None = None
     #: Starting takes at most this long, or it fails.
     ready_timeout_s: float | None = None
+    #: Start the sandbox as the `main` service of this Compose project, its other
+    #: services first.
+    group: SandboxGroup | None = None
 
 
 @dataclass(frozen=True)

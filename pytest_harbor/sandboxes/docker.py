@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 import os
 import re
 import socket
+import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -38,13 +41,15 @@ from pytest_harbor.sandboxes.base import (
     ImageSource,
     SandboxCapabilities,
     SandboxError,
+    SandboxGroup,
     SandboxSpec,
     SandboxStartError,
 )
+from pytest_harbor.sandboxes.compose import ComposeSpec, episode_project, project_name
 from pytest_harbor.sandboxes.images import build_lock, image_tag_for
 from pytest_harbor.sandboxes.output import CappedOutput
 
-__all__ = ["TOOLS_IMAGE", "DockerProvider", "DockerSandbox"]
+__all__ = ["TOOLS_IMAGE", "ComposeSandbox", "DockerProvider", "DockerSandbox"]
 
 #: The image the trusted tools come from: its /bin/busybox must be statically linked.
 #: Pulled when missing, like a task's image; PYTEST_HARBOR_TOOLS_IMAGE names another.
@@ -55,6 +60,11 @@ _NETWORK = "bridge"
 _CACHE_LABEL = "pytest-harbor.cache"
 #: The content hash an install layer was made for.
 _LAYER_KEY = "pytest-harbor.content-hash"
+#: The labels Compose puts on what it makes.
+_PROJECT_LABEL = "com.docker.compose.project"
+_SERVICE_LABEL = "com.docker.compose.service"
+#: How long `up --wait` may take when the spec sets no limit.
+_COMPOSE_UP_S = 900.0
 #: Where an install script waits in the image while it runs (removed after).
 _INSTALL_SCRIPT = "/tmp/pytest-harbor-install.sh"
 
@@ -129,7 +139,7 @@ class DockerProvider:
     name = "docker"
     #: Plain containers on one engine: no accelerators or egress filtering; `--user`
     #: takes a group. (On the host network a phase cannot go without the network.)
-    capabilities = SandboxCapabilities(user_groups=True)
+    capabilities = SandboxCapabilities(user_groups=True, compose=True)
 
     def __init__(self, network: str | None = None) -> None:
         #: The network sandboxes with the network are on: the engine's default bridge,
@@ -137,7 +147,9 @@ class DockerProvider:
         #: then no phase can go without it).
         self.network = network or _NETWORK
         if self.network == "host":
-            self.capabilities = SandboxCapabilities(user_groups=True, network_off=False)
+            self.capabilities = SandboxCapabilities(
+                user_groups=True, compose=True, network_off=False
+            )
         self._present: set[str] = set()
         self._tags: dict[Path, str] = {}
         self._configs: dict[str, ImageConfig] = {}
@@ -359,6 +371,8 @@ class DockerProvider:
         return attempt.result()
 
     def _start(self, spec: SandboxSpec) -> DockerSandbox:
+        if spec.group is not None:
+            return self._start_group(spec, spec.group)
         engine = _engine()
         api = engine.api
         limits: dict[str, Any] = {}
@@ -407,6 +421,83 @@ class DockerProvider:
             ) from None
         return sandbox
 
+    def _start_group(self, spec: SandboxSpec, group: SandboxGroup) -> DockerSandbox:
+        """The Compose project `group`, `main` kept alive like any sandbox (the trusted
+        sleep as its first process, the trusted tools mounted), its other services first,
+        as their depends_on conditions and health checks say (`up --wait`)."""
+        engine = _engine()
+        lifetime = _FOREVER_S if spec.ttl_s is None else max(1, math.ceil(spec.ttl_s))
+        tools = self.tools_volume()
+        main: dict[str, Any] = {
+            "entrypoint": [TRUSTED_BUSYBOX, "sleep"],
+            "command": [str(lifetime)],
+            "environment": dict(spec.env),
+            "volumes": [
+                {"type": "volume", "source": tools, "target": TRUSTED_TOOLS, "read_only": True}
+            ],
+        }
+        if spec.workdir:
+            main["working_dir"] = spec.workdir
+        if spec.cpus is not None:
+            main["cpus"] = min(spec.cpus, engine.cpus)
+        if spec.memory_mb is not None:
+            main["mem_limit"] = main["memswap_limit"] = f"{spec.memory_mb}m"
+        name = project_name(group.episode, uuid.uuid4().hex[:8])
+        config = episode_project(
+            ComposeSpec(Path("."), group.config, {}),
+            name=name,
+            main_image=spec.image,
+            built=group.built,
+            labels=spec.labels,
+            main=main,
+            internal=not spec.network,
+        )
+        config.setdefault("volumes", {})[tools] = {"external": True, "name": tools}
+        with tempfile.TemporaryDirectory(prefix="harbor-compose-") as scratch:
+            file = Path(scratch) / "compose.json"
+            file.write_text(json.dumps(config))
+            up = _compose(
+                ["-p", name, "-f", str(file), "--project-directory", scratch, "up", "-d", "--wait"],
+                timeout=spec.ready_timeout_s or _COMPOSE_UP_S,
+            )
+            if up.returncode != 0:
+                logs = _compose(
+                    [
+                        "-p",
+                        name,
+                        "-f",
+                        str(file),
+                        "--project-directory",
+                        scratch,
+                        "logs",
+                        "--no-color",
+                        "--tail",
+                        "20",
+                    ],
+                    timeout=60,
+                )
+                _remove_project(name)
+                raise SandboxStartError(
+                    f"the Compose project did not come up: {_tail(up.stderr.splitlines(), 8)}"
+                    f"\n{_tail(logs.stdout.splitlines(), 40)}"
+                )
+        found = engine.api.containers(
+            filters={"label": [f"{_PROJECT_LABEL}={name}", f"{_SERVICE_LABEL}=main"]}
+        )
+        if not found:
+            _remove_project(name)
+            raise SandboxStartError(f"the Compose project {name} came up without its main")
+        sandbox = ComposeSandbox(found[0]["Id"], name, online=spec.network)
+        try:
+            if spec.directories:
+                engine.api.put_archive(found[0]["Id"], "/", pack_directories(spec.directories))
+        except docker.errors.APIError as error:
+            sandbox.stop()
+            raise SandboxStartError(
+                f"cannot make the sandbox's folders: {_explain(error)}"
+            ) from None
+        return sandbox
+
     def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:
         found = _engine().api.containers(all=True, filters={"label": key})
         return [(container["Id"], dict(container.get("Labels") or {})) for container in found]
@@ -429,6 +520,8 @@ class DockerProvider:
         for container in api.containers(all=True, filters={"label": wanted}):
             DockerSandbox(container["Id"]).stop()
             removed += 1
+        # What Compose projects made beside their containers.
+        _remove_networks_and_volumes({"label": wanted})
         return removed
 
 
@@ -628,6 +721,86 @@ class DockerSandbox:
                     f"sandbox {self._id[:12]}: removal failed: {_explain(error)}"
                 ) from None
         self._stopped = True
+
+
+class ComposeSandbox(DockerSandbox):
+    """The `main` service of a Compose project; stopping it removes the whole project
+    (every container, network and volume it made), forcefully."""
+
+    def __init__(self, container_id: str, project: str, online: bool = True) -> None:
+        super().__init__(container_id, online=online, network=f"{project}_default")
+        self.project = project
+
+    def set_network(self, enabled: bool) -> None:
+        if enabled != self._online:
+            raise SandboxError(
+                "a Compose project keeps one network for all its phases (its services "
+                "must reach each other)"
+            )
+
+    def service(self, name: str) -> DockerSandbox:
+        """Another service's container, to run a command in or copy from."""
+        found = _engine().api.containers(
+            filters={"label": [f"{_PROJECT_LABEL}={self.project}", f"{_SERVICE_LABEL}={name}"]}
+        )
+        if not found:
+            raise SandboxError(f"the Compose project has no running service {name!r}")
+        return DockerSandbox(found[0]["Id"], online=self._online, network=self._network)
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        _remove_project(self.project)
+        self._stopped = True
+
+
+def _compose(arguments: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            ["docker", "compose", *arguments],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except FileNotFoundError:
+        raise SandboxStartError("the docker CLI is not installed (Compose tasks need it)") from None
+    except subprocess.TimeoutExpired as expired:
+        return subprocess.CompletedProcess(
+            expired.cmd, 124, "", f"docker compose {arguments[-1]} took over {timeout:g} s"
+        )
+
+
+def _remove_project(project: str) -> None:
+    """Every container of the project at once (forced, no graceful stop), then its
+    networks and volumes."""
+    api = _engine().api
+    selector = {"label": f"{_PROJECT_LABEL}={project}"}
+    try:
+        containers = api.containers(all=True, filters=selector)
+    except docker.errors.APIError as error:
+        raise SandboxError(f"cannot list the project {project}: {_explain(error)}") from None
+    threads = [
+        threading.Thread(target=DockerSandbox(c["Id"]).stop, daemon=True) for c in containers
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(_CONTROL_TIMEOUT_S)
+    _remove_networks_and_volumes(selector)
+
+
+def _remove_networks_and_volumes(filters: Mapping[str, Any]) -> None:
+    api = _engine().api
+    with contextlib.suppress(docker.errors.APIError):
+        for network in api.networks(filters=filters):
+            with contextlib.suppress(docker.errors.APIError):
+                api.remove_network(network["Id"])
+    with contextlib.suppress(docker.errors.APIError):
+        for volume in (api.volumes(filters=filters) or {}).get("Volumes") or []:
+            with contextlib.suppress(docker.errors.APIError):
+                api.remove_volume(volume["Name"], force=True)
 
 
 class _Spawned:

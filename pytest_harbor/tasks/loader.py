@@ -219,12 +219,14 @@ def _check_layout(path: Path, config: TaskConfig) -> None:
     """Harbor's file rules (§1.3) and the per-step features Gym's loader refuses."""
     task_file = path / TASK_FILE
     environment = path / "environment"
-    if config.environment.docker_image is None and not (
-        (environment / "Dockerfile").is_file() or (environment / "docker-compose.yaml").is_file()
+    if config.environment.docker_image is None and not any(
+        (environment / name).is_file()
+        for name in ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml")
     ):
         raise TaskLoadError(
             task_file,
-            "no environment: set [environment].docker_image or add environment/Dockerfile",
+            "no environment: set [environment].docker_image or add environment/Dockerfile "
+            "(or a Compose file)",
             key="environment.docker_image",
         )
     bundled = _bundles_tests(path, config)

@@ -64,10 +64,23 @@ class Task:
 
     @property
     def dockerfile(self) -> Path | None:
-        """The Dockerfile to build, or None when the task names a prebuilt image."""
+        """The Dockerfile to build, or None when the task names a prebuilt image (or a
+        Compose file that gives `main` an image of its own)."""
         if self.config.environment.docker_image is not None:
             return None
-        return self.environment_dir / "Dockerfile"
+        dockerfile = self.environment_dir / "Dockerfile"
+        if self.compose_file is not None and not dockerfile.is_file():
+            return None
+        return dockerfile
+
+    @property
+    def compose_file(self) -> Path | None:
+        """`environment/docker-compose.yaml` (or `.yml`, or `compose.yaml`): a Compose task."""
+        for name in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml"):
+            path = self.environment_dir / name
+            if path.is_file():
+                return path
+        return None
 
     @property
     def loose_environment_files(self) -> bool:
@@ -76,6 +89,7 @@ class Task:
             self.config.environment.docker_image is not None
             and self.environment_dir.is_dir()
             and not (self.environment_dir / "Dockerfile").exists()
+            and self.compose_file is None
             and any(self.environment_dir.iterdir())
         )
 

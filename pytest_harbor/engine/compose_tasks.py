@@ -1,0 +1,102 @@
+"""Which tasks run as a Compose project, and their checked Compose configuration: read
+once per process for each task folder and settings (through `docker compose config`)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from pytest_harbor.sandboxes.compose import ComposeRefused, ComposeSpec, read_compose
+from pytest_harbor.settings import HarborSettings
+from pytest_harbor.tasks.errors import TaskLoadError
+from pytest_harbor.tasks.task import Task
+
+__all__ = ["compose_spec", "overlay_files", "refuse_compose"]
+
+_cache: dict[str, ComposeSpec] = {}
+_lock = threading.Lock()
+
+
+def overlay_files(settings: HarborSettings) -> list[Path]:
+    overlay = settings.compose_overlay
+    return [Path(name).resolve() for name in (overlay.files if overlay else [])]
+
+
+def compose_spec(task: Task, settings: HarborSettings) -> ComposeSpec | None:
+    """The task's Compose project, or None when it runs as one container (no Compose file
+    and no overlay files). Raises TaskLoadError naming the file and key it refuses."""
+    overlays = overlay_files(settings)
+    if task.compose_file is None and not overlays:
+        return None
+    environment = task.config.environment
+    dockerfile = task.environment_dir / "Dockerfile"
+    key = json.dumps(
+        [str(task.path), task.digest, settings.compose_variables, [str(p) for p in overlays]],
+        sort_keys=True,
+    )
+    with _lock:
+        found = _cache.get(key)
+    if found is not None:
+        return found
+    for path in overlays:
+        if not path.is_file():
+            raise TaskLoadError(path, "missing: named by compose_overlay.files")
+    try:
+        spec = read_compose(
+            task.path,
+            task.compose_file,
+            main_build=dockerfile.parent
+            if environment.docker_image is None and dockerfile.is_file()
+            else None,
+            main_image=environment.docker_image,
+            task_env=environment.env,
+            variables=settings.compose_variables,
+            overlays=overlays,
+        )
+    except ComposeRefused as error:
+        raise TaskLoadError(error.file, str(error), key=error.key) from None
+    except RuntimeError as error:
+        raise TaskLoadError(task.compose_file or overlays[0], str(error)) from None
+    with _lock:
+        _cache[key] = spec
+    return spec
+
+
+def refuse_compose(task: Task, settings: HarborSettings) -> None:
+    """At planning: a Compose task whose file (or settings) cannot run is refused."""
+    spec = compose_spec(task, settings)
+    if spec is None:
+        return
+    task_file = task.path / "task.toml"
+    if settings.verify_from_snapshot:
+        raise TaskLoadError(
+            task_file,
+            "verify_from_snapshot verifies in a lone container, without the Compose "
+            "project's other services",
+        )
+    phases = {turn.agent_network for turn in task.turns} | {
+        turn.verifier_network for turn in task.turns
+    }
+    if len(phases) > 1:
+        raise TaskLoadError(
+            task_file,
+            "a Compose project keeps one network for all its phases; this task's phases "
+            "differ (network_mode)",
+            key="environment.network_mode",
+        )
+    services = set(spec.config["services"])
+    for index, hook in enumerate(task.config.verifier.collect):
+        if hook.service not in services:
+            raise TaskLoadError(
+                task_file,
+                f"no service {hook.service!r} in {spec.file.name}",
+                key=f"verifier.collect[{index}].service",
+            )
+    for index, artifact in enumerate(task.config.artifacts):
+        if artifact.service is not None and artifact.service not in services:
+            raise TaskLoadError(
+                task_file,
+                f"no service {artifact.service!r} in {spec.file.name}",
+                key=f"artifacts[{index}].service",
+            )
