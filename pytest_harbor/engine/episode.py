@@ -547,7 +547,7 @@ class Episode:
         try:
             if self._turns:
                 self._clear_grading_files(sandbox)
-            turn = self._as_user(sandbox, turn)
+            turn = self._prompted(self._as_user(sandbox, turn))
         except SandboxError as error:
             raise EpisodeError(FailureKind.SANDBOX_LOST, str(error)) from None
         self._network(sandbox, turn.agent_network, f"the agent's turn {turn.name}")
@@ -756,6 +756,14 @@ class Episode:
         self._clock_end["turn"] = time.monotonic()
         self._wall[1] = _now()
         return TurnOutput(result, self._verifier_dir(turn))
+
+    def _prompted(self, turn: Turn) -> Turn:
+        """The instruction inside `compose_overlay.prompt_template`, when there is one."""
+        overlay = self.settings.compose_overlay
+        if overlay is None or overlay.prompt_template is None:
+            return turn
+        text = overlay.prompt_template.replace("{instruction}", turn.instruction)
+        return dataclasses.replace(turn, instruction=text)
 
     def _bounded(self, turn: Turn) -> Turn:
         """The turn with its agent budget cut to what the episode deadline leaves, keeping

@@ -113,4 +113,10 @@ def reap_orphans(provider: SandboxProvider) -> int:
             )
             continue
         removed += 1
+    # What Compose projects of such runs made beside their containers: networks, volumes.
+    leftovers = getattr(provider, "labelled_leftovers", None)
+    for reference, labels in leftovers(RUN_LABEL) if leftovers else []:
+        owner = labels.get(OWNER_LABEL)
+        if owner is not None and not owner_is_alive(owner):
+            provider.remove_leftover(reference)  # type: ignore[attr-defined]
     return removed

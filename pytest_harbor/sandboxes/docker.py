@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -48,6 +49,8 @@ from pytest_harbor.sandboxes.base import (
 from pytest_harbor.sandboxes.compose import ComposeSpec, episode_project, project_name
 from pytest_harbor.sandboxes.images import build_lock, image_tag_for
 from pytest_harbor.sandboxes.output import CappedOutput
+
+log = logging.getLogger("pytest_harbor")
 
 __all__ = ["TOOLS_IMAGE", "ComposeSandbox", "DockerProvider", "DockerSandbox"]
 
@@ -504,6 +507,30 @@ class DockerProvider:
 
     def remove(self, sandbox_id: str) -> None:
         DockerSandbox(sandbox_id).stop()
+
+    def labelled_leftovers(self, key: str) -> list[tuple[str, dict[str, str]]]:
+        """Networks and volumes (of Compose projects) with a label `key`: a reference for
+        remove_leftover() and their labels. Networks first: a volume may outlive them."""
+        api = _engine().api
+        found: list[tuple[str, dict[str, str]]] = []
+        try:
+            for network in api.networks(filters={"label": key}):
+                found.append((f"network:{network['Id']}", dict(network.get("Labels") or {})))
+            for volume in (api.volumes(filters={"label": key}) or {}).get("Volumes") or []:
+                found.append((f"volume:{volume['Name']}", dict(volume.get("Labels") or {})))
+        except docker.errors.APIError as error:
+            log.warning("cannot list networks and volumes: %s", _explain(error))
+        return found
+
+    def remove_leftover(self, reference: str) -> None:
+        """Remove a network or volume labelled_leftovers() gave; in use or gone: no error."""
+        kind, _, name = reference.partition(":")
+        api = _engine().api
+        with contextlib.suppress(docker.errors.APIError):
+            if kind == "network":
+                api.remove_network(name)
+            else:
+                api.remove_volume(name, force=True)
 
     def remove_image(self, image: str) -> None:
         try:
