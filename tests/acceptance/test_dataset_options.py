@@ -133,8 +133,12 @@ def test_materialized_rows_carry_instruction_and_digest(pytester: pytest.Pyteste
             "*unknown setting 'no_such_key' (from --harbor-set no_such_key=1)*",
         ),
         (
-            ["--harbor-set=compose_overlay={files: [a.yaml]}"],
-            "*not implemented in this release*compose_overlay*",
+            ["--harbor-set=task_mcp_grants=optional"],
+            "*not implemented in this release*task_mcp_grants*",
+        ),
+        (
+            ["--harbor-set=compose_overlay={prompt_template: no placeholder}"],
+            "*setting compose_overlay*prompt_template must contain {instruction}*",
         ),
         (
             ["--harbor-config=missing.yaml"],
