@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pytest_harbor.agent_outcomes import AgentOutcomePolicy
+from pytest_harbor.tasks.config import MCPServerConfig
 
 __all__ = [
     "CONFIG_BLOCK",
@@ -57,11 +58,15 @@ class ResourcesOverride(BaseModel):
 
 class ComposeOverlay(BaseModel):
     """`compose_overlay`: Compose files added after every task's own (a task without a
-    Compose file becomes one), and a prompt template around every instruction."""
+    Compose file becomes one), MCP servers for every task, and a prompt template around
+    every instruction."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     files: list[str] = []
+    #: MCP servers offered with every task's own; one with a task's server's name
+    #: replaces it.
+    mcp_servers: list[MCPServerConfig] = []
     #: `{instruction}` stands for the task's instruction.
     prompt_template: str | None = None
 

@@ -3,6 +3,7 @@ once per process for each task folder and settings (through `docker compose conf
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -12,7 +13,7 @@ from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks.errors import TaskLoadError
 from pytest_harbor.tasks.task import Task
 
-__all__ = ["compose_spec", "overlay_files", "refuse_compose"]
+__all__ = ["compose_spec", "overlay_files", "refuse_compose", "with_overlay"]
 
 _cache: dict[str, ComposeSpec] = {}
 _lock = threading.Lock()
@@ -100,3 +101,16 @@ def refuse_compose(task: Task, settings: HarborSettings) -> None:
                 f"no service {artifact.service!r} in {spec.file.name}",
                 key=f"artifacts[{index}].service",
             )
+
+
+def with_overlay(task: Task, settings: HarborSettings) -> Task:
+    """The task as its harness sees it: `compose_overlay.mcp_servers` merged into its own
+    MCP servers by name (the overlay's entry wins)."""
+    overlay = settings.compose_overlay
+    if overlay is None or not overlay.mcp_servers:
+        return task
+    servers = {server.name: server for server in task.config.environment.mcp_servers}
+    servers.update({server.name: server for server in overlay.mcp_servers})
+    environment = task.config.environment.model_copy(update={"mcp_servers": list(servers.values())})
+    config = task.config.model_copy(update={"environment": environment})
+    return dataclasses.replace(task, config=config)

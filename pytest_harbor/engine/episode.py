@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pytest_harbor.engine.agent_phase import AgentPhase
 from pytest_harbor.engine.budget import EpisodeBudget, episode_budget
-from pytest_harbor.engine.compose_tasks import compose_spec
+from pytest_harbor.engine.compose_tasks import compose_spec, with_overlay
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
 from pytest_harbor.engine.harness_calls import HARNESS_GRACE_S, InProcessGate
 from pytest_harbor.engine.readiness import entrypoint_failure, start_entrypoint, wait_healthy
@@ -131,7 +131,8 @@ class Episode:
         verifier_logs_dir: Path | None = None,
         redactor: Redactor | None = None,
     ) -> None:
-        self.task = task
+        settings = settings or HarborSettings()
+        self.task = with_overlay(task, settings)
         self.taskset = taskset
         self.repeat = repeat
         self.harness = harness
@@ -139,7 +140,7 @@ class Episode:
         self.labels = dict(labels)
         #: Labels of an image this episode builds (images outlive episodes and runs).
         self.image_labels = dict(labels if image_labels is None else image_labels)
-        self.settings = settings or HarborSettings()
+        self.settings = settings
         self.expected_digest = expected_digest
         self.separate_verifier = verifies_separately(task, self.settings)
         self._image: str | None = None
