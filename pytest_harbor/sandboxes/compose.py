@@ -22,18 +22,14 @@ from typing import Any
 from pytest_harbor.sandboxes.images import image_tag_for
 
 __all__ = [
-    "COMPOSE_FILES",
     "ComposeRefused",
     "ComposeSpec",
-    "compose_file",
     "episode_project",
     "project_name",
     "read_compose",
     "run_config",
 ]
 
-#: The names a task's Compose file may have, in the order they are looked for.
-COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml")
 #: Compose runs get this long for `config`; `up` has the sandbox's own start limit.
 CONFIG_TIMEOUT_S = 60.0
 
@@ -45,14 +41,6 @@ class ComposeRefused(ValueError):
         super().__init__(message)
         self.file = file
         self.key = key
-
-
-def compose_file(environment_dir: Path) -> Path | None:
-    for name in COMPOSE_FILES:
-        path = environment_dir / name
-        if path.is_file():
-            return path
-    return None
 
 
 def project_name(episode: str, unique: str) -> str:

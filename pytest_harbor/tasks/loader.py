@@ -24,7 +24,7 @@ from pytest_harbor.tasks.config import (
 from pytest_harbor.tasks.dataset import DatasetConfig
 from pytest_harbor.tasks.digest import TaskFolderError, task_digest
 from pytest_harbor.tasks.errors import TaskLoadError, describe_validation_error, error_key
-from pytest_harbor.tasks.task import SINGLE_STEP_TURN, Task, Turn
+from pytest_harbor.tasks.task import COMPOSE_FILES, SINGLE_STEP_TURN, Task, Turn
 
 __all__ = [
     "MAX_TASK_DEPTH",
@@ -220,8 +220,7 @@ def _check_layout(path: Path, config: TaskConfig) -> None:
     task_file = path / TASK_FILE
     environment = path / "environment"
     if config.environment.docker_image is None and not any(
-        (environment / name).is_file()
-        for name in ("Dockerfile", "docker-compose.yaml", "docker-compose.yml", "compose.yaml")
+        (environment / name).is_file() for name in ("Dockerfile", *COMPOSE_FILES)
     ):
         raise TaskLoadError(
             task_file,

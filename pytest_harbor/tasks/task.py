@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pytest_harbor.tasks.config import TaskConfig
 
-__all__ = ["SINGLE_STEP_TURN", "Task", "Turn"]
+__all__ = ["COMPOSE_FILES", "SINGLE_STEP_TURN", "Task", "Turn"]
 
 #: The item name of the one turn of a single-step task.
 SINGLE_STEP_TURN = "episode"
@@ -39,6 +39,10 @@ class Turn:
             return None
         script = self.solution_dir / "solve.sh"
         return script if script.is_file() else None
+
+
+#: The names a task's Compose file may have (`environment/`), in the order looked for.
+COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml")
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ class Task:
     @property
     def compose_file(self) -> Path | None:
         """`environment/docker-compose.yaml` (or `.yml`, or `compose.yaml`): a Compose task."""
-        for name in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml"):
+        for name in COMPOSE_FILES:
             path = self.environment_dir / name
             if path.is_file():
                 return path

@@ -11,8 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -24,7 +22,7 @@ import pytest
 
 from pytest_harbor.engine.reaper import RUN_LABEL, reap_orphans
 from pytest_harbor.sandboxes import make_provider
-from tests.fixtures import BASE_IMAGE, REPO_ROOT, Dataset, run_harbor
+from tests.fixtures import BASE_IMAGE, REPO_ROOT, Dataset, run_harbor, start_run
 
 pytestmark = pytest.mark.docker
 
@@ -324,20 +322,7 @@ def test_the_reaper_takes_a_killed_runs_project(
         "volumes:\n  data:\n",
         solve_sh="sleep 300\n",
     )
-    run = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            f"--harbor-dataset={dataset.path}",
-            "-p",
-            "no:cacheprovider",
-        ],
-        cwd=dataset.path.parent,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    run = start_run(dataset)
     try:
         deadline = time.monotonic() + 120
         while len(left_by(docker_client, dataset.name)) < 4:
