@@ -338,3 +338,28 @@ def test_the_reaper_takes_a_killed_runs_project(
     while left_by(docker_client, dataset.name) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert left_by(docker_client, dataset.name) == []
+
+
+def test_a_one_shot_service_completes_before_main_and_fills_a_named_volume(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    """depends_on `service_completed_successfully`: an init service writes into a named
+    volume and exits 0; main starts after it, with the volume mounted."""
+    compose = (
+        "services:\n"
+        "  main:\n    volumes:\n      - seed:/seed\n"
+        "    depends_on:\n      init:\n        condition: service_completed_successfully\n"
+        "  init:\n    image: busybox:musl\n    volumes:\n      - seed:/seed\n"
+        '    command: ["/bin/busybox", "sh", "-c", "echo seeded > /seed/state"]\n'
+        "volumes:\n  seed:\n"
+    )
+    compose_task(
+        dataset,
+        "one-shot",
+        compose,
+        test_sh=(
+            'if [ "$(cat /seed/state)" = seeded ]; then echo 1; else echo 0; fi'
+            " > /logs/verifier/reward.txt\n"
+        ),
+    )
+    run_harbor(pytester, dataset).assert_outcomes(passed=1)
