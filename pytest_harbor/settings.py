@@ -99,6 +99,10 @@ class HarborSettings(BaseModel):
     max_concurrent_episodes: int | None = Field(default=None, ge=1)
     queue_timeout_seconds: float | None = Field(default=None, gt=0)
     separate_verifier_for_artifacts: bool = False
+    #: pytest-harbor's own: how many images are made at once ahead of the episodes (task
+    #: images, verifier images, Compose builds, agent installs); 0 makes each in the first
+    #: episode that needs it.
+    image_build_concurrency: int = Field(default=2, ge=0)
     #: pytest-harbor's own: verify every shared-mode turn in a fresh sandbox started from
     #: a snapshot of the agent's (its files, none of its processes).
     verify_from_snapshot: bool = False

@@ -222,6 +222,11 @@ class Episode:
             return
         self._prepare_now()
 
+    def prepare_images(self) -> None:
+        """Make every image the episode needs, as prepare() does (for a run that builds
+        them ahead of its episodes); raises EpisodeError when one cannot be made."""
+        self._prepare_now()
+
     def _prepare_now(self) -> None:
         if self._image is not None:
             return

@@ -145,7 +145,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     run = config.stash.get(HARBOR_RUN, None)
     if run is None or not run.targets or config.getvalue("dist") != "load":
         return None
-    return trial_scheduler(config, log, frozenset(run.trial_ids))
+    return trial_scheduler(config, log, frozenset(run.trial_ids), run.expected_s)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import os
 import socket
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -12,8 +15,11 @@ from typing import Any
 import pytest
 
 from pytest_harbor.engine import EpisodeError, EpisodeResult, FailureKind
+from pytest_harbor.engine.durations import expected_seconds, read_history, record_history
 from pytest_harbor.engine.metrics import TasksetScore
+from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.harnesses.model import ModelEndpointError, check_endpoint
+from pytest_harbor.plugin.builds import BuildsAhead
 from pytest_harbor.plugin.ledger import EpisodeLedger, TrialRecord, trial_of
 from pytest_harbor.plugin.nodes import HarborTurnItem
 from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun
@@ -26,6 +32,8 @@ from pytest_harbor.writers.manifest import ManifestError, RunManifest, secrets_k
 from pytest_harbor.writers.materialized import SkippedLog, write_task_rows
 from pytest_harbor.writers.resume import read_resume_point
 from pytest_harbor.writers.summary import run_summary, write_run_summary
+
+log = logging.getLogger("pytest_harbor")
 
 __all__ = ["HarborReporter", "pytest_report_teststatus", "pytest_runtest_makereport"]
 
@@ -130,6 +138,9 @@ class HarborReporter:
             pass_reward=run.options.pass_reward,
         )
         self.manifests: dict[str, RunManifest] = {}
+        #: Each taskset's plan, as the run planned it at its start.
+        self.plans: dict[str, TasksetPlan] = {}
+        self.builds = BuildsAhead(run)
         self.locks: list[ResultsLock] = []
         self.items = 0
         self.unvalidated = 0
@@ -191,8 +202,29 @@ class HarborReporter:
             if self.run.options.skip_unloadable:
                 skipped = {path.name: str(error) for path, error in plan.failures.items()}
             self.skipped.start(plan.taskset, skipped)
+            history = read_history(self.run.layout.taskset_dir(plan.taskset))
             for task in plan.tasks:
                 self.run.row_digests[f"{plan.taskset}/{task.id}"] = task.digest
+                self.run.expected_s[f"{plan.taskset}/{task.id}"] = expected_seconds(
+                    task, self.run.settings, history
+                )
+            self.plans[plan.taskset] = plan
+
+    def _record_durations(self, taskset: str) -> None:
+        """This run's episode and build times join the results folder's record."""
+        rows_file = self.run.layout.rollouts_file(taskset)
+        try:
+            lines = rows_file.read_text().splitlines()
+        except OSError:
+            return
+        rows = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                rows.append(json.loads(line))
+        try:
+            record_history(self.run.layout.taskset_dir(taskset), rows)
+        except OSError as error:
+            log.warning("could not record the durations of %s: %s", taskset, error)
 
     def _lock(self, folder: Path) -> None:
         lock = ResultsLock(
@@ -247,10 +279,27 @@ class HarborReporter:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.ledger.select(item.nodeid for item in session.items)
+        self._build_ahead(item.nodeid for item in session.items)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         self.ledger.select(ids)
+        self._build_ahead(ids)
+
+    def _build_ahead(self, nodeids: Iterable[str]) -> None:
+        """Start making the images of the trials the run selected (once)."""
+        if self.builds.started or not self.plans:
+            return
+        tasks = {
+            taskset: {task.id: task for task in plan.tasks} for taskset, plan in self.plans.items()
+        }
+        selected = []
+        for nodeid in nodeids:
+            taskset, _, rest = trial_of(nodeid).partition("/")
+            task = tasks.get(taskset, {}).get(rest.rsplit("::", 1)[0])
+            if task is not None:
+                selected.append((taskset, task))
+        self.builds.start(selected)
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         record = self.ledger.get(nodeid)
@@ -327,6 +376,7 @@ class HarborReporter:
         self.interrupted = True
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.builds.close()
         if session.config.option.collectonly or not self.manifests:
             return
         interrupted = self.interrupted or session.exitstatus == pytest.ExitCode.INTERRUPTED
@@ -334,6 +384,8 @@ class HarborReporter:
             for failure in self.ledger.interrupted():
                 self.writer.append_failure(failure)
         finished_at = datetime.now(UTC).isoformat(timespec="milliseconds")
+        for taskset in self.manifests:
+            self._record_durations(taskset)
         for taskset, manifest in self.manifests.items():
             summary = run_summary(
                 self.run.layout,

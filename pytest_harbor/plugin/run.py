@@ -148,6 +148,8 @@ class HarborRun:
         self.trial_ids: set[str] = set()
         #: Trials a resumed run finished already: they are not collected again.
         self.done_trials: set[str] = set()
+        #: Expected seconds of one trial of each `<taskset>/<task>` (longest first).
+        self.expected_s: dict[str, float] = {}
         self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self._slots: EpisodeSlots | None = None
         #: Episodes whose sandbox started ahead of their trial (see HarborTrial.start_early).

@@ -8,14 +8,14 @@ split a trial are refused. A trial whose worker dies is not run again in the sam
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
 
 from pytest_harbor.plugin.nodes import HarborTrial, HarborTurnItem
 
-__all__ = ["SPLITTING_MODES", "keep_turns_together", "trial_scheduler"]
+__all__ = ["SPLITTING_MODES", "keep_turns_together", "longest_first", "trial_scheduler"]
 
 #: xdist modes that may send the turns of one trial to different workers (or, for
 #: loadgroup, rewrite node ids).
@@ -55,15 +55,81 @@ def _undo_deselection(config: pytest.Config, items: Iterable[pytest.Item]) -> No
         deselected[:] = [item for item in deselected if id(item) not in back]
 
 
-def trial_scheduler(config: pytest.Config, log: Any, trials: frozenset[str]) -> Any:
+def longest_first(
+    nodeids: list[str], scope_of: Any, expected: Mapping[str, float], first: frozenset[str]
+) -> list[str]:
+    """`nodeids` grouped by scope (each scope's ids in their order), the scopes holding a
+    node id of `first` (`--ff`'s failures) first, then by expected seconds, longest first;
+    ties keep their order."""
+    groups: dict[str, list[str]] = {}
+    for nodeid in nodeids:
+        groups.setdefault(scope_of(nodeid), []).append(nodeid)
+    ranked = sorted(
+        groups.items(),
+        key=lambda item: (
+            not any(nodeid in first for nodeid in item[1]),
+            -expected.get(item[0].rsplit("::", 1)[0], 0.0),
+        ),
+    )
+    return [nodeid for _, ids in ranked for nodeid in ids]
+
+
+def trial_scheduler(
+    config: pytest.Config,
+    log: Any,
+    trials: frozenset[str],
+    expected: Mapping[str, float] | None = None,
+) -> Any:
     """xdist's scope scheduling, with a trial (`<taskset>/<task>::r<N>`) as the scope of
-    its turns and every other test a scope of its own (as plain `load` treats it)."""
+    its turns and every other test a scope of its own (as plain `load` treats it).
+
+    With `expected` (seconds per `<taskset>/<task>`), the trials go out longest first, so
+    that a long one does not start last and run alone at the end; `--ff`'s failures still
+    go first, and a run whose order pytest-randomly shuffled keeps it."""
     from xdist.scheduler import LoadScopeScheduling
+
+    reorder = bool(expected) and not config.pluginmanager.hasplugin("randomly")
+    first: frozenset[str] = frozenset()
+    if reorder and config.getoption("failedfirst", False) and config.cache is not None:
+        first = frozenset(config.cache.get("cache/lastfailed", {}))
 
     class TrialScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             scope = nodeid.rsplit("::", 1)[0]
             return scope if scope in trials else nodeid
+
+        def _assign_work_unit(self, node: Any) -> None:
+            """xdist's own, but the trial handed out is the first of the longest-first
+            order still waiting (a trial put back after a worker died comes after)."""
+            if not reorder:
+                super()._assign_work_unit(node)
+                return
+            scope = self._next_scope()
+            work_unit = self.workqueue.pop(scope)
+            self.assigned_work.setdefault(node, {})[scope] = work_unit
+            collection = self.registered_collections[node]
+            node.send_runtest_some(
+                [collection.index(nodeid) for nodeid, done in work_unit.items() if not done]
+            )
+
+        def _next_scope(self) -> str:
+            if not hasattr(self, "_order"):
+                ranked = longest_first(
+                    [nodeid for unit in self.workqueue.values() for nodeid in unit],
+                    self._split_scope,
+                    expected or {},
+                    first,
+                )
+                self._order = list(dict.fromkeys(self._split_scope(n) for n in ranked))
+                self._position = 0
+            while (
+                self._position < len(self._order)
+                and self._order[self._position] not in self.workqueue
+            ):
+                self._position += 1
+            if self._position < len(self._order):
+                return str(self._order[self._position])
+            return str(next(iter(self.workqueue)))
 
         def remove_node(self, node: Any) -> str | None:
             """A worker is gone. Its unstarted trials go to the others; the trial it was

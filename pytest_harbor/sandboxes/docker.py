@@ -63,6 +63,8 @@ _NETWORK = "bridge"
 _CACHE_LABEL = "pytest-harbor.cache"
 #: The content hash an install layer was made for.
 _LAYER_KEY = "pytest-harbor.content-hash"
+#: The run an image is made for (a build that failed is not tried again in the same run).
+_RUN_LABEL = "pytest-harbor.run"
 #: The labels Compose puts on what it makes.
 _PROJECT_LABEL = "com.docker.compose.project"
 _SERVICE_LABEL = "com.docker.compose.service"
@@ -219,9 +221,19 @@ class DockerProvider:
             tag = self._tags[source.context_dir] = image_tag_for(source.context_dir)
         if self._has_image(tag):
             return tag
+        run = source.labels.get(_RUN_LABEL, "")
         with build_lock(tag):
             if not self._has_image(tag):
-                self._build(source, tag)
+                # A build that failed in this run is not tried again: every trial of the
+                # task gets its failure (the builds ahead and the episodes share it).
+                failed = _failed_build(tag, run)
+                if failed is not None:
+                    raise SandboxStartError(failed)
+                try:
+                    self._build(source, tag)
+                except SandboxStartError as error:
+                    _note_failed_build(tag, run, str(error))
+                    raise
         return tag
 
     def prepare_layer(self, layer: ImageLayer) -> str:
@@ -779,6 +791,29 @@ class ComposeSandbox(DockerSandbox):
             return
         _remove_project(self.project)
         self._stopped = True
+
+
+def _failure_file(tag: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"pytest-harbor-build-{tag}.failed"
+
+
+def _failed_build(tag: str, run: str) -> str | None:
+    """The error of a build of `tag` that failed earlier in the run `run`, if one did."""
+    if not run:
+        return None
+    try:
+        noted = json.loads(_failure_file(tag).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(noted, dict) or noted.get("run") != run:
+        return None
+    return str(noted.get("error"))
+
+
+def _note_failed_build(tag: str, run: str, error: str) -> None:
+    if run:
+        with contextlib.suppress(OSError):
+            _failure_file(tag).write_text(json.dumps({"run": run, "error": error}))
 
 
 def _compose(arguments: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -565,6 +565,8 @@ def test_a_retry_after_a_failed_install_installs_again(
             recipe,
             "--harbor-set=agent_outcome_policy.agent_crashed="
             "{action: retry, retries: 1, backoff_s: 0}",
+            # The episode makes the install itself (no pool making it ahead).
+            "--harbor-set=image_build_concurrency=0",
         ).assert_outcomes(passed=1)
     row = dataset.rows(pytester.path / "out", validation=False)[0]
     assert row["reward"] == 1.0 and row["attempts"] == 2

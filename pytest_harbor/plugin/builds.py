@@ -1,0 +1,89 @@
+"""Images built ahead: once the run knows which trials it runs, a bounded pool in the
+controller makes every image they need (task images, verifier images, Compose builds,
+agent installs), longest first, while the episodes start. An episode whose image is still
+being made waits for it in its preparation, before its clock starts (the build lock of
+each content hash makes sure no image is built twice); a build that fails fails once, and
+every trial of that task gets its failure."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from pytest_harbor.engine import Episode, EpisodeError
+from pytest_harbor.plugin.run import HarborRun
+from pytest_harbor.tasks.task import Task
+
+__all__ = ["BuildsAhead"]
+
+log = logging.getLogger("pytest_harbor")
+
+
+class BuildsAhead:
+    """The pool (`image_build_concurrency` threads); `start` once, `close` at the end."""
+
+    def __init__(self, run: HarborRun) -> None:
+        self.run = run
+        self.size = run.settings.image_build_concurrency
+        self._pool: ThreadPoolExecutor | None = None
+        self._futures: list[Future[None]] = []
+        self._lock = threading.Lock()
+        self.started = False
+        self.building = 0
+        self.done = 0
+        self.failed = 0
+
+    def start(self, tasks: Iterable[tuple[str, Task]]) -> None:
+        """Make the images of `tasks` (taskset, task), most expensive first."""
+        if self.started or self.size == 0:
+            return
+        self.started = True
+        unique = {(taskset, task.id): (taskset, task) for taskset, task in tasks}
+        ordered = sorted(
+            unique.values(),
+            key=lambda pair: -self.run.expected_s.get(f"{pair[0]}/{pair[1].id}", 0.0),
+        )
+        if not ordered:
+            return
+        self._pool = ThreadPoolExecutor(self.size, thread_name_prefix="harbor-build-ahead")
+        for taskset, task in ordered:
+            self._futures.append(self._pool.submit(self._prepare, taskset, task))
+
+    def _prepare(self, taskset: str, task: Task) -> None:
+        run = self.run
+        with self._lock:
+            self.building += 1
+        try:
+            episode = Episode(
+                task,
+                taskset=taskset,
+                repeat=0,
+                harness=run.harness,
+                provider=run.provider,
+                labels=run.image_labels(),
+                image_labels=run.image_labels(),
+                settings=run.settings,
+                model=run.model,
+                redactor=run.redactor,
+            )
+            episode.prepare_images()
+        except EpisodeError as error:
+            with self._lock:
+                self.failed += 1
+            log.debug("building ahead for %s/%s failed: %s", taskset, task.id, error)
+        except Exception as error:  # never let the pool take the run down
+            with self._lock:
+                self.failed += 1
+            log.warning("building ahead for %s/%s: %r", taskset, task.id, error)
+        finally:
+            with self._lock:
+                self.building -= 1
+                self.done += 1
+
+    def close(self) -> None:
+        """Builds not started are dropped; those under way finish in their threads."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,86 @@
+"""Real datasets at their critical path: trials go out longest first under xdist, what a run
+took is recorded for the next, and a build that fails is tried once in a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import docker
+import pytest
+
+from pytest_harbor.sandboxes import ImageSource, SandboxStartError
+from pytest_harbor.sandboxes.docker import DockerProvider
+from pytest_harbor.sandboxes.images import image_tag_for
+from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def dataset(harbor_dataset: Dataset) -> Dataset:
+    return harbor_dataset
+
+
+def sleeping(seconds: float) -> str:
+    return f"sleep {seconds}; echo 1 > /tmp/answer\n"
+
+
+def test_the_longest_trial_goes_out_first_and_the_run_is_recorded(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    """`z-long` comes last in collection order; the record of an earlier run says it is the
+    longest, so it starts among the first two of a -n 2 run."""
+    for name in ("a-short", "b-short", "c-short"):
+        dataset.task(name, solve_sh=sleeping(0.3))
+    dataset.task("z-long", solve_sh=sleeping(3))
+    folder = dataset.results_folder(pytester.path / "out")
+    folder.mkdir(parents=True)
+    record = {name: {"episode_s": 0.5} for name in ("a-short", "b-short", "c-short")}
+    record["z-long"] = {"episode_s": 3.5}
+    (folder / "durations.json").write_text(json.dumps({"tasks": record}))
+    run_harbor(pytester, dataset, "-n", "2").assert_outcomes(passed=4)
+    rows = dataset.rows(pytester.path / "out")
+    starts = sorted(rows, key=lambda row: str(row["started_at"]))
+    assert "z-long" in [row["task_id"] for row in starts[:2]]
+    recorded = json.loads((folder / "durations.json").read_text())["tasks"]
+    assert recorded["z-long"]["episode_s"] >= 3.0
+    assert recorded["a-short"]["episode_s"] < 3.0
+
+
+def test_a_build_that_failed_is_not_tried_again_in_the_same_run(
+    tmp_path: Path, docker_client: docker.DockerClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    context = tmp_path / "environment"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nRUN echo 'cannot fetch the package' >&2; exit 3\n"
+    )
+    provider = DockerProvider()
+    builds: list[str] = []
+    real = DockerProvider._build
+
+    def counted(self: DockerProvider, source: ImageSource, tag: str) -> None:
+        builds.append(tag)
+        real(self, source, tag)
+
+    monkeypatch.setattr(DockerProvider, "_build", counted)
+
+    def source(run: str) -> ImageSource:
+        return ImageSource(
+            docker_image=None,
+            context_dir=context,
+            build_timeout_sec=120,
+            labels={"pytest-harbor.run": run},
+        )
+
+    messages = []
+    for run in ("run-one", "run-one", "run-one", "run-two"):
+        with pytest.raises(SandboxStartError) as failed:
+            provider.prepare_image(source(run))
+        messages.append(str(failed.value))
+    assert len(builds) == 2, "once per run"
+    assert messages[0] == messages[1] == messages[2]
+    assert "cannot fetch the package" in messages[0]
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get(image_tag_for(context))
