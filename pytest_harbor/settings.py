@@ -102,7 +102,7 @@ class HarborSettings(BaseModel):
     #: pytest-harbor's own: how many images are made at once ahead of the episodes (task
     #: images, verifier images, Compose builds, agent installs); 0 makes each in the first
     #: episode that needs it.
-    image_build_concurrency: int = Field(default=2, ge=0)
+    image_build_concurrency: int = Field(default=4, ge=0)
     #: pytest-harbor's own: verify every shared-mode turn in a fresh sandbox started from
     #: a snapshot of the agent's (its files, none of its processes).
     verify_from_snapshot: bool = False
