@@ -419,6 +419,14 @@ class HarborReporter:
             write(f"resumed: {self.kept} episode(s) kept from the earlier run, not run again")
         if self.reaped:
             write(f"removed {self.reaped} sandbox(es) left by runs whose process is gone")
+        if self.builds.started:
+            builds = self.builds
+            builder = getattr(self.run.provider, "builder", None)
+            write(
+                f"images made ahead for {builds.done} task(s)"
+                + (f" ({builds.failed} failed)" if builds.failed else "")
+                + (f", built with {_BUILDERS.get(builder, builder)}" if builder else "")
+            )
         if self.run.harness.validates and self._nothing_validatable:
             write("no selected task has a solution/solve.sh: nothing was validated", red=True)
         partial = sum(self.ledger.score(taskset).count("partial") for taskset in self.manifests)
@@ -429,6 +437,9 @@ class HarborReporter:
                 "--harbor-resume runs them again in full",
                 yellow=True,
             )
+
+
+_BUILDERS = {"buildkit": "BuildKit (docker buildx)", "classic": "the classic builder"}
 
 
 def _skip_text(report: pytest.TestReport) -> str:

@@ -39,15 +39,18 @@ __all__ = [
 def _docker(options: Mapping[str, Any]) -> SandboxProvider:
     from pytest_harbor.sandboxes.docker import DockerProvider
 
-    unknown = sorted(set(options) - {"network"})
+    unknown = sorted(set(options) - {"network", "builder"})
     if unknown:
         raise ProviderOptionsError(
-            f"the docker provider takes only the option network, not: {', '.join(unknown)}"
+            "the docker provider takes the options network and builder, not: " + ", ".join(unknown)
         )
+    builder = options.get("builder", "auto")
+    if builder not in ("auto", "buildkit", "classic"):
+        raise ProviderOptionsError("the docker provider's builder is auto, buildkit or classic")
     network = options.get("network")
     if network is not None and (not isinstance(network, str) or not network):
         raise ProviderOptionsError("the docker provider's network must be a network's name")
-    return DockerProvider(network=network)
+    return DockerProvider(network=network, builder=builder)
 
 
 _PROVIDERS: dict[str, Callable[[Mapping[str, Any]], SandboxProvider]] = {"docker": _docker}

@@ -74,7 +74,8 @@ class ImageSource:
 @dataclass(frozen=True)
 class ImageLayer:
     """An image made from `base` by running `script` in it as root (an agent's install):
-    made once per `key`, a content hash of everything that goes into it."""
+    made once per base image (its id) and `key`, a content hash of everything else that
+    goes into it."""
 
     base: str
     script: str

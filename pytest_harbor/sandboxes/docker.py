@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import io
+import hashlib
 import json
 import logging
 import math
 import os
 import re
+import signal
 import socket
 import subprocess
 import tempfile
@@ -146,7 +147,9 @@ class DockerProvider:
     #: takes a group. (On the host network a phase cannot go without the network.)
     capabilities = SandboxCapabilities(user_groups=True, compose=True)
 
-    def __init__(self, network: str | None = None) -> None:
+    def __init__(self, network: str | None = None, builder: str = "auto") -> None:
+        self._builder_option = builder
+        self._builder: str | None = None
         #: The network sandboxes with the network are on: the engine's default bridge,
         #: another network by name, or "host" (this machine's own, loopback included;
         #: then no phase can go without it).
@@ -237,7 +240,16 @@ class DockerProvider:
         return tag
 
     def prepare_layer(self, layer: ImageLayer) -> str:
-        tag = f"hb-layer__{layer.key[:32]}"
+        # One image per (base image, key): the same install on another task's image is
+        # another image.
+        try:
+            base_id = str(_engine().api.inspect_image(layer.base)["Id"])
+        except docker.errors.APIError as error:
+            raise SandboxStartError(
+                f"cannot inspect image {layer.base}: {_explain(error)}"
+            ) from None
+        content_hash = hashlib.sha256(f"{base_id}\n{layer.key}".encode()).hexdigest()
+        tag = f"hb-layer__{content_hash[:32]}"
         with build_lock(tag):
             stale: str | None = None
             if self._has_image(tag):
@@ -246,34 +258,26 @@ class DockerProvider:
                 stale = str(_engine().api.inspect_image(tag)["Id"])
             self._present.discard(tag)
             config = self.image_config(layer.base)
-            base_id = str(_engine().api.inspect_image(layer.base)["Id"])
             # The base's own user comes back after the install, which runs as root.
             dockerfile = (
-                f"FROM {base_id}\nUSER root\nCOPY install.sh {_INSTALL_SCRIPT}\n"
+                f"FROM {layer.base}\nUSER root\nCOPY install.sh {_INSTALL_SCRIPT}\n"
                 f"RUN /bin/sh {_INSTALL_SCRIPT} && rm -f {_INSTALL_SCRIPT}\n"
                 f"USER {config.user or 'root'}\n"
             )
-            context = pack_files(
-                {"Dockerfile": dockerfile.encode(), "install.sh": layer.script.encode()}
-            )
-            self._run_build(
-                _Build(
-                    _engine().api,
-                    fileobj=io.BytesIO(context),
-                    custom_context=True,
+            with tempfile.TemporaryDirectory(prefix="harbor-layer-") as scratch:
+                (Path(scratch) / "Dockerfile").write_text(dockerfile)
+                (Path(scratch) / "install.sh").write_text(layer.script)
+                self._run_build(
+                    Path(scratch),
                     tag=tag,
-                    rm=True,
-                    forcerm=True,
-                    labels={**layer.labels, _CACHE_LABEL: "layer", _LAYER_KEY: layer.key},
+                    labels={**layer.labels, _CACHE_LABEL: "layer", _LAYER_KEY: content_hash},
                     # Made again on request means the install runs again, not the
                     # builder's cached step.
                     nocache=stale is not None,
-                    decode=True,
-                ),
-                what=layer.what,
-                budget=layer.timeout_sec,
-                budget_name="its timeout_sec",
-            )
+                    what=layer.what,
+                    budget=layer.timeout_sec,
+                    budget_name="its timeout_sec",
+                )
             if not self._has_image(tag):
                 raise SandboxStartError(f"{layer.what} produced no image {tag}")
             if stale is not None:
@@ -339,15 +343,9 @@ class DockerProvider:
         assert source.context_dir is not None
         dockerfile = source.context_dir / "Dockerfile"
         self._run_build(
-            _Build(
-                _engine().api,
-                path=str(source.context_dir),
-                tag=tag,
-                rm=True,
-                forcerm=True,
-                labels=dict(source.labels),
-                decode=True,
-            ),
+            source.context_dir,
+            tag=tag,
+            labels=dict(source.labels),
             what=f"building {dockerfile}",
             budget=source.build_timeout_sec,
             budget_name="[environment].build_timeout_sec",
@@ -355,7 +353,59 @@ class DockerProvider:
         if not self._has_image(tag):
             raise SandboxStartError(f"building {dockerfile} produced no image {tag}")
 
-    def _run_build(self, build: _Build, *, what: str, budget: float, budget_name: str) -> None:
+    @property
+    def builder(self) -> str:
+        """`buildkit` (through the buildx CLI plugin, when it answers) or `classic` (the
+        engine's API); the provider option `builder` may name one."""
+        if self._builder is None:
+            if self._builder_option != "auto":
+                self._builder = self._builder_option
+            else:
+                try:
+                    found = subprocess.run(
+                        ["docker", "buildx", "version"],
+                        capture_output=True,
+                        timeout=30,
+                        check=False,
+                        stdin=subprocess.DEVNULL,
+                    )
+                    self._builder = "buildkit" if found.returncode == 0 else "classic"
+                except (OSError, subprocess.TimeoutExpired):
+                    self._builder = "classic"
+        return self._builder
+
+    def _run_build(
+        self,
+        context: Path,
+        *,
+        tag: str,
+        labels: Mapping[str, str],
+        what: str,
+        budget: float,
+        budget_name: str,
+        nocache: bool = False,
+    ) -> None:
+        if self.builder == "buildkit":
+            _buildkit(
+                context,
+                tag=tag,
+                labels=labels,
+                nocache=nocache,
+                what=what,
+                budget=budget,
+                budget_name=budget_name,
+            )
+            return
+        build = _Build(
+            _engine().api,
+            path=str(context),
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            labels=dict(labels),
+            nocache=nocache,
+            decode=True,
+        )
         thread = threading.Thread(target=build.run, name="harbor-build", daemon=True)
         thread.start()
         if not _join(thread, budget):
@@ -791,6 +841,50 @@ class ComposeSandbox(DockerSandbox):
             return
         _remove_project(self.project)
         self._stopped = True
+
+
+def _buildkit(
+    context: Path,
+    *,
+    tag: str,
+    labels: Mapping[str, str],
+    nocache: bool,
+    what: str,
+    budget: float,
+    budget_name: str,
+) -> None:
+    """A BuildKit build through the buildx CLI plugin (its default builder is the
+    engine's own, so the image lands in the engine). A build past `budget` is stopped: its
+    client goes, and BuildKit cancels what it was doing."""
+    command = ["docker", "buildx", "build", "--progress=plain", "-t", tag]
+    for key, value in labels.items():
+        command += ["--label", f"{key}={value}"]
+    if nocache:
+        command.append("--no-cache")
+    command.append(str(context))
+    try:
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+    except OSError as error:
+        raise SandboxStartError(f"{what}: cannot run docker buildx: {error}") from None
+    try:
+        output, _ = process.communicate(timeout=budget)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise SandboxStartError(
+            f"{what} took longer than {budget_name} = {budget:g} s\n{_tail(output.splitlines())}"
+        ) from None
+    if process.returncode != 0:
+        raise SandboxStartError(f"{what} failed:\n{_tail(output.splitlines())}")
 
 
 def _failure_file(tag: str) -> Path:

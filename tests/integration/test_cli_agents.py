@@ -570,3 +570,33 @@ def test_a_retry_after_a_failed_install_installs_again(
         ).assert_outcomes(passed=1)
     row = dataset.rows(pytester.path / "out", validation=False)[0]
     assert row["reward"] == 1.0 and row["attempts"] == 2
+
+
+def test_each_task_image_gets_its_own_install(
+    pytester: pytest.Pytester,
+    dataset: Dataset,
+    model_server: Callable[..., ScriptedModel],
+    install_images: list[str],
+    built_images: list[Path],
+) -> None:
+    """One recipe on two task images: each episode runs on its own image with the agent
+    installed (the install image of one is never taken for the other)."""
+    check = (
+        "if [ {test} /marker ] && [ -x /usr/local/bin/fake-agent ]; then echo 1; else echo 0; fi"
+        " > /logs/verifier/reward.txt\n"
+    )
+    dataset.task(
+        "plain", toml=task_toml(), test_sh=check.format(test="! -e"), instruction="solve\n"
+    )
+    marked = dataset.task(
+        "marked",
+        toml="[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 60\n",
+        dockerfile=f"FROM {BASE_IMAGE}\nRUN echo {dataset.name} > /marker\n",
+        test_sh=check.format(test="-e"),
+        instruction="solve\n",
+    )
+    built_images.append(marked / "environment")
+    recipe = write_recipe(pytester.path, "fake-two-images")
+    install_images.append("fake-two-images@1.0")
+    server = model_server(lambda request: answer("unused"))
+    fake_run(pytester, dataset, server, recipe).assert_outcomes(passed=2)

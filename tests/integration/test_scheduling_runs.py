@@ -84,3 +84,28 @@ def test_a_build_that_failed_is_not_tried_again_in_the_same_run(
     assert "cannot fetch the package" in messages[0]
     with pytest.raises(docker.errors.ImageNotFound):
         docker_client.images.get(image_tag_for(context))
+
+
+@pytest.mark.parametrize("builder", ["buildkit", "classic"])
+def test_either_builder_makes_a_tasks_image_and_the_run_says_which(
+    pytester: pytest.Pytester,
+    dataset: Dataset,
+    built_images: list[Path],
+    builder: str,
+) -> None:
+    task = dataset.task(
+        "built",
+        toml="[verifier]\ntimeout_sec = 60\n",
+        dockerfile=f"FROM {BASE_IMAGE}\nRUN echo {builder}-{dataset.name} > /built-by\n",
+        test_sh=(
+            f"if grep -q {builder} /built-by; then echo 1; else echo 0; fi"
+            " > /logs/verifier/reward.txt\n"
+        ),
+    )
+    built_images.append(task / "environment")
+    result = run_harbor(
+        pytester, dataset, f"--harbor-set=sandbox_provider_options.builder={builder}"
+    )
+    result.assert_outcomes(passed=1)
+    name = {"buildkit": "BuildKit (docker buildx)", "classic": "the classic builder"}[builder]
+    result.stdout.fnmatch_lines([f"images made ahead for 1 task(s), built with {name}"])
