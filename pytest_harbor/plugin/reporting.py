@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Generator, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -141,6 +142,7 @@ class HarborReporter:
         #: Each taskset's plan, as the run planned it at its start.
         self.plans: dict[str, TasksetPlan] = {}
         self.builds = BuildsAhead(run)
+        self._status_at: float | None = None
         self.locks: list[ResultsLock] = []
         self.items = 0
         self.unvalidated = 0
@@ -155,6 +157,13 @@ class HarborReporter:
         """Before any worker starts: plan every target, check a resumed run, write the
         manifest, materialized rows and skipped.json; the rows' digests (and, resuming,
         the finished trials) go to the workers with their start-up data."""
+        config = session.config
+        self.run.terminal = config.pluginmanager.get_plugin("terminalreporter")
+        self.run.config_verbosity = config.get_verbosity()
+        try:
+            self.run.workers = max(1, int(getattr(config.option, "numprocesses", 0) or 1))
+        except (TypeError, ValueError):  # `-n auto` not yet turned into a number
+            self.run.workers = os.cpu_count() or 1
         if session.config.option.collectonly or not self.run.targets:
             return
         if self.run.model is not None:
@@ -203,6 +212,7 @@ class HarborReporter:
                 skipped = {path.name: str(error) for path, error in plan.failures.items()}
             self.skipped.start(plan.taskset, skipped)
             history = read_history(self.run.layout.taskset_dir(plan.taskset))
+            self.run.history_tasks.update(f"{plan.taskset}/{name}" for name in history)
             for task in plan.tasks:
                 self.run.row_digests[f"{plan.taskset}/{task.id}"] = task.digest
                 self.run.expected_s[f"{plan.taskset}/{task.id}"] = expected_seconds(
@@ -286,6 +296,22 @@ class HarborReporter:
         self.ledger.select(ids)
         self._build_ahead(ids)
 
+    def _maybe_status(self) -> None:
+        """For a long run, a compact line now and then (at most every STATUS_EVERY_S): the
+        images being made, the episodes running and waiting, and the time left once the
+        results folder recorded earlier runs. Not with -q."""
+        now = time.monotonic()
+        if self._status_at is None:
+            self._status_at = now
+            return
+        if now - self._status_at < STATUS_EVERY_S or self.run.config_verbosity < 0:
+            return
+        self._status_at = now
+        reporter = self.run.terminal
+        if reporter is None:
+            return
+        reporter.write_line(status_line(self.ledger, self.builds, self.run))
+
     def _build_ahead(self, nodeids: Iterable[str]) -> None:
         """Start making the images of the trials the run selected (once)."""
         if self.builds.started or not self.plans:
@@ -308,6 +334,7 @@ class HarborReporter:
             record.step = nodeid.rsplit("::", 1)[1]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._maybe_status()
         record = self.ledger.get(report.nodeid)
         if report.when not in ("setup", "call", "teardown"):
             # xdist's report for the item a worker was running when it died.
@@ -440,6 +467,38 @@ class HarborReporter:
 
 
 _BUILDERS = {"buildkit": "BuildKit (docker buildx)", "classic": "the classic builder"}
+
+#: A long run says what it is doing at most this often.
+STATUS_EVERY_S = 30.0
+
+
+def status_line(ledger: EpisodeLedger, builds: BuildsAhead, run: HarborRun) -> str:
+    """`harbor: 2 images being made, 2 episodes running, 14 waiting, about 3 min left`."""
+    selected = [record for record in ledger.trials.values() if record.selected]
+    running = [r for r in selected if r.started and not r.finished]
+    waiting = [r for r in selected if not r.started and not r.finished]
+    parts = []
+    if builds.building:
+        parts.append(f"{builds.building} image{'s' if builds.building != 1 else ''} being made")
+    parts.append(f"{len(running)} episode{'s' if len(running) != 1 else ''} running")
+    parts.append(f"{len(waiting)} waiting")
+    known = [
+        run.expected_s.get(f"{r.taskset}/{r.task_id}")
+        for r in running + waiting
+        if f"{r.taskset}/{r.task_id}" in run.history_tasks
+    ]
+    if known and len(known) == len(running) + len(waiting):
+        left = sum(value or 0.0 for value in known) / max(1, run.workers)
+        parts.append(f"about {_duration(left)} left")
+    return "harbor: " + ", ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _skip_text(report: pytest.TestReport) -> str:

@@ -11,6 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr, ValidationError
@@ -150,6 +151,13 @@ class HarborRun:
         self.done_trials: set[str] = set()
         #: Expected seconds of one trial of each `<taskset>/<task>` (longest first).
         self.expected_s: dict[str, float] = {}
+        #: The `<taskset>/<task>`s an earlier run recorded durations of.
+        self.history_tasks: set[str] = set()
+        #: What reports to the terminal (None without one), its verbosity, and the
+        #: number of workers (for the status line's estimate).
+        self.terminal: Any = None
+        self.config_verbosity = 0
+        self.workers = 1
         self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self._slots: EpisodeSlots | None = None
         #: Episodes whose sandbox started ahead of their trial (see HarborTrial.start_early).

@@ -109,3 +109,25 @@ def test_either_builder_makes_a_tasks_image_and_the_run_says_which(
     result.assert_outcomes(passed=1)
     name = {"buildkit": "BuildKit (docker buildx)", "classic": "the classic builder"}[builder]
     result.stdout.fnmatch_lines([f"images made ahead for 1 task(s), built with {name}"])
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_long_run_says_what_it_is_doing_unless_quiet(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch, quiet: bool
+) -> None:
+    from pytest_harbor.plugin import reporting
+
+    monkeypatch.setattr(reporting, "STATUS_EVERY_S", 0.0)
+    for name in ("first", "second", "third"):
+        dataset.task(name)
+    folder = dataset.results_folder(pytester.path / "out")
+    folder.mkdir(parents=True)
+    record = {name: {"episode_s": 2.0} for name in ("first", "second", "third")}
+    (folder / "durations.json").write_text(json.dumps({"tasks": record}))
+    result = run_harbor(pytester, dataset, *(["-q"] if quiet else []))
+    result.assert_outcomes(passed=3)
+    lines = [line for line in result.outlines if line.startswith("harbor: ")]
+    if quiet:
+        assert lines == []
+    else:
+        assert "harbor: 0 episodes running, 2 waiting, about 4 s left" in lines
