@@ -4,13 +4,14 @@ Generates tasks whose Dockerfiles take different times to build (`RUN sleep`, ea
 own image) and whose verifiers take different times (a few long ones, named last, so
 that collection order would start them last). Runs it through the oracle at -n 2:
 
-- cold, with the images built ahead (the default pool), after removing the images;
 - cold, building each image in the first episode that needs it
   (`image_build_concurrency=0`: build then run, task by task, two at a time);
+- cold, with the images built ahead (the default pool);
 - warm (images cached), twice: the first run records the durations, the second is
   ordered by them.
 
-For each it prints the wall time, and for the warm runs the bound no schedule can beat:
+Each cold run has Dockerfiles no builder has seen. For each it prints the wall time, and
+for the warm runs the bound no schedule can beat:
 the longest trial, or the sum of the trials' times over the workers, whichever is more.
 
     .venv/bin/python bench/mixed_dataset.py [--tasks 12]
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,7 +38,11 @@ WORKERS = 2
 
 
 def make_dataset(root: Path, count: int) -> Path:
+    """The tasks; their Dockerfiles carry a token of their own, so that no builder cache
+    (BuildKit keeps one apart from the images) makes a cold run warm."""
+    nonce = uuid.uuid4().hex[:12]
     dataset = root / "mixed"
+    shutil.rmtree(dataset, ignore_errors=True)
     for index in range(count):
         long = index >= count - 2
         build = 1 + (index * 3) % 7  # 1..7 s
@@ -46,7 +52,7 @@ def make_dataset(root: Path, count: int) -> Path:
         (task / "solution").mkdir()
         (task / "environment").mkdir()
         (task / "environment" / "Dockerfile").write_text(
-            f"FROM {IMAGE}\nRUN echo {task.name} > /task-name && sleep {build}\n"
+            f"FROM {IMAGE}\nRUN echo {task.name}-{nonce} > /task-name && sleep {build}\n"
         )
         (task / "task.toml").write_text("[verifier]\ntimeout_sec = 120\n")
         (task / "instruction.md").write_text("Write 1 to /tmp/answer.\n")
@@ -103,13 +109,12 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=12)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        dataset = make_dataset(Path(scratch), args.tasks)
         results = Path(scratch) / "results"
-
-        remove_images(dataset)
+        dataset = make_dataset(Path(scratch), args.tasks)
         one_by_one, _ = run(dataset, results, "--harbor-set=image_build_concurrency=0")
         shutil.rmtree(results)
         remove_images(dataset)
+        dataset = make_dataset(Path(scratch), args.tasks)
         ahead, _ = run(dataset, results)
         shutil.rmtree(results)
         print(f"{args.tasks} tasks at -n {WORKERS}, builds of 1 to 7 s, verifiers 0.5 to 12 s")

@@ -21,7 +21,7 @@ from pytest_harbor.engine.metrics import TasksetScore
 from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.harnesses.model import ModelEndpointError, check_endpoint
 from pytest_harbor.plugin.builds import BuildsAhead
-from pytest_harbor.plugin.ledger import EpisodeLedger, TrialRecord, trial_of
+from pytest_harbor.plugin.ledger import EpisodeLedger, TrialRecord, trial_id, trial_of
 from pytest_harbor.plugin.nodes import HarborTurnItem
 from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun
 from pytest_harbor.redaction import Redactor
@@ -219,6 +219,17 @@ class HarborReporter:
                     task, self.run.settings, history
                 )
             self.plans[plan.taskset] = plan
+        if not _selects(config):
+            # Every planned trial runs: its images can start now, while workers start.
+            self.builds.start(
+                (taskset, task)
+                for taskset, plan in self.plans.items()
+                for task in plan.tasks
+                if any(
+                    trial_id(taskset, task.id, repeat) not in self.run.done_trials
+                    for repeat in range(plan.repeats)
+                )
+            )
 
     def _record_durations(self, taskset: str) -> None:
         """This run's episode and build times join the results folder's record."""
@@ -470,6 +481,17 @@ _BUILDERS = {"buildkit": "BuildKit (docker buildx)", "classic": "the classic bui
 
 #: A long run says what it is doing at most this often.
 STATUS_EVERY_S = 30.0
+
+
+def _selects(config: pytest.Config) -> bool:
+    """Whether pytest's own selection (-k, -m, --lf, --deselect) may leave trials out."""
+    option = config.option
+    return bool(
+        getattr(option, "keyword", "")
+        or getattr(option, "markexpr", "")
+        or getattr(option, "lf", False)
+        or getattr(option, "deselect", None)
+    )
 
 
 def status_line(ledger: EpisodeLedger, builds: BuildsAhead, run: HarborRun) -> str:
