@@ -8,9 +8,9 @@ every trial of that task gets its failure."""
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from pytest_harbor.engine import Episode, EpisodeError
 from pytest_harbor.plugin.run import HarborRun
@@ -27,9 +27,10 @@ class BuildsAhead:
     def __init__(self, run: HarborRun) -> None:
         self.run = run
         self.size = run.settings.image_build_concurrency
-        self._pool: ThreadPoolExecutor | None = None
-        self._futures: list[Future[None]] = []
+        self._queue: queue.SimpleQueue[tuple[str, Task] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._closed = False
         self.started = False
         self.building = 0
         self.done = 0
@@ -45,11 +46,25 @@ class BuildsAhead:
             unique.values(),
             key=lambda pair: -self.run.expected_s.get(f"{pair[0]}/{pair[1].id}", 0.0),
         )
-        if not ordered:
-            return
-        self._pool = ThreadPoolExecutor(self.size, thread_name_prefix="harbor-build-ahead")
-        for taskset, task in ordered:
-            self._futures.append(self._pool.submit(self._prepare, taskset, task))
+        for pair in ordered:
+            self._queue.put(pair)
+        # Daemon threads: a run that ends (or is interrupted) does not wait for a build.
+        for index in range(min(self.size, len(ordered))):
+            thread = threading.Thread(
+                target=self._work, name=f"harbor-build-ahead-{index}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def _work(self) -> None:
+        while True:
+            try:
+                pair = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if pair is None or self._closed:
+                return
+            self._prepare(*pair)
 
     def _prepare(self, taskset: str, task: Task) -> None:
         run = self.run
@@ -84,6 +99,4 @@ class BuildsAhead:
 
     def close(self) -> None:
         """Builds not started are dropped; those under way finish in their threads."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        self._closed = True
