@@ -311,6 +311,8 @@ class HarborReporter:
         """For a long run, a compact line now and then (at most every STATUS_EVERY_S): the
         images being made, the episodes running and waiting, and the time left once the
         results folder recorded earlier runs. Not with -q."""
+        if not self.manifests:
+            return  # no taskset in this run (pytest-harbor's own tests, say)
         now = time.monotonic()
         if self._status_at is None:
             self._status_at = now
