@@ -37,6 +37,19 @@ class HarborWarning(pytest.PytestWarning):
     """Something pytest-harbor ignored or could not do, worth a look."""
 
 
+def task_warnings(task: Task) -> list[HarborWarning]:
+    """What the loader ignored in a task folder (unknown keys, legacy keys)."""
+    found = []
+    if task.unknown_keys:
+        found.append(
+            HarborWarning(
+                f"{task.path / 'task.toml'}: unknown keys ignored: " + ", ".join(task.unknown_keys)
+            )
+        )
+    found += [HarborWarning(f"{task.path / 'task.toml'}: {note}") for note in task.notes]
+    return found
+
+
 def _run(node: pytest.Item | pytest.Collector) -> HarborRun:
     return node.config.stash[HARBOR_RUN]
 
@@ -122,15 +135,10 @@ class HarborTask(_HarborNode, pytest.Collector):
             raise self.CollectError(str(self.load_error))
         task = self.task
         assert task is not None
-        if task.unknown_keys:
-            self.warn(
-                HarborWarning(
-                    f"{task.path / 'task.toml'}: unknown keys ignored: "
-                    + ", ".join(task.unknown_keys)
-                )
-            )
-        for note in task.notes:
-            self.warn(HarborWarning(f"{task.path / 'task.toml'}: {note}"))
+        if self.config.option.collectonly and not _run(self).is_worker:
+            # A run warns once per task, from its start (not once per worker).
+            for warning in task_warnings(task):
+                self.warn(warning)
         markers = metadata_markers(task.config.metadata)
         for marker in markers:
             self.config.addinivalue_line("markers", f"{marker}: from [metadata] of task folders")

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import time
+import warnings
 from collections.abc import Generator, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +23,7 @@ from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.harnesses.model import ModelEndpointError, check_endpoint
 from pytest_harbor.plugin.builds import BuildsAhead
 from pytest_harbor.plugin.ledger import EpisodeLedger, TrialRecord, trial_id, trial_of
-from pytest_harbor.plugin.nodes import HarborTurnItem
+from pytest_harbor.plugin.nodes import HarborTurnItem, task_warnings
 from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes import SandboxError
@@ -214,6 +215,8 @@ class HarborReporter:
             history = read_history(self.run.layout.taskset_dir(plan.taskset))
             self.run.history_tasks.update(f"{plan.taskset}/{name}" for name in history)
             for task in plan.tasks:
+                for warning in task_warnings(task):
+                    _warn_once(config, warning, task.path / "task.toml")
                 self.run.row_digests[f"{plan.taskset}/{task.id}"] = task.digest
                 self.run.expected_s[f"{plan.taskset}/{task.id}"] = expected_seconds(
                     task, self.run.settings, history
@@ -306,6 +309,29 @@ class HarborReporter:
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         self.ledger.select(ids)
         self._build_ahead(ids)
+
+    def _write_left_out(
+        self, write: Any, taskset: str, failures: dict[Path, TaskLoadError]
+    ) -> None:
+        """Task folders that were refused or did not load (also under -q): how many, the
+        first few reasons, and where the rest are."""
+        count = len(failures)
+        write(
+            f"{taskset}: left out {count} task folder{'s' if count != 1 else ''} "
+            "(refused, or could not load)",
+            yellow=True,
+        )
+        for path, error in sorted(failures.items())[:_LEFT_OUT_SHOWN]:
+            write(f"  {path.name}: {_first_line(str(error))}")
+        if count > _LEFT_OUT_SHOWN:
+            write(f"  ... and {count - _LEFT_OUT_SHOWN} more")
+        if self.run.options.skip_unloadable:
+            write(f"  all of them: {self.run.layout.skipped_file(taskset)}")
+        else:
+            write(
+                "  (each is a collection error above; --harbor-skip-unloadable lists them in "
+                "skipped.json and runs the rest)"
+            )
 
     def _maybe_status(self) -> None:
         """For a long run, a compact line now and then (at most every STATUS_EVERY_S): the
@@ -444,10 +470,14 @@ class HarborReporter:
         return self.items > 0 and self.items == self.unvalidated
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        if not any(True for taskset in self.manifests for _ in self.ledger.entries(taskset)):
+        left_out = {taskset: plan.failures for taskset, plan in self.plans.items() if plan.failures}
+        ran = any(True for taskset in self.manifests for _ in self.ledger.entries(taskset))
+        if not ran and not left_out:
             return
         write = terminalreporter.write_line
         terminalreporter.section("harbor")
+        for taskset, failures in sorted(left_out.items()):
+            self._write_left_out(write, taskset, failures)
         for taskset in sorted(self.manifests):
             score = self.ledger.score(taskset)
             if not score.episodes and not score.count("not_run"):
@@ -481,8 +511,34 @@ class HarborReporter:
 
 _BUILDERS = {"buildkit": "BuildKit (docker buildx)", "classic": "the classic builder"}
 
+#: How many refused task folders the summary names (the rest are counted).
+_LEFT_OUT_SHOWN = 3
+
+
+def _first_line(text: str, limit: int = 200) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 #: A long run says what it is doing at most this often.
 STATUS_EVERY_S = 30.0
+
+
+def _warn_once(config: pytest.Config, warning: Warning, where: Path) -> None:
+    """A warning in the run's summary, placed at the file it is about (once per run:
+    workers do not repeat it)."""
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always", type(warning))
+        warnings.warn_explicit(warning, type(warning), filename=str(where), lineno=1)
+    for record in records:
+        config.hook.pytest_warning_recorded.call_historic(
+            kwargs={
+                "warning_message": record,
+                "when": "config",
+                "nodeid": "",
+                "location": (str(where), 1, "task.toml"),
+            }
+        )
 
 
 def _selects(config: pytest.Config) -> bool:

@@ -131,3 +131,40 @@ def test_a_long_run_says_what_it_is_doing_unless_quiet(
         assert lines == []
     else:
         assert "harbor: 0 episodes running, 2 waiting, about 4 s left" in lines
+
+
+def test_even_quiet_the_terminal_names_what_it_left_out(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task("fine")
+    for name in ("bad-1", "bad-2", "bad-3", "bad-4"):
+        folder = dataset.path / name
+        folder.mkdir()
+        (folder / "task.toml").write_text("not = [toml")
+    result = run_harbor(pytester, dataset, "-q", "--harbor-skip-unloadable")
+    result.assert_outcomes(passed=1)
+    skipped = dataset.results_folder(pytester.path / "out") / "skipped.json"
+    result.stdout.fnmatch_lines(
+        [
+            f"{dataset.name}: left out 4 task folders (refused, or could not load)",
+            "  bad-1: *task.toml: not valid TOML*",
+            "  bad-2: *",
+            "  bad-3: *",
+            "  ... and 1 more",
+            f"  all of them: {skipped}",
+        ]
+    )
+
+
+def test_a_warning_about_a_task_comes_once_whatever_the_workers(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    task = dataset.task("odd")
+    with (task / "task.toml").open("a") as toml:
+        toml.write("\n[extra]\nfoo = 1\n")
+    # (pytester's own run warns that the plugin was imported before it could rewrite it)
+    result = run_harbor(
+        pytester, dataset, "-n", "2", "-W", "ignore::pytest.PytestAssertRewriteWarning"
+    )
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines(["*task.toml: unknown keys ignored: extra*"])
