@@ -69,6 +69,7 @@ from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task, Turn, task_digest
 from pytest_harbor.tasks.config import EnvironmentConfig
 from pytest_harbor.tasks.errors import TaskLoadError
+from pytest_harbor.threads import join
 
 __all__ = ["Episode", "TurnOutput", "verifies_separately"]
 
@@ -1082,7 +1083,7 @@ class _EarlyStart:
             self.start_error = EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error))
 
     def join(self) -> None:
-        self._thread.join()
+        join(self._thread)
 
 
 def _now() -> str:
@@ -1111,7 +1112,7 @@ def _service(sandbox: Sandbox, name: str) -> Sandbox:
 def _stop_within(sandbox: Sandbox, seconds: float) -> None:
     stopper = threading.Thread(target=sandbox.stop, name="harbor-stop", daemon=True)
     stopper.start()
-    stopper.join(seconds)
+    join(stopper, seconds)
     if stopper.is_alive():
         log.warning(
             "sandbox %s was not removed within cleanup_timeout_seconds = %g s; the run "

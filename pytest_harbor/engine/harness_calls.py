@@ -16,6 +16,7 @@ from typing import Generic, TypeVar
 from pytest_harbor.harnesses.base import Deadline, ModelGateSlot
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.base import ExecResult, Sandbox, SandboxError, Spawned
+from pytest_harbor.threads import join
 
 __all__ = ["HARNESS_GRACE_S", "CallOutcome", "InProcessGate", "SandboxWindow", "call_harness"]
 
@@ -163,10 +164,10 @@ def call_harness(
     thread = threading.Thread(target=run, name=f"harbor-{what.replace(' ', '-')}", daemon=True)
     thread.start()
     try:
-        thread.join(deadline.remaining())
+        join(thread, deadline.remaining())
         if thread.is_alive():
             cancel.set()
-            thread.join(grace_s)
+            join(thread, grace_s)
     except BaseException:
         cancel.set()
         window.close()

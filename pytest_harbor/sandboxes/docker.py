@@ -50,6 +50,7 @@ from pytest_harbor.sandboxes.base import (
 from pytest_harbor.sandboxes.compose import ComposeSpec, episode_project, project_name
 from pytest_harbor.sandboxes.images import build_lock, image_tag_for
 from pytest_harbor.sandboxes.output import CappedOutput
+from pytest_harbor.threads import join
 
 log = logging.getLogger("pytest_harbor")
 
@@ -943,7 +944,7 @@ def _remove_project(project: str) -> None:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(_CONTROL_TIMEOUT_S)
+        join(thread, _CONTROL_TIMEOUT_S)
     _remove_networks_and_volumes(selector)
 
 
@@ -1080,8 +1081,7 @@ class _Build:
 
 def _join(thread: threading.Thread, timeout: float | None) -> bool:
     """Wait for `thread`; True when it ended in time."""
-    thread.join(None if timeout is None else max(timeout, 0.0))
-    return not thread.is_alive()
+    return join(thread, timeout)
 
 
 class _Connection:
