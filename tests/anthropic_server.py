@@ -9,8 +9,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.local_server import LocalServer, QuietHandler
 
 __all__ = ["MODEL", "MessagesRequest", "ScriptedMessages", "bash", "text"]
 
@@ -84,7 +86,7 @@ def _events(blocks: list[Block], stop: str, model: str) -> bytes:
     ]
     for index, block in enumerate(blocks):
         if block["type"] == "text":
-            start = {"type": "text", "text": ""}
+            start: dict[str, Any] = {"type": "text", "text": ""}
             delta = {"type": "text_delta", "text": block["text"]}
         else:
             start = {**block, "input": {}}
@@ -114,7 +116,7 @@ def _events(blocks: list[Block], stop: str, model: str) -> bytes:
     return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events).encode()
 
 
-class ScriptedMessages:
+class ScriptedMessages(LocalServer):
     """The server: `script(request)` gives each answer's blocks and stop reason;
     `requests` keeps what came."""
 
@@ -123,44 +125,14 @@ class ScriptedMessages:
         self.api_key = api_key
         self.requests: list[MessagesRequest] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
-
-    def __enter__(self) -> ScriptedMessages:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def _send(self, status: int, payload: bytes, kind: str = "application/json") -> None:
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", kind)
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except OSError:
-                    pass
+                self.send_payload(status, payload, kind)
 
             def _error(self, status: int, kind: str, message: str) -> None:
                 body = {"type": "error", "error": {"type": kind, "message": message}}

@@ -9,8 +9,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.local_server import LocalServer, QuietHandler
 
 __all__ = [
     "ChatRequest",
@@ -169,7 +171,7 @@ def _chunks(completion: dict[str, Any], with_usage: bool) -> list[dict[str, Any]
     return chunks
 
 
-class ScriptedModel:
+class ScriptedModel(LocalServer):
     """The server: `script(request)` decides every answer; `requests` keeps what came."""
 
     def __init__(self, script: Script, *, api_key: str = "sk-scripted-test-key") -> None:
@@ -178,24 +180,7 @@ class ScriptedModel:
         self.requests: list[ChatRequest] = []
         self.model_list_requests = 0
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
-
-    def __enter__(self) -> ScriptedModel:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__()
 
     def options(self, *extra: str) -> list[str]:
         """The pytest options that point shell-agent at this server."""
@@ -215,15 +200,7 @@ class ScriptedModel:
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            # Headers and body go out as separate writes: without this, Nagle's algorithm
-            # and the client's delayed ACK hold every answer back about 40 ms.
-            disable_nagle_algorithm = True
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def _authorized(self) -> bool:
                 if self.headers.get("Authorization") == f"Bearer {server.api_key}":
                     return True
@@ -265,28 +242,12 @@ class ScriptedModel:
                     )
                     + b"data: [DONE]\n\n"
                 )
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/event-stream")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except OSError:
-                    pass
+                self.send_payload(200, payload, "text/event-stream")
 
             def _send(self, reply: Reply) -> None:
                 if reply.delay_s:
                     time.sleep(reply.delay_s)
                 payload = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
-                try:
-                    self.send_response(reply.status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    for name, value in reply.headers.items():
-                        self.send_header(name, value)
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except OSError:
-                    pass  # the client gave up waiting
+                self.send_payload(reply.status, payload, headers=reply.headers)
 
         return Handler

@@ -9,8 +9,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.local_server import LocalServer, QuietHandler
 
 __all__ = ["MODEL", "ResponsesRequest", "ScriptedResponses", "message", "shell_call"]
 
@@ -135,7 +137,7 @@ def _events(item: Item, model: str) -> bytes:
     ).encode()
 
 
-class ScriptedResponses:
+class ScriptedResponses(LocalServer):
     """The server: `script(request)` gives the one output item of each response;
     `requests` keeps what came."""
 
@@ -144,44 +146,14 @@ class ScriptedResponses:
         self.api_key = api_key
         self.requests: list[ResponsesRequest] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
-
-    def __enter__(self) -> ScriptedResponses:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def _send(self, status: int, payload: bytes, kind: str = "application/json") -> None:
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", kind)
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except OSError:
-                    pass
+                self.send_payload(status, payload, kind)
 
             def _authorized(self) -> bool:
                 if self.headers.get("Authorization") == f"Bearer {server.api_key}":

@@ -59,12 +59,6 @@ class ComposeSpec:
     config: Mapping[str, Any]
     #: Service -> its build context (a folder of the task).
     builds: Mapping[str, Path]
-    #: Host ports the file published, rewritten to ports of the engine's choosing.
-    rewritten_ports: tuple[str, ...] = ()
-
-    @property
-    def sidecars(self) -> list[str]:
-        return [name for name in self.config["services"] if name != "main"]
 
     def images(self) -> dict[str, str]:
         """Services with a prebuilt image (no build): service -> image."""
@@ -188,7 +182,6 @@ def _check(task_path: Path, file: Path, config: dict[str, Any]) -> ComposeSpec:
                 )
     root = task_path.resolve()
     builds: dict[str, Path] = {}
-    rewritten: list[str] = []
     for name, service in services.items():
         where = f"services.{name}"
         for key, refused in (
@@ -231,14 +224,11 @@ def _check(task_path: Path, file: Path, config: dict[str, Any]) -> ComposeSpec:
             builds[name] = context
         elif not service.get("image"):
             raise ComposeRefused(file, "has neither an image nor a build", where)
-        for port in service.get("ports") or []:
-            if port.get("published"):
-                rewritten.append(f"{name}:{port.get('published')}->{port.get('target')}")
-    return ComposeSpec(file, config, builds, tuple(rewritten))
+    return ComposeSpec(file, config, builds)
 
 
 def episode_project(
-    spec: ComposeSpec,
+    canonical: Mapping[str, Any],
     *,
     name: str,
     main_image: str,
@@ -247,12 +237,13 @@ def episode_project(
     main: Mapping[str, Any],
     internal: bool,
 ) -> dict[str, Any]:
-    """The project one episode starts: `main` runs `main_image` with what `main` says
-    (entrypoint, command, environment, working_dir, volumes, limits); built services run
+    """The project one episode starts, made from the `canonical` configuration: `main`
+    runs `main_image` with what `main` says (entrypoint, command, environment,
+    working_dir, volumes, limits); built services run
     their built images; every container, network and volume carries `labels`; published
     host ports become ports the engine picks (parallel episodes never collide), and
     `container_name`s go (they would too). `internal`: no network beyond the project."""
-    config: dict[str, Any] = json.loads(json.dumps(spec.config))
+    config: dict[str, Any] = json.loads(json.dumps(canonical))
     config["name"] = name
     services: dict[str, Any] = config["services"]
     for service_name, service in services.items():

@@ -47,7 +47,7 @@ from pytest_harbor.sandboxes.base import (
     SandboxSpec,
     SandboxStartError,
 )
-from pytest_harbor.sandboxes.compose import ComposeSpec, episode_project, project_name
+from pytest_harbor.sandboxes.compose import episode_project, project_name
 from pytest_harbor.sandboxes.images import build_lock, image_tag_for
 from pytest_harbor.sandboxes.output import CappedOutput
 from pytest_harbor.threads import join
@@ -510,7 +510,7 @@ class DockerProvider:
             main["mem_limit"] = main["memswap_limit"] = f"{spec.memory_mb}m"
         name = project_name(group.episode, uuid.uuid4().hex[:8])
         config = episode_project(
-            ComposeSpec(Path("."), group.config, {}),
+            group.config,
             name=name,
             main_image=spec.image,
             built=group.built,

@@ -363,3 +363,36 @@ def test_a_one_shot_service_completes_before_main_and_fills_a_named_volume(
         ),
     )
     run_harbor(pytester, dataset).assert_outcomes(passed=1)
+
+
+def test_a_no_network_project_reaches_its_services_and_nothing_beyond(
+    pytester: pytest.Pytester, dataset: Dataset, docker_client: docker.DockerClient
+) -> None:
+    """`no-network`: main still reaches its sidecar (the verifier asks it for the token),
+    and the project's network is internal (the engine routes nothing beyond it)."""
+    compose_task(
+        dataset,
+        "offline",
+        "services:\n" + MAIN_WAITS + API,
+        toml=f'[environment]\ndocker_image = "{BASE_IMAGE}"\nnetwork_mode = "no-network"\n',
+        test_sh=TOKEN_IS.format(token="default-token"),
+        solve_sh="sleep 3\n",
+    )
+    seen: list[bool] = []
+
+    def watch() -> None:
+        label = f"{TASK_LABEL}={dataset.name}/offline"
+        deadline = time.monotonic() + 60
+        while not seen and time.monotonic() < deadline:
+            with contextlib.suppress(docker.errors.APIError):
+                seen.extend(
+                    n.attrs["Internal"]
+                    for n in docker_client.networks.list(filters={"label": label})
+                )
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    run_harbor(pytester, dataset).assert_outcomes(passed=1)
+    watcher.join()
+    assert seen and all(seen), seen

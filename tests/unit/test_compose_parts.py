@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_harbor.engine.compose_tasks import with_overlay
-from pytest_harbor.sandboxes.compose import ComposeSpec, episode_project, project_name
+from pytest_harbor.sandboxes.compose import episode_project, project_name
 from pytest_harbor.settings import ComposeOverlay, HarborSettings
 from pytest_harbor.tasks import load_task
 from tests.fixtures import write_task
@@ -30,7 +30,7 @@ CANONICAL = {
 
 def project(internal: bool = False) -> dict[str, object]:
     return episode_project(
-        ComposeSpec(Path("f"), CANONICAL, {"api": Path("/task/environment/api")}),
+        CANONICAL,
         name="hb-ep-1",
         main_image="layer:1",
         built={"api": "hb__api"},
