@@ -112,6 +112,9 @@ class EpisodeResult(_Record):
     #: Wall-clock UTC times (ISO 8601) of the seed's start and the last turn's end.
     started_at: str | None = None
     finished_at: str | None = None
+    #: The process that ran the episode: the pytest-xdist worker id (`gw0`, ...), or
+    #: `main` in a run without workers.
+    worker: str | None = None
     timings: PhaseTimings = PhaseTimings()
     turns: list[TurnResult] = []
 

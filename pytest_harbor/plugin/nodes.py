@@ -324,6 +324,7 @@ class HarborTurnItem(_HarborNode, pytest.Item):
                 # Stopped early, the episode is whole: the rest would not have run.
                 "partial": bool(left_out) and episode.stopped_after is None,
                 "unselected_steps": left_out if episode.stopped_after is None else [],
+                "worker": getattr(self.config, "workerinput", {}).get("workerid", "main"),
             }
         )
 

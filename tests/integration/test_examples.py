@@ -37,6 +37,8 @@ def test_oracle_passes_every_task_under_xdist(
     rows = quickstart.rows(pytester.path / "results")
     assert sorted(row["task_id"] for row in rows) == TASKS
     assert all(row["reward"] == 1.0 and row["solution_exit_code"] == 0 for row in rows)
+    # Each row names the worker that ran it.
+    assert {row["worker"] for row in rows} <= {"gw0", "gw1"}
     by_task = {row["task_id"]: row for row in rows}
     assert by_task["fizzbuzz-report"]["verifier_rewards"] == {"correctness": 1.0, "style": 1.0}
     for row in rows:
@@ -55,6 +57,7 @@ def test_nop_fails_every_task(
     result.assert_outcomes(failed=4)
     rows = quickstart.rows(pytester.path / "results", validation=False)
     assert sorted((row["task_id"], row["reward"]) for row in rows) == [(t, 0.0) for t in TASKS]
+    assert {row["worker"] for row in rows} == {"main"}
     for task in TASKS:
         assert containers_of(docker_client, quickstart.name, task) == []
 
