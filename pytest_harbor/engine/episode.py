@@ -131,11 +131,13 @@ class Episode:
         agent_logs_dir: Path | None = None,
         verifier_logs_dir: Path | None = None,
         redactor: Redactor | None = None,
+        name: str | None = None,
     ) -> None:
         settings = settings or HarborSettings()
         self.task = with_overlay(task, settings)
         self.taskset = taskset
         self.repeat = repeat
+        self._name = name
         self.harness = harness
         self.provider = provider
         self.labels = dict(labels)
@@ -191,7 +193,8 @@ class Episode:
 
     @property
     def id(self) -> str:
-        return episode_id(self.task.id, self.repeat)
+        """`<task>__r<repeat>`, or the name the episode was given."""
+        return self._name or episode_id(self.task.id, self.repeat)
 
     @property
     def workdir(self) -> str | None:

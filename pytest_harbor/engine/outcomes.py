@@ -7,7 +7,7 @@ from typing import Literal
 
 from pytest_harbor.engine.results import TurnResult
 
-__all__ = ["Outcome", "decide_outcome"]
+__all__ = ["Outcome", "decide_outcome", "nop_check_outcome"]
 
 Status = Literal["passed", "failed", "error", "skipped"]
 
@@ -43,3 +43,19 @@ def _headline(result: TurnResult) -> str:
     if result.failure_reason:
         text += f": {result.failure_reason}"
     return text
+
+
+def nop_check_outcome(result: TurnResult) -> Outcome:
+    """Check mode's empty agent: a turn passes when its reward stays below 1, since a
+    verifier that accepts the untouched sandbox grades nothing. A masked sample is an
+    error: the check learnt nothing from it."""
+    headline = _headline(result)
+    if result.mask_sample:
+        return Outcome("error", f"masked: {headline}")
+    if result.reward >= 1.0:
+        return Outcome(
+            "failed",
+            f"an agent that does nothing scores {result.reward:g}: the verifier accepts the "
+            f"sandbox as the task leaves it ({headline})",
+        )
+    return Outcome("passed", headline)

@@ -13,9 +13,11 @@ from pytest_harbor.engine import Episode, EpisodeResult, TurnResult, decide_outc
 from pytest_harbor.engine.budget import backstop_seconds
 from pytest_harbor.engine.episode import verifies_separately
 from pytest_harbor.engine.failures import EpisodeError
+from pytest_harbor.engine.outcomes import nop_check_outcome
 from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.engine.results import episode_id
 from pytest_harbor.engine.slots import Slot
+from pytest_harbor.harnesses import Harness
 from pytest_harbor.plugin.markers import metadata_markers
 from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun, Target
 from pytest_harbor.tasks import Task, TaskLoadError, Turn
@@ -30,6 +32,8 @@ __all__ = [
 ]
 
 _TAIL_LINES = 30
+#: The name of the nop trial of each task in check mode: `quickstart/hello::nop::episode`.
+NOP_TRIAL = "nop"
 _ANSWER_CHARS = 300
 
 
@@ -144,10 +148,25 @@ class HarborTask(_HarborNode, pytest.Collector):
             self.config.addinivalue_line("markers", f"{marker}: from [metadata] of task folders")
         run = _run(self)
         skip_reason = run.harness.unavailable_reason(task)
-        for repeat in range(self.repeats):
-            trial = HarborTrial.from_parent(
+        trials = [
+            HarborTrial.from_parent(
                 self, name=f"r{repeat}", task=task, repeat=repeat, skip_reason=skip_reason
             )
+            for repeat in range(self.repeats)
+        ]
+        if run.check_harness is not None:
+            # Check mode: an agent that does nothing must not pass the task.
+            trials.append(
+                HarborTrial.from_parent(
+                    self,
+                    name=NOP_TRIAL,
+                    task=task,
+                    repeat=0,
+                    skip_reason=run.check_harness.unavailable_reason(task),
+                    check_role="nop",
+                )
+            )
+        for trial in trials:
             for marker in markers:
                 trial.add_marker(marker)
             yield trial
@@ -157,11 +176,21 @@ class HarborTrial(_HarborNode, pytest.Collector):
     """One repeat of a task; its sandbox lives from setup() to teardown(), shared by the
     items of its turns, which run in order on one worker."""
 
-    def __init__(self, *, task: Task, repeat: int, skip_reason: str | None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        task: Task,
+        repeat: int,
+        skip_reason: str | None,
+        check_role: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         assert isinstance(self.parent, HarborTask)
         self.task = task
         self.repeat = repeat
+        #: In check mode, `nop` for the trial of the empty agent (its row is not written).
+        self.check_role = check_role
         self.taskset = self.parent.taskset
         self.skip_reason = skip_reason
         self._hook_path = self.parent._hook_path
@@ -191,6 +220,20 @@ class HarborTrial(_HarborNode, pytest.Collector):
         self.selected = list(self.turn_items)
         yield from self.turn_items
 
+    @property
+    def harness(self) -> Harness:
+        run = _run(self)
+        if self.check_role == "nop" and run.check_harness is not None:
+            return run.check_harness
+        return run.harness
+
+    @property
+    def episode_name(self) -> str:
+        """The name of its folders: `<task>__r<repeat>`, or `<task>__nop` in check mode."""
+        if self.check_role == "nop":
+            return f"{self.task.id}__{NOP_TRIAL}"
+        return episode_id(self.task.id, self.repeat)
+
     def _episode(self) -> Episode:
         if self.episode is None:
             run = _run(self)
@@ -199,7 +242,8 @@ class HarborTrial(_HarborNode, pytest.Collector):
                 self.task,
                 taskset=self.taskset,
                 repeat=self.repeat,
-                harness=run.harness,
+                name=self.episode_name,
+                harness=self.harness,
                 provider=run.provider,
                 labels=run.labels(task=key, trial=self.nodeid),
                 image_labels=run.image_labels(),
@@ -207,12 +251,8 @@ class HarborTrial(_HarborNode, pytest.Collector):
                 expected_digest=run.row_digests.get(key, self.task.digest),
                 model=run.model,
                 model_gate=run.model_gate,
-                agent_logs_dir=run.layout.agent_dir(
-                    self.taskset, episode_id(self.task.id, self.repeat)
-                ),
-                verifier_logs_dir=run.layout.verifier_dir(
-                    self.taskset, episode_id(self.task.id, self.repeat)
-                ),
+                agent_logs_dir=run.layout.agent_dir(self.taskset, self.episode_name),
+                verifier_logs_dir=run.layout.verifier_dir(self.taskset, self.episode_name),
                 redactor=run.redactor,
             )
         return self.episode
@@ -297,9 +337,12 @@ class HarborTurnItem(_HarborNode, pytest.Item):
         }
         if episode.stopped_after is not None or self is self.trial.selected[-1]:
             self.harbor_payload["result"] = self._row(episode).model_dump(mode="json")
-        outcome = decide_outcome(
-            turn, validation=run.harness.validates, pass_reward=run.options.pass_reward
-        )
+        if self.trial.check_role == "nop":
+            outcome = nop_check_outcome(turn)
+        else:
+            outcome = decide_outcome(
+                turn, validation=run.harness.validates, pass_reward=run.options.pass_reward
+            )
         self.harbor_payload["status"] = outcome.status
         self.user_properties.append(("reward", turn.reward))
         self.user_properties.append(("failure_kind", turn.failure_kind or ""))
@@ -308,7 +351,7 @@ class HarborTurnItem(_HarborNode, pytest.Item):
         if outcome.status == "skipped":
             pytest.skip(outcome.headline)
         stdout = _tail(output.verifier_dir / "test-stdout.txt")
-        details = _details(turn, stdout, validation=run.harness.validates)
+        details = _details(turn, stdout, validation=self.trial.harness.validates)
         pytest.fail(f"{outcome.headline}\n{details}", pytrace=False)
 
     def _row(self, episode: Episode) -> EpisodeResult:

@@ -107,6 +107,21 @@ _OPTIONS = {
             [],
             "FILE",
         ),
+        _Option(
+            "check",
+            "author check: per task, the oracle must score 1 and nop below 1; every problem "
+            "is listed and the run fails when a task has one",
+            "flag",
+            False,
+        ),
+        _Option(
+            "check-repeats",
+            "with --harbor-check: run the oracle N times per task to find flaky verifiers "
+            "(default 1)",
+            "value",
+            None,
+            "N",
+        ),
         _Option("set", "one setting, KEY=VALUE (repeatable, last wins)", "list", [], "KEY=VALUE"),
         _Option(
             "agent-option",
@@ -193,6 +208,8 @@ class HarborOptions:
     settings: HarborSettings = field(default_factory=HarborSettings)
     agent_options: dict[str, Any] = field(default_factory=dict)
     model: ModelOptions = field(default_factory=ModelOptions)
+    #: Author check mode (`--harbor-check`): the oracle `repeats` times and nop once per task.
+    check: bool = False
     #: Things worth a warning at start-up (a secret given literally on the command line).
     warnings: tuple[str, ...] = ()
 
@@ -231,11 +248,18 @@ def _raw(config: pytest.Config, name: str) -> Any:
 def read_options(config: pytest.Config) -> HarborOptions:
     """Read and check every option; a bad value is a usage error naming the option."""
     invocation_dir = config.invocation_params.dir
+    check = bool(_raw(config, "check"))
+    if not check and _raw(config, "check-repeats") not in (None, ""):
+        raise pytest.UsageError(
+            "--harbor-check-repeats / harbor_check_repeats: only with --harbor-check"
+        )
     return HarborOptions(
         datasets=_folders(config, "dataset"),
-        agent=str(_raw(config, "agent")),
+        # In check mode the run's harness is the oracle (an ini file's agent included).
+        agent="oracle" if check else str(_raw(config, "agent")),
         sandbox=str(_raw(config, "sandbox")),
-        repeats=_number(config, "repeats", int, minimum=1),
+        repeats=_check_repeats(config) if check else _number(config, "repeats", int, minimum=1),
+        check=check,
         results_dir=_absolute(invocation_dir / str(_raw(config, "results-dir"))),
         pass_reward=_number(config, "pass-reward", float, minimum=None),
         only_tasks=_names(_raw(config, "only-tasks")),
@@ -259,6 +283,22 @@ def read_options(config: pytest.Config) -> HarborOptions:
             concurrency=_number(config, "model-concurrency", int, minimum=1),
         ),
     )
+
+
+def _check_repeats(config: pytest.Config) -> int:
+    """The oracle's repeats in check mode; options that would contradict the mode are
+    usage errors, not silently overridden."""
+    clashes = {
+        "agent": "the check runs the oracle and nop; leave out --harbor-agent",
+        "repeats": "the check's repeats are --harbor-check-repeats",
+        "resume": "a check runs every selected task afresh (use --lf to run the tasks with "
+        "problems again)",
+    }
+    for name, why in clashes.items():
+        if config.getoption(_OPTIONS[name].dest) not in (None, False, "oracle"):
+            raise pytest.UsageError(f"--harbor-check with {_OPTIONS[name].flag}: {why}")
+    repeats = _number(config, "check-repeats", int, minimum=1)
+    return 1 if repeats is None else int(repeats)
 
 
 def parse_key_values(values: list[str], name: str) -> dict[str, Any]:

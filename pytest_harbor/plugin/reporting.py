@@ -22,6 +22,7 @@ from pytest_harbor.engine.metrics import TasksetScore
 from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.harnesses.model import ModelEndpointError, check_endpoint
 from pytest_harbor.plugin.builds import BuildsAhead
+from pytest_harbor.plugin.checks import Problem, TaskCheck
 from pytest_harbor.plugin.ledger import EpisodeLedger, TrialRecord, trial_id, trial_of
 from pytest_harbor.plugin.nodes import HarborTurnItem, task_warnings
 from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun
@@ -150,6 +151,10 @@ class HarborReporter:
         self.kept = 0
         self.reaped = 0
         self.interrupted = False
+        #: Check mode's findings: fed every report, read at the end of the run.
+        self.check = TaskCheck(run.options.repeats or 1) if run.options.check else None
+        self.problems: dict[tuple[str, str], list[Problem]] = {}
+        self.check_files: dict[str, Path] = {}
 
     # ------------------------------------------------------------------------ start
 
@@ -374,6 +379,8 @@ class HarborReporter:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self._maybe_status()
+        if self.check is not None:
+            self.check.add(report)
         record = self.ledger.get(report.nodeid)
         if report.when not in ("setup", "call", "teardown"):
             # xdist's report for the item a worker was running when it died.
@@ -441,10 +448,13 @@ class HarborReporter:
         instead when printing the interrupt's traceback fails."""
         self.interrupted = True
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.builds.close()
         if session.config.option.collectonly or not self.manifests:
             return
+        if self.check is not None:
+            self._finish_check(session)
         interrupted = self.interrupted or session.exitstatus == pytest.ExitCode.INTERRUPTED
         if interrupted:
             for failure in self.ledger.interrupted():
@@ -464,6 +474,29 @@ class HarborReporter:
             write_run_summary(self.run.layout, taskset, summary, self.run.redactor)
         if self.run.harness.validates and self._nothing_validatable:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _finish_check(self, session: pytest.Session) -> None:
+        """Check mode: list each task's problems, write them beside the rows, fail the run
+        when a task has one, and have `--lf` run such a task again whole."""
+        assert self.check is not None
+        tasks = {
+            (taskset, task.id): task for taskset, plan in self.plans.items() for task in plan.tasks
+        }
+        self.problems = self.check.problems(tasks)
+        for taskset in self.manifests:
+            folder = self.run.layout.taskset_dir(taskset)
+            try:
+                self.check_files[taskset] = self.check.write(folder, taskset, self.problems)
+            except OSError as error:
+                log.warning("could not write the check of %s: %s", taskset, error)
+        if any(self.problems.values()) and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        lastfailed = getattr(
+            session.config.pluginmanager.get_plugin("lfplugin"), "lastfailed", None
+        )
+        if isinstance(lastfailed, dict):
+            for nodeid in self.check.failed_nodeids(self.problems):
+                lastfailed[nodeid] = True
 
     @property
     def _nothing_validatable(self) -> bool:
@@ -485,6 +518,8 @@ class HarborReporter:
             _write_score(write, taskset, score)
             write(f"  rows: {self.run.layout.rollouts_file(taskset)}")
             write(f"  summary: {self.run.layout.summary_file(taskset)}")
+        if self.check is not None:
+            self._write_check(write)
         if self.kept:
             write(f"resumed: {self.kept} episode(s) kept from the earlier run, not run again")
         if self.reaped:
@@ -507,6 +542,35 @@ class HarborReporter:
                 "--harbor-resume runs them again in full",
                 yellow=True,
             )
+
+    def _write_check(self, write: Any) -> None:
+        """One table of problems per taskset: task, problem, detail."""
+        for taskset in sorted(self.manifests):
+            checked = {
+                task: found for (owner, task), found in self.problems.items() if owner == taskset
+            }
+            if not checked:
+                continue
+            bad = {task: found for task, found in checked.items() if found}
+            repeats = self.check.repeats if self.check else 1
+            write(
+                f"{taskset}: task check (oracle x{repeats} and nop per task): "
+                f"{len(checked)} task(s), {len(bad)} with problems",
+                red=bool(bad),
+                green=not bad,
+            )
+            if bad:
+                width = max(len(task) for task in bad)
+                kinds = max(len(problem.kind) for found in bad.values() for problem in found)
+                write(f"  {'task':<{width}}  {'problem':<{kinds}}  detail")
+                for task, found in sorted(bad.items()):
+                    for problem in found:
+                        write(
+                            f"  {task:<{width}}  {problem.kind:<{kinds}}  "
+                            f"{_first_line(problem.detail, 160)}"
+                        )
+            if taskset in self.check_files:
+                write(f"  check: {self.check_files[taskset]}")
 
 
 _BUILDERS = {"buildkit": "BuildKit (docker buildx)", "classic": "the classic builder"}

@@ -117,6 +117,8 @@ class HarborRun:
             raise pytest.UsageError(
                 f"--harbor-agent {options.agent}: {error}; install pytest-harbor[agents]"
             ) from None
+        #: Check mode's second harness, run once per task beside the oracle's repeats.
+        self.check_harness: Harness | None = make_harness("nop", {}) if options.check else None
         #: The model the harness talks to (None for harnesses that talk to none).
         self.model: ModelConfig | None = (
             _model_config(options.model, options.agent) if self.harness.needs_model else None

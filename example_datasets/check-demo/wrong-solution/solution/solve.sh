@@ -1,0 +1,3 @@
+#!/bin/bash
+# Broken on purpose: writes the wrong number.
+echo 41 > /tmp/answer.txt

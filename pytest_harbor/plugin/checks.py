@@ -1,0 +1,241 @@
+"""Check mode (`--harbor-check`): what the oracle's repeats and the empty agent say about
+each task, gathered on the controller from the test reports, as one list of problems."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from pytest_harbor.engine import EpisodeResult
+from pytest_harbor.plugin.ledger import trial_of
+from pytest_harbor.plugin.nodes import NOP_TRIAL, task_warnings
+from pytest_harbor.tasks import Task
+
+__all__ = ["CHECK_FILE", "Problem", "TaskCheck", "TaskRecord"]
+
+#: The check's findings, in each taskset's results folder.
+CHECK_FILE = "check.json"
+SCHEMA_VERSION = 1
+
+#: An oracle run that takes more than this share of a timeout is flagged: a slower
+#: machine, or a busier one, makes it fail.
+SLOW_SHARE = 0.5
+
+ProblemKind = Literal[
+    "no-solution",
+    "oracle-failed",
+    "nop-passes",
+    "flaky-verifier",
+    "slow-oracle",
+    "no-result",
+    "load-warning",
+]
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: ProblemKind
+    detail: str
+
+    def as_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "detail": self.detail}
+
+
+@dataclass
+class TaskRecord:
+    """What the reports said of one task's trials."""
+
+    #: Node ids of the task's items that ran (an --lf run picks them again).
+    nodeids: set[str] = field(default_factory=set)
+    #: Why the oracle could not run the task (no solution), when it could not.
+    unvalidated: str | None = None
+    #: The oracle's rows by repeat, and the empty agent's row.
+    oracle: dict[int, EpisodeResult] = field(default_factory=dict)
+    nop: EpisodeResult | None = None
+    #: Trials that ended with no result: trial name -> `kind: reason`.
+    lost: dict[str, str] = field(default_factory=dict)
+
+
+class TaskCheck:
+    """Fed every test report of a check run; lists the problems per task at its end."""
+
+    def __init__(self, repeats: int) -> None:
+        self.repeats = repeats
+        #: `(taskset, task)` -> its record, for each task with an item that ran.
+        self.records: dict[tuple[str, str], TaskRecord] = {}
+
+    def add(self, report: pytest.TestReport) -> None:
+        data = getattr(report, "harbor", None)
+        trial = trial_of(report.nodeid)
+        name, _, trial_name = trial.rpartition("::")
+        taskset, _, task = name.partition("/")
+        if not task or not (trial_name == NOP_TRIAL or trial_name[1:].isdigit()):
+            return
+        record = self.records.setdefault((taskset, task), TaskRecord())
+        record.nodeids.add(report.nodeid)
+        if report.when not in ("setup", "call", "teardown"):
+            if report.failed:  # the worker died in this item
+                record.lost[trial_name] = "worker_died: the process running the episode died"
+            return
+        if not data:
+            return
+        if report.when == "setup":
+            if data.get("unvalidated") and trial_name != NOP_TRIAL:
+                record.unvalidated = str(data.get("skip_reason") or "no solution")
+            elif report.failed:
+                record.lost[trial_name] = _failure_text(data)
+        elif report.when == "call":
+            if "result" in data:
+                result = EpisodeResult.model_validate(data["result"])
+                if trial_name == NOP_TRIAL:
+                    record.nop = result
+                else:
+                    record.oracle[int(trial_name[1:])] = result
+            elif data.get("status") == "error":
+                record.lost[trial_name] = _failure_text(data)
+
+    # ------------------------------------------------------------------------ findings
+
+    def problems(
+        self, tasks: Mapping[tuple[str, str], Task]
+    ) -> dict[tuple[str, str], list[Problem]]:
+        """Every checked task's problems (an empty list for a task without any)."""
+        return {
+            key: _task_problems(record, tasks.get(key))
+            for key, record in sorted(self.records.items())
+        }
+
+    def write(
+        self, folder: Path, taskset: str, problems: Mapping[tuple[str, str], list[Problem]]
+    ) -> Path:
+        """`check.json` in the taskset's results folder: the problems and rewards per task."""
+        entries: dict[str, Any] = {}
+        for (owner, task), found in problems.items():
+            if owner != taskset:
+                continue
+            record = self.records[(owner, task)]
+            entries[task] = {
+                "problems": [problem.as_json() for problem in found],
+                "oracle_rewards": [record.oracle[r].reward for r in sorted(record.oracle)],
+                "nop_reward": record.nop.reward if record.nop is not None else None,
+            }
+        path = folder / CHECK_FILE
+        text = json.dumps(
+            {"schema_version": SCHEMA_VERSION, "repeats": self.repeats, "tasks": entries},
+            indent=2,
+        )
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text(text + "\n")
+        temporary.replace(path)
+        return path
+
+    def failed_nodeids(self, problems: Mapping[tuple[str, str], list[Problem]]) -> Iterable[str]:
+        """The items of every task with a problem: `--lf` runs the whole task again."""
+        for key, found in problems.items():
+            if found:
+                yield from sorted(self.records[key].nodeids)
+
+
+def _failure_text(data: Mapping[str, Any]) -> str:
+    failure = data.get("failure") or {}
+    kind = failure.get("kind", "internal_error")
+    return f"{kind}: {failure.get('reason', 'no reason given')}"
+
+
+def _task_problems(record: TaskRecord, task: Task | None) -> list[Problem]:
+    found: list[Problem] = []
+    if task is not None:
+        prefix = f"{task.path}{os.sep}"
+        found += [
+            Problem("load-warning", str(warning).removeprefix(prefix))
+            for warning in task_warnings(task)
+        ]
+    if record.unvalidated is not None:
+        found.append(Problem("no-solution", record.unvalidated))
+    for trial, reason in sorted(record.lost.items()):
+        who = "nop" if trial == NOP_TRIAL else f"oracle {trial}"
+        found.append(Problem("no-result", f"{who}: {reason}"))
+    scored = {repeat: row for repeat, row in sorted(record.oracle.items()) if not row.partial}
+    failed: dict[str, list[str]] = {}
+    for repeat, row in scored.items():
+        if row.mask_sample:
+            found.append(Problem("no-result", f"oracle r{repeat}: masked: {row.failure_reason}"))
+        elif row.reward != 1.0 or row.solution_exit_code != 0:
+            failed.setdefault(_scored(row), []).append(f"r{repeat}")
+    for text, repeats in failed.items():
+        runs = f"{len(repeats)} of {len(scored)} runs" if len(scored) > 1 else "the run"
+        found.append(Problem("oracle-failed", f"{runs} ({', '.join(repeats)}): {text}"))
+    found += _flaky(scored)
+    if task is not None:
+        found += _slow(scored, task)
+    if record.nop is not None and not record.nop.mask_sample:
+        passing = [turn for turn in record.nop.turns if turn.reward >= 1.0]
+        if passing:
+            steps = ", ".join(turn.step for turn in passing)
+            where = f" in step {steps}" if task is None or task.config.is_multi_step else ""
+            found.append(
+                Problem(
+                    "nop-passes",
+                    f"an agent that does nothing scores {passing[0].reward:g}{where}: "
+                    "the verifier accepts the sandbox as the task leaves it",
+                )
+            )
+    return found
+
+
+def _scored(row: EpisodeResult) -> str:
+    text = f"reward {row.reward:g}, solve.sh exit {row.solution_exit_code}"
+    if row.failure_kind:
+        text += f" ({row.failure_kind}: {row.failure_reason})"
+    return text
+
+
+def _flaky(rows: Mapping[int, EpisodeResult]) -> list[Problem]:
+    """Rewards that differ across the oracle's repeats, step by step."""
+    unmasked = [row for row in rows.values() if not row.mask_sample]
+    if len(unmasked) < 2:
+        return []
+    by_step: dict[str, list[float]] = {}
+    for row in unmasked:
+        for turn in row.turns:
+            by_step.setdefault(turn.step, []).append(turn.reward)
+    found = []
+    for step, rewards in by_step.items():
+        if len(set(rewards)) > 1:
+            where = "" if len(by_step) == 1 else f"step {step}: "
+            found.append(
+                Problem(
+                    "flaky-verifier",
+                    f"{where}rewards differ across {len(rewards)} oracle runs: "
+                    + ", ".join(f"{reward:g}" for reward in rewards),
+                )
+            )
+    return found
+
+
+def _slow(rows: Mapping[int, EpisodeResult], task: Task) -> list[Problem]:
+    """The slowest oracle run of each step against the step's timeouts."""
+    turns = {turn.name: turn for turn in task.turns}
+    found = []
+    for step, turn in turns.items():
+        runs = [t for row in rows.values() for t in row.turns if t.step == step]
+        where = "" if len(turns) == 1 else f"step {step}: "
+        for phase, budget, name in (
+            ("agent_s", turn.agent_timeout_sec, "solve.sh"),
+            ("verify_s", turn.verifier_timeout_sec, "the verifier"),
+        ):
+            spent = [getattr(t.timings, phase) or 0.0 for t in runs]
+            if budget and spent and max(spent) > SLOW_SHARE * budget:
+                found.append(
+                    Problem(
+                        "slow-oracle",
+                        f"{where}{name} took {max(spent):.1f} s of its {budget:g} s timeout",
+                    )
+                )
+    return found

@@ -1,0 +1,156 @@
+"""`--harbor-check` on the real engine: the check-demo dataset's broken tasks are each
+found, the run fails, check.json is written, and `--lf` runs exactly the tasks with
+problems again."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from typing import Any
+
+import docker
+import pytest
+
+from tests.fixtures import BASE_IMAGE, REPO_ROOT, RESULTS_DIR, Dataset, run_harbor
+
+pytestmark = pytest.mark.docker
+
+CHECK_DEMO = REPO_ROOT / "example_datasets" / "check-demo"
+
+
+@pytest.fixture
+def demo(pytester: pytest.Pytester, docker_client: docker.DockerClient) -> Dataset:
+    copy = pytester.path / f"check-demo-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(CHECK_DEMO, copy)
+    return Dataset(copy)
+
+
+def _check(pytester: pytest.Pytester, dataset: Dataset) -> dict[str, Any]:
+    folder = dataset.results_folder(pytester.path / RESULTS_DIR)
+    data: dict[str, Any] = json.loads((folder / "check.json").read_text())
+    return data
+
+
+def test_the_check_finds_each_broken_task_and_lf_runs_them_again(
+    pytester: pytest.Pytester, demo: Dataset
+) -> None:
+    result = run_harbor(pytester, demo, "--harbor-check", "--harbor-check-repeats=2", "-n", "2")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    tasks = _check(pytester, demo)["tasks"]
+    kinds = {task: [p["kind"] for p in entry["problems"]] for task, entry in tasks.items()}
+    assert kinds["sound"] == []
+    assert kinds["accepts-anything"] == ["nop-passes"]
+    assert kinds["no-solution"] == ["no-solution"]
+    assert kinds["wrong-solution"] == ["oracle-failed"]
+    assert kinds["slow-solution"] == ["slow-oracle"]
+    assert kinds["unknown-key"] == ["load-warning"]
+    # A coin flip: it may score alike twice; what it found is still a problem.
+    assert set(kinds["coin-flip"]) <= {"oracle-failed", "flaky-verifier"}
+    assert tasks["sound"]["oracle_rewards"] == [1.0, 1.0]
+    assert tasks["sound"]["nop_reward"] == 0.0
+    assert tasks["accepts-anything"]["nop_reward"] == 1.0
+    result.stdout.fnmatch_lines(
+        [
+            f"{demo.name}: task check (oracle x2 and nop per task): 7 task(s), "
+            f"{sum(bool(found) for found in kinds.values())} with problems",
+            "  task *  problem *  detail",
+            "  accepts-anything  nop-passes * an agent that does nothing scores 1: the verifier "
+            "accepts the sandbox as the task leaves it",
+            "  no-solution * no-solution * unvalidated: the task has no solution/solve.sh",
+            "  slow-solution * slow-oracle * solve.sh took 3.* s of its 5 s timeout",
+            "  unknown-key * load-warning * task.toml: unknown keys ignored: environment.cpu",
+            "  wrong-solution * oracle-failed * 2 of 2 runs (r0, r1): reward 0, solve.sh exit 0",
+            "  check: *check.json",
+        ]
+    )
+    # The empty agent's verifier folder is kept beside the oracle's; its row is not a row.
+    folder = demo.results_folder(pytester.path / RESULTS_DIR)
+    assert (folder / "verifier" / "accepts-anything__nop" / "test-stdout.txt").is_file()
+    rows = demo.rows(pytester.path / RESULTS_DIR)
+    assert {row["agent"] for row in rows} == {"oracle"}
+    assert len(rows) == 6 * 2  # no-solution's trials are skipped
+    # --lf: every item of each task with a problem (its passing items too), nothing else.
+    again = run_harbor(
+        pytester, demo, "--harbor-check", "--harbor-check-repeats=2", "-n", "2", "--lf"
+    )
+    with_problems = [task for task, found in kinds.items() if found]
+    again.stdout.fnmatch_lines([f"*2 workers [[]{3 * len(with_problems)} items[]]*"])
+    assert set(_check(pytester, demo)["tasks"]) == set(with_problems)
+
+
+def test_problems_that_fail_no_item_still_fail_the_run(
+    pytester: pytest.Pytester, demo: Dataset
+) -> None:
+    result = run_harbor(pytester, demo, "--harbor-check", "-k", "unknown-key")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        ["*: task check (oracle x1 and nop per task): 1 task(s), 1 with problems"]
+    )
+    sound = run_harbor(pytester, demo, "--harbor-check", "-k", "sound")
+    sound.assert_outcomes(passed=2)
+    assert sound.ret == pytest.ExitCode.OK
+    sound.stdout.fnmatch_lines(
+        ["*: task check (oracle x1 and nop per task): 1 task(s), 0 with problems"]
+    )
+
+
+def test_a_verifier_that_flips_a_coin_is_found_flaky(
+    pytester: pytest.Pytester, demo: Dataset
+) -> None:
+    # Twelve fair flips all alike: a 1 in 2048 chance.
+    result = run_harbor(
+        pytester, demo, "--harbor-check", "--harbor-check-repeats=12", "-n", "2", "-k", "coin-flip"
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    (flaky,) = [
+        p
+        for p in _check(pytester, demo)["tasks"]["coin-flip"]["problems"]
+        if p["kind"] == "flaky-verifier"
+    ]
+    assert flaky["detail"].startswith("rewards differ across 12 oracle runs: ")
+
+
+def test_an_empty_agent_passing_one_step_of_a_multi_step_task(
+    pytester: pytest.Pytester, docker_client: docker.DockerClient
+) -> None:
+    task = pytester.path / f"ms-{uuid.uuid4().hex[:8]}" / "two-steps"
+    (task / "tests").mkdir(parents=True)
+    (task / "task.toml").write_text(
+        f'[environment]\ndocker_image = "{BASE_IMAGE}"\nworkdir = "/work"\n\n'
+        '[[steps]]\nname = "one"\n\n[[steps]]\nname = "two"\n'
+    )
+    for step, solve, test in (
+        ("one", "echo one > /work/log\n", None),
+        # Broken on purpose: step two's own verifier checks nothing.
+        ("two", "echo two >> /work/log\n", "echo 1 > /logs/verifier/reward.txt\n"),
+    ):
+        folder = task / "steps" / step
+        (folder / "solution").mkdir(parents=True)
+        (folder / "instruction.md").write_text(f"Do {step}.\n")
+        (folder / "solution" / "solve.sh").write_text(solve)
+        if test:
+            (folder / "tests").mkdir()
+            (folder / "tests" / "test.sh").write_text(test)
+    (task / "tests" / "test.sh").write_text(
+        '[ "$(cat /work/log 2>/dev/null)" = one ] && echo 1 > /logs/verifier/reward.txt '
+        "|| echo 0 > /logs/verifier/reward.txt\n"
+    )
+    result = pytester.runpytest(
+        f"--harbor-dataset={task.parent}", f"--harbor-results-dir={RESULTS_DIR}", "--harbor-check"
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    data = json.loads(
+        (
+            pytester.path / RESULTS_DIR / "harbor" / "validation" / task.parent.name / "check.json"
+        ).read_text()
+    )
+    assert data["tasks"]["two-steps"]["problems"] == [
+        {
+            "kind": "nop-passes",
+            "detail": "an agent that does nothing scores 1 in step two: the verifier accepts "
+            "the sandbox as the task leaves it",
+        }
+    ]
+    result.stdout.fnmatch_lines(["FAILED *two-steps::nop::two - *an agent that does nothing*"])

@@ -1,0 +1,210 @@
+"""Check mode's findings from test reports: each problem kind, grouped and worded for the
+table, check.json, and the items `--lf` runs again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_harbor.engine import EpisodeResult
+from pytest_harbor.engine.results import TurnResult, TurnTimings
+from pytest_harbor.plugin.checks import Problem, TaskCheck
+from pytest_harbor.tasks import Task
+from pytest_harbor.tasks.loader import load_task
+from tests.fixtures import write_task
+
+SET = "demo"
+
+
+def _row(task: str, repeat: int, rewards: list[float], **extra: Any) -> dict[str, Any]:
+    timings = extra.pop("timings", {})
+    turns = [
+        TurnResult(
+            step=f"s{index}" if len(rewards) > 1 else "episode",
+            reward=reward,
+            timings=TurnTimings(**timings),
+        )
+        for index, reward in enumerate(rewards)
+    ]
+    fields: dict[str, Any] = {"solution_exit_code": 0}
+    fields.update(extra)
+    return EpisodeResult(
+        task_id=task,
+        taskset=SET,
+        repeat=repeat,
+        agent="oracle",
+        reward=rewards[-1],
+        turns=turns,
+        **fields,
+    ).model_dump(mode="json")
+
+
+def _report(nodeid: str, when: str, outcome: str = "passed", **data: Any) -> pytest.TestReport:
+    report = pytest.TestReport(nodeid, ("x", 0, nodeid), {}, outcome, None, when)  # type: ignore[arg-type]
+    report.harbor = {"taskset": SET, **data}  # type: ignore[attr-defined]
+    return report
+
+
+def _episode(
+    check: TaskCheck, task: str, trial: str, row: dict[str, Any] | None = None, **data: Any
+) -> None:
+    nodeid = f"{SET}/{task}::{trial}::episode"
+    check.add(_report(nodeid, "setup"))
+    if row is not None:
+        check.add(_report(nodeid, "call", result=row, status="passed"))
+    else:
+        check.add(_report(nodeid, "call", "failed", **data))
+
+
+@pytest.fixture
+def task(tmp_path: Path) -> Task:
+    folder = write_task(
+        tmp_path,
+        "t",
+        toml="[agent]\ntimeout_sec = 10\n[verifier]\ntimeout_sec = 20\n"
+        '[environment]\ndocker_image = "img"\n',
+    )
+    return load_task(folder)
+
+
+def _problems(check: TaskCheck, task: Task | None = None, name: str = "t") -> list[Problem]:
+    tasks = {(SET, name): task} if task is not None else {}
+    return check.problems(tasks)[(SET, name)]  # type: ignore[arg-type]
+
+
+def test_a_sound_task_has_no_problem(task: Task) -> None:
+    check = TaskCheck(repeats=2)
+    _episode(check, "t", "r0", _row("t", 0, [1.0]))
+    _episode(check, "t", "r1", _row("t", 1, [1.0]))
+    _episode(check, "t", "nop", _row("t", 0, [0.0]))
+    assert _problems(check, task) == []
+
+
+def test_failed_oracle_runs_are_grouped_by_what_they_scored(task: Task) -> None:
+    check = TaskCheck(repeats=3)
+    _episode(check, "t", "r0", _row("t", 0, [0.0]))
+    _episode(check, "t", "r1", _row("t", 1, [1.0], solution_exit_code=2))
+    _episode(check, "t", "r2", _row("t", 2, [0.0]))
+    found = _problems(check, task)
+    assert Problem("oracle-failed", "2 of 3 runs (r0, r2): reward 0, solve.sh exit 0") in found
+    assert Problem("oracle-failed", "1 of 3 runs (r1): reward 1, solve.sh exit 2") in found
+
+
+def test_rewards_that_differ_across_repeats_are_a_flaky_verifier(task: Task) -> None:
+    check = TaskCheck(repeats=3)
+    for repeat, reward in enumerate([1.0, 0.5, 1.0]):
+        _episode(check, "t", f"r{repeat}", _row("t", repeat, [reward]))
+    assert Problem("flaky-verifier", "rewards differ across 3 oracle runs: 1, 0.5, 1") in _problems(
+        check, task
+    )
+
+
+def test_a_multi_step_task_names_its_flaky_step() -> None:
+    check = TaskCheck(repeats=2)
+    _episode(check, "m", "r0", _row("m", 0, [1.0, 1.0]))
+    _episode(check, "m", "r1", _row("m", 1, [1.0, 0.0]))
+    found = _problems(check, name="m")
+    assert Problem("flaky-verifier", "step s1: rewards differ across 2 oracle runs: 1, 0") in found
+    assert not any(problem.detail.startswith("step s0") for problem in found)
+
+
+def test_one_repeat_cannot_be_flaky(task: Task) -> None:
+    check = TaskCheck(repeats=1)
+    _episode(check, "t", "r0", _row("t", 0, [0.0]))
+    assert [p.kind for p in _problems(check, task)] == ["oracle-failed"]
+
+
+def test_an_empty_agent_that_passes_is_named(task: Task) -> None:
+    check = TaskCheck(repeats=1)
+    _episode(check, "t", "r0", _row("t", 0, [1.0]))
+    _episode(check, "t", "nop", _row("t", 0, [1.0]))
+    assert _problems(check, task) == [
+        Problem(
+            "nop-passes",
+            "an agent that does nothing scores 1: the verifier accepts the sandbox as the task "
+            "leaves it",
+        )
+    ]
+
+
+def test_slow_oracle_runs_against_each_timeout(task: Task) -> None:
+    check = TaskCheck(repeats=2)
+    _episode(check, "t", "r0", _row("t", 0, [1.0], timings={"agent_s": 4.0, "verify_s": 11.0}))
+    _episode(check, "t", "r1", _row("t", 1, [1.0], timings={"agent_s": 6.5, "verify_s": 2.0}))
+    assert _problems(check, task) == [
+        Problem("slow-oracle", "solve.sh took 6.5 s of its 10 s timeout"),
+        Problem("slow-oracle", "the verifier took 11.0 s of its 20 s timeout"),
+    ]
+
+
+def test_no_solution_no_result_and_load_warnings(tmp_path: Path) -> None:
+    folder = write_task(
+        tmp_path, "w", toml='[environment]\ndocker_image = "img"\ncpu = 1\n', solve_sh=None
+    )
+    task = load_task(folder)
+    check = TaskCheck(repeats=1)
+    nodeid = f"{SET}/w::r0::episode"
+    check.add(
+        _report(
+            nodeid,
+            "setup",
+            "skipped",
+            unvalidated=True,
+            skip_reason="unvalidated: the task has no solution/solve.sh",
+        )
+    )
+    _episode(
+        check,
+        "w",
+        "nop",
+        None,
+        status="error",
+        failure={"kind": "sandbox_error", "reason": "the engine went away"},
+    )
+    found = check.problems({(SET, "w"): task})[(SET, "w")]
+    assert found == [
+        Problem("load-warning", "task.toml: unknown keys ignored: environment.cpu"),
+        Problem("no-solution", "unvalidated: the task has no solution/solve.sh"),
+        Problem("no-result", "nop: sandbox_error: the engine went away"),
+    ]
+
+
+def test_a_worker_that_died_leaves_no_result(task: Task) -> None:
+    check = TaskCheck(repeats=1)
+    nodeid = f"{SET}/t::r0::episode"
+    check.add(_report(nodeid, "setup"))
+    check.add(
+        pytest.TestReport(nodeid, ("x", 0, nodeid), {}, "failed", "worker 'gw0' crashed", "???")
+    )  # type: ignore[arg-type]
+    assert [p.kind for p in _problems(check, task)] == ["no-result"]
+
+
+def test_check_json_and_the_items_lf_runs_again(tmp_path: Path, task: Task) -> None:
+    check = TaskCheck(repeats=2)
+    _episode(check, "t", "r0", _row("t", 0, [1.0]))
+    _episode(check, "t", "r1", _row("t", 1, [1.0]))
+    _episode(check, "t", "nop", _row("t", 0, [1.0]))
+    _episode(check, "ok", "r0", _row("ok", 0, [1.0]))
+    _episode(check, "ok", "r1", _row("ok", 1, [1.0]))
+    _episode(check, "ok", "nop", _row("ok", 0, [0.0]))
+    problems = check.problems({(SET, "t"): task})
+    path = check.write(tmp_path, SET, problems)
+    data = json.loads(path.read_text())
+    assert data["schema_version"] == 1 and data["repeats"] == 2
+    assert data["tasks"]["ok"] == {"problems": [], "oracle_rewards": [1.0, 1.0], "nop_reward": 0.0}
+    assert [p["kind"] for p in data["tasks"]["t"]["problems"]] == ["nop-passes"]
+    assert sorted(check.failed_nodeids(problems)) == [
+        f"{SET}/t::nop::episode",
+        f"{SET}/t::r0::episode",
+        f"{SET}/t::r1::episode",
+    ]
+
+
+def test_reports_of_other_items_are_ignored() -> None:
+    check = TaskCheck(repeats=1)
+    check.add(_report("tests/test_x.py::test_y", "call"))
+    check.add(_report("demo/t::weird::episode", "call"))
+    assert check.records == {}
