@@ -35,6 +35,7 @@ ProblemKind = Literal[
     "slow-oracle",
     "no-result",
     "load-warning",
+    "refused",
 ]
 
 
@@ -86,7 +87,9 @@ class TaskCheck:
         if not data:
             return
         if report.when == "setup":
-            if data.get("unvalidated") and trial_name != NOP_TRIAL:
+            if "unloadable" in data:
+                record.lost[trial_name] = f"unloadable: {data['unloadable']}"
+            elif data.get("unvalidated") and trial_name != NOP_TRIAL:
                 record.unvalidated = str(data.get("skip_reason") or "no solution")
             elif report.failed:
                 record.lost[trial_name] = _failure_text(data)
@@ -103,13 +106,18 @@ class TaskCheck:
     # ------------------------------------------------------------------------ findings
 
     def problems(
-        self, tasks: Mapping[tuple[str, str], Task]
+        self,
+        tasks: Mapping[tuple[str, str], Task],
+        refused: Mapping[tuple[str, str], str] | None = None,
     ) -> dict[tuple[str, str], list[Problem]]:
-        """Every checked task's problems (an empty list for a task without any)."""
-        return {
-            key: _task_problems(record, tasks.get(key))
-            for key, record in sorted(self.records.items())
+        """Every checked task's problems (an empty list for a task without any), and the
+        task folders that did not load or were refused (`refused`: key -> why)."""
+        found = {
+            key: _task_problems(record, tasks.get(key)) for key, record in self.records.items()
         }
+        for key, why in (refused or {}).items():
+            found[key] = [Problem("refused", why)]
+        return dict(sorted(found.items()))
 
     def write(
         self, folder: Path, taskset: str, problems: Mapping[tuple[str, str], list[Problem]]
@@ -119,7 +127,7 @@ class TaskCheck:
         for (owner, task), found in problems.items():
             if owner != taskset:
                 continue
-            record = self.records[(owner, task)]
+            record = self.records.get((owner, task), TaskRecord())
             entries[task] = {
                 "problems": [problem.as_json() for problem in found],
                 "oracle_rewards": [record.oracle[r].reward for r in sorted(record.oracle)],
@@ -138,7 +146,7 @@ class TaskCheck:
     def failed_nodeids(self, problems: Mapping[tuple[str, str], list[Problem]]) -> Iterable[str]:
         """The items of every task with a problem: `--lf` runs the whole task again."""
         for key, found in problems.items():
-            if found:
+            if found and key in self.records:
                 yield from sorted(self.records[key].nodeids)
 
 

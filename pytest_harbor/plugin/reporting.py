@@ -482,7 +482,12 @@ class HarborReporter:
         tasks = {
             (taskset, task.id): task for taskset, plan in self.plans.items() for task in plan.tasks
         }
-        self.problems = self.check.problems(tasks)
+        refused = {
+            (taskset, path.name): _first_line(str(error))
+            for taskset, plan in self.plans.items()
+            for path, error in plan.failures.items()
+        }
+        self.problems = self.check.problems(tasks, refused)
         for taskset in self.manifests:
             folder = self.run.layout.taskset_dir(taskset)
             try:

@@ -154,3 +154,17 @@ def test_an_empty_agent_passing_one_step_of_a_multi_step_task(
         }
     ]
     result.stdout.fnmatch_lines(["FAILED *two-steps::nop::two - *an agent that does nothing*"])
+
+
+def test_task_folders_left_out_are_problems_of_the_check(
+    pytester: pytest.Pytester, harbor_dataset: Dataset
+) -> None:
+    harbor_dataset.task("fine")
+    harbor_dataset.task("broken", toml="[environment\n")
+    result = run_harbor(pytester, harbor_dataset, "--harbor-check", "--harbor-skip-unloadable")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["  broken  refused  *task.toml*"])
+    tasks = _check(pytester, harbor_dataset)["tasks"]
+    assert [p["kind"] for p in tasks["broken"]["problems"]] == ["refused"]
+    assert tasks["fine"]["problems"] == []

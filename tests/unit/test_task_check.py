@@ -208,3 +208,21 @@ def test_reports_of_other_items_are_ignored() -> None:
     check.add(_report("tests/test_x.py::test_y", "call"))
     check.add(_report("demo/t::weird::episode", "call"))
     assert check.records == {}
+
+
+def test_refused_folders_and_unloadable_tasks_are_problems(tmp_path: Path, task: Task) -> None:
+    check = TaskCheck(repeats=1)
+    nodeid = f"{SET}/t::r0::episode"
+    check.add(_report(nodeid, "setup", "skipped", unloadable="the image did not build"))
+    problems = check.problems({(SET, "t"): task}, {(SET, "bad"): "task.toml: not TOML"})
+    assert problems == {
+        (SET, "bad"): [Problem("refused", "task.toml: not TOML")],
+        (SET, "t"): [Problem("no-result", "oracle r0: unloadable: the image did not build")],
+    }
+    data = json.loads(check.write(tmp_path, SET, problems).read_text())
+    assert data["tasks"]["bad"] == {
+        "problems": [{"kind": "refused", "detail": "task.toml: not TOML"}],
+        "oracle_rewards": [],
+        "nop_reward": None,
+    }
+    assert list(check.failed_nodeids(problems)) == [nodeid]
