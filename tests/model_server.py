@@ -174,9 +174,13 @@ def _chunks(completion: dict[str, Any], with_usage: bool) -> list[dict[str, Any]
 class ScriptedModel(LocalServer):
     """The server: `script(request)` decides every answer; `requests` keeps what came."""
 
-    def __init__(self, script: Script, *, api_key: str = "sk-scripted-test-key") -> None:
+    def __init__(
+        self, script: Script, *, api_key: str = "sk-scripted-test-key", model: str = MODEL
+    ) -> None:
         self.script = script
         self.api_key = api_key
+        #: The one model the server lists.
+        self.model = model
         self.requests: list[ChatRequest] = []
         self.model_list_requests = 0
         self._lock = threading.Lock()
@@ -186,7 +190,7 @@ class ScriptedModel(LocalServer):
         """The pytest options that point shell-agent at this server."""
         return [
             "--harbor-agent=shell-agent",
-            f"--harbor-model={MODEL}",
+            f"--harbor-model={self.model}",
             f"--harbor-model-url={self.url}",
             *extra,
         ]
@@ -213,7 +217,7 @@ class ScriptedModel(LocalServer):
                     return
                 server.model_list_requests += 1
                 if self._authorized():
-                    listing = {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+                    listing = {"object": "list", "data": [{"id": server.model, "object": "model"}]}
                     self._send(Reply(body=listing))
 
             def do_POST(self) -> None:

@@ -83,7 +83,7 @@ class EpisodeResult(_Record):
     agent: str
     #: The model the agent talked to, when it talked to one.
     model: str | None = None
-    #: The task folder's digest (see the README); rows of an edited folder are refused.
+    #: The task folder's digest (see docs/task-format.md); rows of an edited folder are refused.
     digest: str | None = None
     reward: float
     verifier_rewards: dict[str, float] | None = None

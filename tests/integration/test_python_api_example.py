@@ -1,4 +1,4 @@
-"""The README's Python example runs as written."""
+"""The Python example of docs/python-api.md runs as written."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ from tests.fixtures import REPO_ROOT
 
 pytestmark = pytest.mark.docker
 
+PAGE = REPO_ROOT / "docs" / "python-api.md"
+
 
 def test_python_example_runs(
     docker_client: object, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    readme = (REPO_ROOT / "README.md").read_text()
-    (example,) = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+    (example,) = re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.DOTALL)
     monkeypatch.chdir(REPO_ROOT)
-    exec(compile(example, "README.md", "exec"), {})
+    exec(compile(example, str(PAGE), "exec"), {})
     printed = capsys.readouterr().out
     assert '"reward": 1.0' in printed
