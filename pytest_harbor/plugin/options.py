@@ -61,6 +61,14 @@ _OPTIONS = {
             "DIR",
         ),
         _Option(
+            "report",
+            "the HTML report: a file PATH covering every taskset of the run, or none "
+            "(default: report.html beside each taskset's run summary)",
+            "value",
+            None,
+            "PATH|none",
+        ),
+        _Option(
             "pass-reward",
             "reward an agent run needs to pass (the oracle needs 1)",
             "value",
@@ -200,6 +208,10 @@ class HarborOptions:
     repeats: int | None
     results_dir: Path
     pass_reward: float
+    #: Whether to write the HTML report, and where: None puts report.html beside each
+    #: taskset's run summary; a path is one file covering every taskset of the run.
+    report: bool = True
+    report_path: Path | None = None
     only_tasks: tuple[str, ...] = ()
     exclude_tasks: tuple[str, ...] = ()
     skip_unloadable: bool = False
@@ -253,6 +265,7 @@ def read_options(config: pytest.Config) -> HarborOptions:
         raise pytest.UsageError(
             "--harbor-check-repeats / harbor_check_repeats: only with --harbor-check"
         )
+    report, report_path = _report(config)
     return HarborOptions(
         datasets=_folders(config, "dataset"),
         # In check mode the run's harness is the oracle (an ini file's agent included).
@@ -262,6 +275,8 @@ def read_options(config: pytest.Config) -> HarborOptions:
         check=check,
         results_dir=_absolute(invocation_dir / str(_raw(config, "results-dir"))),
         pass_reward=_number(config, "pass-reward", float, minimum=None),
+        report=report,
+        report_path=report_path,
         only_tasks=_names(_raw(config, "only-tasks")),
         exclude_tasks=_names(_raw(config, "exclude-tasks")),
         skip_unloadable=_raw(config, "skip-unloadable"),
@@ -343,6 +358,22 @@ def _folders(config: pytest.Config, name: str) -> tuple[Path, ...]:
         if not path.is_dir():
             raise pytest.UsageError(f"{_OPTIONS[name].flag}: {path} is not a folder")
     return tuple(dict.fromkeys(paths))
+
+
+def _report(config: pytest.Config) -> tuple[bool, Path | None]:
+    """`--harbor-report`: none, a path (relative to where pytest runs), or unset."""
+    value = _text(config, "report")
+    if value is None:
+        return True, None
+    if value.strip().lower() == "none":
+        return False, None
+    path = _absolute(config.invocation_params.dir / value)
+    if path.is_dir():
+        raise pytest.UsageError(
+            f"--harbor-report / harbor_report: {path} is a folder; give the report's file "
+            "name (say report.html), or none to write no report"
+        )
+    return True, path
 
 
 def _names(values: list[str]) -> tuple[str, ...]:

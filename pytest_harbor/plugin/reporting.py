@@ -24,9 +24,10 @@ from pytest_harbor.harnesses.model import ModelEndpointError, check_endpoint
 from pytest_harbor.plugin.builds import BuildsAhead
 from pytest_harbor.plugin.checks import Problem, TaskCheck
 from pytest_harbor.plugin.ledger import EpisodeLedger, TrialRecord, trial_id, trial_of
-from pytest_harbor.plugin.nodes import HarborTurnItem, task_warnings
+from pytest_harbor.plugin.nodes import HarborTurnItem, HarborWarning, task_warnings
 from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun
 from pytest_harbor.redaction import Redactor
+from pytest_harbor.report import write_report
 from pytest_harbor.sandboxes import SandboxError
 from pytest_harbor.tasks import TaskLoadError
 from pytest_harbor.writers.failures import FailureRecord
@@ -34,6 +35,7 @@ from pytest_harbor.writers.lock import ResultsFolderBusy, ResultsLock
 from pytest_harbor.writers.manifest import ManifestError, RunManifest, secrets_key
 from pytest_harbor.writers.materialized import SkippedLog, write_task_rows
 from pytest_harbor.writers.resume import read_resume_point
+from pytest_harbor.writers.rollouts import REPORT
 from pytest_harbor.writers.summary import run_summary, write_run_summary
 
 log = logging.getLogger("pytest_harbor")
@@ -155,6 +157,9 @@ class HarborReporter:
         self.check = TaskCheck(run.options.repeats or 1) if run.options.check else None
         self.problems: dict[tuple[str, str], list[Problem]] = {}
         self.check_files: dict[str, Path] = {}
+        #: The HTML reports written at the end of the run, and those that failed.
+        self.reports: list[Path] = []
+        self.report_errors: list[str] = []
 
     # ------------------------------------------------------------------------ start
 
@@ -462,6 +467,7 @@ class HarborReporter:
         finished_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         for taskset in self.manifests:
             self._record_durations(taskset)
+        summaries = []
         for taskset, manifest in self.manifests.items():
             summary = run_summary(
                 self.run.layout,
@@ -471,7 +477,10 @@ class HarborReporter:
                 episodes=list(self.ledger.entries(taskset)),
                 score=self.ledger.score(taskset),
             )
-            write_run_summary(self.run.layout, taskset, summary, self.run.redactor)
+            summaries.append(
+                write_run_summary(self.run.layout, taskset, summary, self.run.redactor)
+            )
+        self._write_reports(session.config, summaries)
         if self.run.harness.validates and self._nothing_validatable:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -503,6 +512,26 @@ class HarborReporter:
             for nodeid in self.check.failed_nodeids(self.problems):
                 lastfailed[nodeid] = True
 
+    def _write_reports(self, config: pytest.Config, summaries: list[Path]) -> None:
+        """The HTML report: one per taskset beside its summary, or one file for the run.
+        Whatever goes wrong here only warns: the run's files and exit status stand."""
+        options = self.run.options
+        if not options.report or not summaries:
+            return
+        if options.report_path is not None:
+            jobs = [(options.report_path, summaries)]
+        else:
+            jobs = [(summary.parent / REPORT, [summary]) for summary in summaries]
+        redact = self.run.redactor.text if self.run.redactor else None
+        for out, files in jobs:
+            try:
+                self.reports.append(write_report(files, out, redact=redact))
+            except Exception as error:  # a bug or a full disk must not cost the run's files
+                message = f"could not write the HTML report {out}: {type(error).__name__}: {error}"
+                log.warning("%s", message)
+                self.report_errors.append(message)
+                _warn_once(config, HarborWarning(message), out)
+
     @property
     def _nothing_validatable(self) -> bool:
         return self.items > 0 and self.items == self.unvalidated
@@ -523,6 +552,13 @@ class HarborReporter:
             _write_score(write, taskset, score)
             write(f"  rows: {self.run.layout.rollouts_file(taskset)}")
             write(f"  summary: {self.run.layout.summary_file(taskset)}")
+            report = self.run.layout.report_file(taskset)
+            if report in self.reports:
+                write(f"  report: {report}")
+        if self.run.options.report_path in self.reports:
+            write(f"report: {self.run.options.report_path}")
+        for message in self.report_errors:
+            write(message, yellow=True)
         if self.check is not None:
             self._write_check(write)
         if self.kept:

@@ -21,6 +21,8 @@ __all__ = ["ResultsLayout", "RolloutsWriter"]
 ROLLOUTS = "rollouts.jsonl"
 FAILURES = "rollouts_failures.jsonl"
 SUMMARY = "rollouts_run_summary.json"
+#: The HTML report of the run (pytest_harbor.report).
+REPORT = "report.html"
 MANIFEST = "rollouts_manifest.json"
 VERIFIER = "verifier"
 AGENT = "agent"
@@ -52,6 +54,9 @@ class ResultsLayout:
 
     def summary_file(self, taskset: str) -> Path:
         return self.taskset_dir(taskset) / SUMMARY
+
+    def report_file(self, taskset: str) -> Path:
+        return self.taskset_dir(taskset) / REPORT
 
     def manifest_file(self, taskset: str) -> Path:
         return self.taskset_dir(taskset) / MANIFEST
@@ -112,6 +117,8 @@ class RolloutsWriter:
         (folder / ROLLOUTS).write_text("")
         (folder / FAILURES).write_text("")
         (folder / SUMMARY).unlink(missing_ok=True)
+        # A report left from the run before would show that run as this one's.
+        (folder / REPORT).unlink(missing_ok=True)
         self._started.add(taskset)
 
     def resume(self, point: ResumePoint) -> None:
@@ -125,6 +132,8 @@ class RolloutsWriter:
             "".join(self._line(failure.model_dump(mode="json")) for failure in point.kept_failures),
         )
         (folder / SUMMARY).unlink(missing_ok=True)
+        # A report left from the run before would show that run as this one's.
+        (folder / REPORT).unlink(missing_ok=True)
         self._started.add(point.taskset)
 
     def append_row(self, result: EpisodeResult) -> None:

@@ -1,0 +1,534 @@
+"""The report page: one self-contained HTML file (inline CSS and SVG, a few lines of script
+for sorting tables that the page does not need to be read).
+
+Everything taken from the results (task ids, reasons, agent output, trajectories) is
+escaped: an agent's output is adversarial and must show as text.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from html import escape
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from pytest_harbor.report.charts import (
+    histogram,
+    histogram_svg,
+    pass_at_k_svg,
+    timeline,
+    timeline_svg,
+)
+from pytest_harbor.report.results import Episode, TasksetResults, TurnLogs, as_mapping
+from pytest_harbor.report.transcripts import Budget, text_tail_html, transcript_html
+
+__all__ = ["render_page"]
+
+#: The statuses of episodes, in the order the page lists them.
+STATUSES = ("passed", "failed", "masked", "partial", "no_result", "skipped", "not_run")
+#: How much of each test-stdout.txt the transcripts embed (its end).
+_STDOUT_TAIL = 4000
+#: How much of a failure reason the failures section shows.
+_REASON_LIMIT = 2000
+
+
+def render_page(
+    tasksets: Sequence[TasksetResults], out: Path, *, generated_at: str, budget: Budget
+) -> str:
+    """The whole page, with links relative to `out`'s folder."""
+    base = out.parent
+    names = ", ".join(taskset.name for taskset in tasksets)
+    nav = ""
+    if len(tasksets) > 1:
+        nav = (
+            "<nav><ul>"
+            + "".join(
+                f'<li><a href="#ts{index}">{escape(taskset.name)}</a> '
+                f'<span class="meta">{escape(str(taskset.summary.get("agent") or ""))}</span></li>'
+                for index, taskset in enumerate(tasksets)
+            )
+            + "</ul></nav>"
+        )
+    body = "".join(_taskset(index, taskset, base, budget) for index, taskset in enumerate(tasksets))
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>pytest-harbor report: {escape(names)}</title>"
+        f"<style>{_CSS}</style></head><body>"
+        f'<header><h1>pytest-harbor report</h1><p class="meta">{escape(names)} · '
+        f"made {escape(generated_at)}</p></header>{nav}{body}"
+        f"<script>{_SCRIPT}</script></body></html>\n"
+    )
+
+
+def _taskset(index: int, taskset: TasksetResults, base: Path, budget: Budget) -> str:
+    summary = taskset.summary
+    anchor = f"ts{index}"
+    episodes = taskset.episodes
+    parts = [
+        f'<section class="taskset" id="{anchor}"><h2>{escape(taskset.name)}</h2>',
+        _run_line(summary),
+    ]
+    notes = list(taskset.notes)
+    if summary.get("interrupted"):
+        notes.insert(0, "The run was interrupted: some episodes did not run.")
+    parts.extend(f'<p class="note">{escape(note)}</p>' for note in notes)
+    if taskset.check is not None:
+        parts.append(_check(taskset.check))
+    parts.append(_summary(summary))
+    if not episodes:
+        parts.append('<p class="empty">No episodes in this run.</p></section>')
+        return "".join(parts)
+    rewards = [
+        episode.reward
+        for episode in episodes
+        if episode.status in ("passed", "failed") and episode.reward is not None
+    ]
+    parts.append("<h3>Rewards</h3>")
+    if rewards:
+        parts.append(
+            f"<p>{len(rewards)} scored episode(s).</p>" + histogram_svg(histogram(rewards))
+        )
+    else:
+        parts.append('<p class="empty">No scored episode.</p>')
+    parts.append(_pass_at_k(summary))
+    parts.append(_task_table(anchor, taskset, base))
+    parts.append(_timeline(episodes))
+    parts.append(_failures(anchor, taskset, base))
+    parts.append(_transcripts(anchor, taskset, base, budget))
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _run_line(summary: Mapping[str, Any]) -> str:
+    fields = [
+        ("agent", summary.get("agent")),
+        ("model", summary.get("model")),
+        ("sandbox", summary.get("sandbox")),
+        ("repeats", summary.get("repeats")),
+        ("run", summary.get("run_id")),
+        ("started", summary.get("started_at")),
+        ("finished", summary.get("finished_at")),
+    ]
+    return (
+        '<p class="meta">'
+        + " · ".join(f"{name} {escape(str(value))}" for name, value in fields if value is not None)
+        + "</p>"
+    )
+
+
+# ---------------------------------------------------------------------------- sections
+
+
+def _check(check: Mapping[str, Any]) -> str:
+    tasks = check.get("tasks") or {}
+    rows = []
+    clean = 0
+    for task_id, found in sorted(tasks.items()):
+        problems = found.get("problems") if isinstance(found, dict) else None
+        if not problems:
+            clean += 1
+            continue
+        oracle = found.get("oracle_rewards") or []
+        nop = found.get("nop_reward")
+        for number, problem in enumerate(problems):
+            problem = problem if isinstance(problem, dict) else {"kind": str(problem)}
+            first = number == 0
+            span = f' rowspan="{len(problems)}"' if first and len(problems) > 1 else ""
+            rows.append(
+                "<tr>"
+                + (f"<td{span}>{escape(str(task_id))}</td>" if first else "")
+                + f'<td class="kind">{escape(str(problem.get("kind", "?")))}</td>'
+                + f"<td>{escape(str(problem.get('detail') or ''))}</td>"
+                + (
+                    f"<td{span}>{escape(', '.join(_number(value) for value in oracle))}</td>"
+                    f"<td{span}>{escape(_number(nop))}</td>"
+                    if first
+                    else ""
+                )
+                + "</tr>"
+            )
+    with_problems = len(tasks) - clean
+    head = (
+        f"<p>{with_problems} task(s) with problems; {clean} task(s) without problems"
+        + (
+            f" (oracle run {escape(str(check['repeats']))} time(s) each)"
+            if check.get("repeats")
+            else ""
+        )
+        + ".</p>"
+    )
+    table = (
+        '<table class="check"><thead><tr><th>Task</th><th>Problem</th><th>Detail</th>'
+        "<th>Oracle rewards</th><th>nop reward</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+        if rows
+        else ""
+    )
+    return f'<div class="task-check"><h3>Task check</h3>{head}{table}</div>'
+
+
+def _summary(summary: Mapping[str, Any]) -> str:
+    counts = as_mapping(summary.get("counts"))
+    items = [
+        ("episodes", counts.get("episodes", 0)),
+        ("mean reward", _number(counts.get("mean_reward"))),
+    ]
+    items += [
+        (status.replace("_", " "), counts.get(status, 0))
+        for status in STATUSES
+        if status in ("passed", "failed", "masked", "no_result") or counts.get(status)
+    ]
+    pass_at_k = _pass_points(summary)
+    if pass_at_k:
+        items += [(f"pass@{k}", _number(value)) for k, value in sorted(pass_at_k.items())]
+    if isinstance(summary.get("usage"), dict):
+        usage = as_mapping(summary["usage"])
+        items += [
+            ("prompt tokens", f"{usage.get('prompt_tokens', 0):,}"),
+            ("completion tokens", f"{usage.get('completion_tokens', 0):,}"),
+            ("requests", f"{usage.get('requests', 0):,}"),
+        ]
+        if usage.get("cost_usd") is not None:
+            items.append(("cost", f"${usage['cost_usd']:.4f}"))
+    cells = "".join(
+        f'<div class="figure"><span class="value">{escape(str(value))}</span>'
+        f'<span class="label">{escape(label)}</span></div>'
+        for label, value in items
+    )
+    return f'<h3>Summary</h3><div class="figures">{cells}</div>'
+
+
+def _pass_points(summary: Mapping[str, Any]) -> dict[int, float]:
+    raw = summary.get("pass_at_k")
+    points = {}
+    for k, value in raw.items() if isinstance(raw, dict) else ():
+        if str(k).isdigit() and isinstance(value, int | float):
+            points[int(k)] = float(value)
+    return points
+
+
+def _pass_at_k(summary: Mapping[str, Any]) -> str:
+    points = _pass_points(summary)
+    if not points:
+        return ""
+    if len(points) == 1:
+        ((k, value),) = points.items()
+        return f'<h3>pass@k</h3><p class="pass-at-k">pass@{k} = {value:.3f}</p>'
+    return "<h3>pass@k</h3>" + pass_at_k_svg(points)
+
+
+def _task_table(anchor: str, taskset: TasksetResults, base: Path) -> str:
+    repeats = max(1, taskset.repeats)
+    by_task: dict[str, dict[int, tuple[int, Episode]]] = {}
+    for number, episode in enumerate(taskset.episodes):
+        by_task.setdefault(episode.task_id, {})[episode.repeat] = (number, episode)
+    head = (
+        "<tr><th>Task</th><th>Status</th>"
+        + "".join(f"<th>r{repeat}</th>" for repeat in range(repeats))
+        + "<th>Mean reward</th><th>Failure kinds</th><th>Mean duration</th></tr>"
+    )
+    rows = []
+    for task_id, found in by_task.items():
+        episodes = [episode for _, episode in found.values()]
+        statuses = Counter(episode.status for episode in episodes)
+        status = ", ".join(
+            f"{statuses[name]} {name.replace('_', ' ')}" for name in STATUSES if statuses[name]
+        )
+        scored = [
+            e.reward for e in episodes if e.status in ("passed", "failed") and e.reward is not None
+        ]
+        mean = sum(scored) / len(scored) if scored else None
+        kinds = Counter(e.failure_kind for e in episodes if e.failure_kind)
+        durations = [e.duration_s for e in episodes if e.duration_s is not None]
+        duration = sum(durations) / len(durations) if durations else None
+        cells = []
+        for repeat in range(repeats):
+            if repeat not in found:
+                cells.append('<td class="absent" data-sort="">&#8211;</td>')
+                continue
+            number, episode = found[repeat]
+            cells.append(_repeat_cell(f"{anchor}-ep{number}", episode, base))
+        rows.append(
+            f'<tr><td data-sort="{escape(task_id)}">{escape(task_id)}</td>'
+            f'<td data-sort="{escape(status)}">{escape(status)}</td>'
+            + "".join(cells)
+            + f'<td data-sort="{_sort_number(mean)}">{_number(mean)}</td>'
+            f"<td>{escape(', '.join(f'{kind} ({count})' for kind, count in kinds.items()))}</td>"
+            f'<td data-sort="{_sort_number(duration)}">{_duration(duration)}</td></tr>'
+        )
+    return (
+        f'<h3>Tasks</h3><table class="tasks sortable"><thead>{head}</thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _repeat_cell(episode_anchor: str, episode: Episode, base: Path) -> str:
+    shown = (
+        _number(episode.reward) if episode.reward is not None else episode.status.replace("_", " ")
+    )
+    title = episode.status + (f": {episode.failure_kind}" if episode.failure_kind else "")
+    links = _links(episode, base, compact=True)
+    duration = episode.duration_s
+    return (
+        f'<td class="s-{escape(episode.status)}" title="{escape(title)}" '
+        f'data-sort="{_sort_number(episode.reward)}">'
+        f'<a href="#{episode_anchor}">{escape(shown)}</a>'
+        + (f'<div class="links">{links}</div>' if links else "")
+        + (f'<div class="meta">{_duration(duration)}</div>' if duration is not None else "")
+        + "</td>"
+    )
+
+
+def _links(episode: Episode, base: Path, *, compact: bool) -> str:
+    """Links to the episode's verifier folder and, for a single-step episode, its
+    test-stdout.txt and trajectory.json (a multi-step one has them per step)."""
+    links = []
+    if episode.episode_dir is not None:
+        links.append(_link(episode.episode_dir, base, "dir" if compact else "verifier folder"))
+    if len(episode.logs) == 1:
+        logs = episode.logs[0]
+        links += _file_links(logs, base, compact)
+    return " ".join(links)
+
+
+def _file_links(logs: TurnLogs, base: Path, compact: bool) -> list[str]:
+    links = []
+    if logs.test_stdout is not None:
+        links.append(_link(logs.test_stdout, base, "out" if compact else "test-stdout.txt"))
+    if logs.trajectory is not None:
+        links.append(_link(logs.trajectory, base, "traj" if compact else "trajectory.json"))
+    return links
+
+
+def _timeline(episodes: Iterable[Episode]) -> str:
+    chart = timeline(episodes)
+    if not chart.lanes:
+        return '<h3>Timeline</h3><p class="empty">No episode recorded its times.</p>'
+    untimed = (
+        f" {chart.untimed} episode(s) without recorded times are left out." if chart.untimed else ""
+    )
+    return (
+        "<h3>Timeline</h3><p>One lane per worker; each episode's phases laid end to end from "
+        f"its recorded start and durations.{untimed}</p>" + timeline_svg(chart)
+    )
+
+
+def _failures(anchor: str, taskset: TasksetResults, base: Path) -> str:
+    groups: dict[str, list[tuple[int, Episode]]] = {}
+    for number, episode in enumerate(taskset.episodes):
+        if episode.status in ("passed", "skipped", "not_run") and not episode.failure_kind:
+            continue
+        if episode.failure_kind:
+            kind = episode.failure_kind
+        elif episode.status == "failed":
+            kind = "reward below the pass mark"
+        else:
+            kind = episode.status.replace("_", " ")
+        groups.setdefault(kind, []).append((number, episode))
+    if not groups:
+        return '<h3>Failures</h3><p class="empty">No failures.</p>'
+    parts = ["<h3>Failures</h3>"]
+    for kind, members in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
+        rows = "".join(
+            f'<tr><td><a href="#{anchor}-ep{number}">{escape(episode.name)}</a></td>'
+            f'<td class="s-{escape(episode.status)}">{_status(episode.status)}</td>'
+            f"<td>{escape(episode.stage or '')}</td>"
+            f'<td class="reason">{escape(_cut(episode.failure_reason or "", _REASON_LIMIT))}</td>'
+            f"<td>{_links(episode, base, compact=False)}</td></tr>"
+            for number, episode in members
+        )
+        parts.append(
+            f'<details class="failure-kind" open><summary><strong>{escape(kind)}</strong> '
+            f"({len(members)})</summary><table><thead><tr><th>Episode</th><th>Status</th>"
+            "<th>Stage</th><th>Reason</th><th>Logs</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table></details>"
+        )
+    return "".join(parts)
+
+
+def _transcripts(anchor: str, taskset: TasksetResults, base: Path, budget: Budget) -> str:
+    parts = ["<h3>Episodes and transcripts</h3>"]
+    for number, episode in enumerate(taskset.episodes):
+        reward = "" if episode.reward is None else f" · reward {_number(episode.reward)}"
+        parts.append(
+            f'<details class="episode" id="{anchor}-ep{number}"><summary>'
+            f'<span class="s-{escape(episode.status)}">{escape(episode.status.replace("_", " "))}'
+            f"</span> {escape(episode.name)}{escape(reward)}</summary>"
+        )
+        facts = [
+            ("failure kind", episode.failure_kind),
+            ("reason", episode.failure_reason),
+            ("stage", episode.stage),
+            ("skipped", episode.skip_reason),
+            ("worker", (episode.row or {}).get("worker")),
+            ("duration", _duration(episode.duration_s) if episode.duration_s is not None else None),
+        ]
+        parts.append(
+            "<dl>"
+            + "".join(
+                f"<dt>{name}</dt><dd>{escape(_cut(str(value), _REASON_LIMIT))}</dd>"
+                for name, value in facts
+                if value
+            )
+            + "</dl>"
+        )
+        turns = {
+            str(turn.get("step")): turn
+            for turn in (episode.row or {}).get("turns") or ()
+            if isinstance(turn, dict)
+        }
+        for logs in episode.logs:
+            parts.append(_turn(logs, turns.get(logs.step), len(episode.logs) > 1, base, budget))
+        if not episode.logs:
+            parts.append('<p class="empty">No verifier logs.</p>')
+        parts.append("</details>")
+    return "".join(parts)
+
+
+def _turn(
+    logs: TurnLogs, turn: Mapping[str, Any] | None, named: bool, base: Path, budget: Budget
+) -> str:
+    parts = ['<div class="turn">']
+    if named:
+        reward = "" if turn is None else f" · reward {_number(turn.get('reward'))}"
+        parts.append(f"<h4>{escape(logs.step)}{escape(reward)}</h4>")
+    links = []
+    if logs.verifier_dir is not None:
+        links.append(_link(logs.verifier_dir, base, "verifier folder"))
+    links += _file_links(logs, base, compact=False)
+    if logs.reward_file is not None:
+        links.append(_link(logs.reward_file, base, logs.reward_file.name))
+    parts.append(f'<p class="links">{" · ".join(links)}</p>')
+    if logs.test_stdout is not None:
+        parts.append(
+            "<details><summary>test-stdout.txt (its end)</summary>"
+            + text_tail_html(logs.test_stdout, _STDOUT_TAIL, budget)
+            + "</details>"
+        )
+    if logs.trajectory is not None:
+        parts.append(
+            '<details class="trajectory"><summary>transcript</summary>'
+            + transcript_html(logs.trajectory, _href(logs.trajectory, base), budget)
+            + "</details>"
+        )
+    else:
+        parts.append('<p class="empty">No trajectory.json.</p>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------------- pieces
+
+
+def _href(path: Path, base: Path) -> str:
+    """A link relative to the report's folder (so the folder can move), escaped for an
+    attribute. Quoting also keeps a path from reading as a scheme (`javascript:`)."""
+    relative = os.path.relpath(path, base).replace(os.sep, "/")
+    if path.is_dir():
+        relative += "/"
+    return escape(quote(relative, safe="/"))
+
+
+def _link(path: Path, base: Path, label: str) -> str:
+    return f'<a href="{_href(path, base)}">{escape(label)}</a>'
+
+
+def _number(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "&#8211;"
+    return f"{value:.3f}"
+
+
+def _sort_number(value: float | None) -> str:
+    return "" if value is None else f"{value:.6f}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "&#8211;"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+def _status(status: str) -> str:
+    return escape(status.replace("_", " "))
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1400px;padding:0 24px 48px;
+color:#222;background:#fff}
+h1{margin:24px 0 4px}h2{border-bottom:2px solid #ccc;margin-top:40px}h3{margin-top:28px}
+.meta{color:#666;font-size:12px}nav ul{display:flex;gap:16px;list-style:none;padding:0}
+.note{background:#fff6d6;border-left:4px solid #e0b000;padding:6px 10px}
+.empty{color:#777;font-style:italic}
+.figures{display:flex;flex-wrap:wrap;gap:10px}
+.figure{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:90px}
+.figure .value{display:block;font-size:20px;font-weight:600}.figure .label{color:#666}
+table{border-collapse:collapse;margin:8px 0}th,td{border:1px solid #ddd;padding:4px 8px;
+text-align:left;vertical-align:top}th{background:#f3f3f3}
+table.sortable th{cursor:pointer}table.sortable th:hover{background:#e6e6e6}
+td .links,td .meta{font-size:11px}td.reason{max-width:600px;white-space:pre-wrap;
+word-break:break-word}
+.s-passed{background:#e3f4e1}.s-failed{background:#fbe3e1}.s-masked{background:#eee}
+.s-partial{background:#eef}.s-no_result{background:#fde9cc}.s-skipped,.s-not_run{background:#f7f7f7}
+svg.chart{max-width:100%;height:auto;display:block;margin:8px 0}
+.phase-build{fill:#bab0ac}.phase-start{fill:#f58518}.phase-agent{fill:#4c78a8}
+.phase-verify{fill:#54a24b}
+details.episode{border:1px solid #ddd;border-radius:6px;margin:6px 0;padding:4px 10px}
+details.episode>summary{cursor:pointer}details.episode>summary span{padding:0 6px;
+border-radius:4px}
+dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px}dt{color:#666}
+dd{margin:0;white-space:pre-wrap;word-break:break-word}
+.turn{border-top:1px dashed #ccc;padding:4px 0}
+pre{white-space:pre-wrap;word-break:break-word;background:#f8f8f8;padding:6px;margin:4px 0;
+max-height:480px;overflow:auto}
+.step{border-left:3px solid #ccc;padding:2px 8px;margin:6px 0}.step-user{border-color:#f58518}
+.step-agent{border-color:#4c78a8}.step-system{border-color:#999}.who{font-weight:600}
+.tool-call pre{background:#eef3fa}.observation pre{background:#f1f8ef}
+"""
+
+# Sorting by a click on a column's head; the page reads the same without it.
+_SCRIPT = """
+(function () {
+  function key(cell) {
+    var raw = cell.getAttribute("data-sort");
+    if (raw === null) { raw = cell.textContent; }
+    var number = parseFloat(raw);
+    return raw !== "" && !isNaN(number) && isFinite(raw) ? number : raw.toLowerCase();
+  }
+  document.querySelectorAll("table.sortable").forEach(function (table) {
+    table.querySelectorAll("thead th").forEach(function (head, column) {
+      head.addEventListener("click", function () {
+        var body = table.tBodies[0];
+        var rows = Array.prototype.slice.call(body.rows);
+        var up = head.getAttribute("data-order") !== "up";
+        head.setAttribute("data-order", up ? "up" : "down");
+        rows.sort(function (a, b) {
+          var x = key(a.cells[column]), y = key(b.cells[column]);
+          if (x === y) { return 0; }
+          if (typeof x !== typeof y) { return (typeof x === "number" ? -1 : 1); }
+          return (x < y ? -1 : 1) * (up ? 1 : -1);
+        });
+        rows.forEach(function (row) { body.appendChild(row); });
+      });
+    });
+  });
+  function openTarget() {
+    var target = location.hash && document.getElementById(location.hash.slice(1));
+    if (target && target.tagName === "DETAILS") { target.open = true; }
+  }
+  window.addEventListener("hashchange", openTarget);
+  openTarget();
+})();
+"""
