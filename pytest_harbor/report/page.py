@@ -327,7 +327,7 @@ def _failures(anchor: str, taskset: TasksetResults, base: Path) -> str:
         if episode.failure_kind:
             kind = episode.failure_kind
         elif episode.status == "failed":
-            kind = "reward below the pass mark"
+            kind = "failed, no failure kind"
         else:
             kind = episode.status.replace("_", " ")
         groups.setdefault(kind, []).append((number, episode))
@@ -398,9 +398,10 @@ def _turn(
     if named:
         reward = "" if turn is None else f" · reward {_number(turn.get('reward'))}"
         parts.append(f"<h4>{escape(logs.step)}{escape(reward)}</h4>")
-    links = []
-    if logs.verifier_dir is not None:
-        links.append(_link(logs.verifier_dir, base, "verifier folder"))
+    if logs.verifier_dir is None:
+        parts.append('<p class="empty">No verifier logs.</p></div>')
+        return "".join(parts)
+    links = [_link(logs.verifier_dir, base, "verifier folder")]
     links += _file_links(logs, base, compact=False)
     if logs.reward_file is not None:
         links.append(_link(logs.reward_file, base, logs.reward_file.name))
