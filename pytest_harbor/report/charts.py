@@ -81,7 +81,7 @@ def histogram_svg(bins: Sequence[Bin]) -> str:
         bar_h = plot_h * item.count / peak
         x = left + index * slot + 2
         y = top + plot_h - bar_h
-        label = f"{item.low:.2f}&#8211;{item.high:.2f}"
+        label = f"{item.low:.2f}\u2013{item.high:.2f}"
         parts.append(
             f'<rect class="bar" data-count="{item.count}" x="{x:.1f}" y="{y:.1f}" '
             f'width="{slot - 4:.1f}" height="{bar_h:.1f}" fill="#4c78a8">'

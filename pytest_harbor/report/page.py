@@ -250,7 +250,7 @@ def _task_table(anchor: str, taskset: TasksetResults, base: Path) -> str:
         cells = []
         for repeat in range(repeats):
             if repeat not in found:
-                cells.append('<td class="absent" data-sort="">&#8211;</td>')
+                cells.append('<td class="absent" data-sort="">\u2013</td>')
                 continue
             number, episode = found[repeat]
             cells.append(_repeat_cell(f"{anchor}-ep{number}", episode, base))
@@ -442,7 +442,7 @@ def _link(path: Path, base: Path, label: str) -> str:
 
 def _number(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        return "&#8211;"
+        return "\u2013"
     return f"{value:.3f}"
 
 
@@ -452,7 +452,7 @@ def _sort_number(value: float | None) -> str:
 
 def _duration(seconds: float | None) -> str:
     if seconds is None:
-        return "&#8211;"
+        return "\u2013"
     if seconds < 120:
         return f"{seconds:.1f} s"
     return f"{seconds / 60:.1f} min"

@@ -15,7 +15,7 @@ __all__ = ["TOTAL_LIMIT", "TRAJECTORY_LIMIT", "Budget", "text_tail_html", "trans
 #: Characters of one trajectory's text the page embeds; the rest is a link to the file.
 TRAJECTORY_LIMIT = 200_000
 #: Characters of trajectory and log text the whole page embeds.
-TOTAL_LIMIT = 20_000_000
+TOTAL_LIMIT = 10_000_000
 #: A trajectory file larger than this is not parsed at all (only its start is shown).
 _PARSE_LIMIT = 20_000_000
 

@@ -480,3 +480,10 @@ def test_write_report_masks_and_writes_whole(tmp_path: Path) -> None:
     text = out.read_text()
     assert "key ***" in text and "sk-123" not in text
     assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
+
+
+def test_a_missing_number_is_a_dash(tmp_path: Path) -> None:
+    summary = write_results(tmp_path / "ts", [])
+    html = render_report([summary], tmp_path / "ts" / "report.html")
+    assert '<span class="value">\u2013</span><span class="label">mean reward' in html
+    assert "&amp;" not in html
