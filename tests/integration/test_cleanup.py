@@ -78,6 +78,9 @@ def test_interrupted_run_leaves_no_sandbox(
     summary = dataset.summary(results)
     assert summary["interrupted"] is True
     assert summary["counts"]["no_result"] == len(tasks)
+    # The HTML report is written beside it, as for a run that ended.
+    report = (dataset.results_folder(results) / "report.html").read_text()
+    assert "The run was interrupted" in report and "harbor:interrupted</strong>" in report
 
 
 def test_finished_run_leaves_no_sandbox(
