@@ -52,7 +52,13 @@ def render_page(
             )
             + "</ul></nav>"
         )
-    body = "".join(_taskset(index, taskset, base, budget) for index, taskset in enumerate(tasksets))
+    # The task check comes first: an author reads it before any score.
+    checks = "".join(
+        _check(taskset.name, taskset.check) for taskset in tasksets if taskset.check is not None
+    )
+    body = checks + "".join(
+        _taskset(index, taskset, base, budget) for index, taskset in enumerate(tasksets)
+    )
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
@@ -77,8 +83,6 @@ def _taskset(index: int, taskset: TasksetResults, base: Path, budget: Budget) ->
     if summary.get("interrupted"):
         notes.insert(0, "The run was interrupted: some episodes did not run.")
     parts.extend(f'<p class="note">{escape(note)}</p>' for note in notes)
-    if taskset.check is not None:
-        parts.append(_check(taskset.check))
     parts.append(_summary(summary))
     if not episodes:
         parts.append('<p class="empty">No episodes in this run.</p></section>')
@@ -124,7 +128,7 @@ def _run_line(summary: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------- sections
 
 
-def _check(check: Mapping[str, Any]) -> str:
+def _check(name: str, check: Mapping[str, Any]) -> str:
     tasks = check.get("tasks") or {}
     rows = []
     clean = 0
@@ -170,7 +174,7 @@ def _check(check: Mapping[str, Any]) -> str:
         if rows
         else ""
     )
-    return f'<div class="task-check"><h3>Task check</h3>{head}{table}</div>'
+    return f'<section class="task-check"><h2>Task check: {escape(name)}</h2>{head}{table}</section>'
 
 
 def _summary(summary: Mapping[str, Any]) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_harbor.writers.rollouts import FAILURES, ROLLOUTS, SUMMARY
+from pytest_harbor.writers.rollouts import CHECK, FAILURES, ROLLOUTS, SUMMARY
 
 __all__ = [
     "CHECK",
@@ -25,9 +25,6 @@ __all__ = [
     "find_summaries",
     "load_taskset",
 ]
-
-#: The task check's findings (`--harbor-check`), beside the run summary.
-CHECK = "check.json"
 
 
 class ReportError(Exception):

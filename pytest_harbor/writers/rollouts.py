@@ -23,6 +23,8 @@ FAILURES = "rollouts_failures.jsonl"
 SUMMARY = "rollouts_run_summary.json"
 #: The HTML report of the run (pytest_harbor.report).
 REPORT = "report.html"
+#: The author check's findings (`--harbor-check`), which the report shows.
+CHECK = "check.json"
 MANIFEST = "rollouts_manifest.json"
 VERIFIER = "verifier"
 AGENT = "agent"
@@ -117,8 +119,9 @@ class RolloutsWriter:
         (folder / ROLLOUTS).write_text("")
         (folder / FAILURES).write_text("")
         (folder / SUMMARY).unlink(missing_ok=True)
-        # A report left from the run before would show that run as this one's.
+        # A report or check left from the run before would show that run as this one's.
         (folder / REPORT).unlink(missing_ok=True)
+        (folder / CHECK).unlink(missing_ok=True)
         self._started.add(taskset)
 
     def resume(self, point: ResumePoint) -> None:
@@ -132,8 +135,9 @@ class RolloutsWriter:
             "".join(self._line(failure.model_dump(mode="json")) for failure in point.kept_failures),
         )
         (folder / SUMMARY).unlink(missing_ok=True)
-        # A report left from the run before would show that run as this one's.
+        # A report or check left from the run before would show that run as this one's.
         (folder / REPORT).unlink(missing_ok=True)
+        (folder / CHECK).unlink(missing_ok=True)
         self._started.add(point.taskset)
 
     def append_row(self, result: EpisodeResult) -> None:

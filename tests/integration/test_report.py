@@ -135,10 +135,27 @@ def test_the_report_of_real_runs_loads_and_draws_its_charts(
     assert (quickstart.results_folder(results, validation=False) / "rollouts.jsonl").is_file()
     assert quickstart.summary(results, validation=False)["counts"]["failed"] == 4
 
-    # Both runs in one report, made afterwards from the results folder.
+    # Both runs in one report, made afterwards from a copy of the results folder (its rows
+    # name the original's folders) with a check.json written by hand.
+    copied = tmp_path / "copied"
+    shutil.copytree(results, copied)
+    check = {
+        "schema_version": 1,
+        "repeats": 2,
+        "tasks": {
+            "hello-world": {
+                "problems": [{"kind": "flaky-verifier", "detail": "rewards 1.0, <0.0>"}],
+                "oracle_rewards": [1.0, 0.0],
+                "nop_reward": 0.0,
+            },
+            "word-count": {"problems": [], "oracle_rewards": [1.0, 1.0], "nop_reward": 0.0},
+        },
+    }
+    (copied / "harbor" / "validation" / copy.name / "check.json").write_text(json.dumps(check))
+    shutil.rmtree(results)
     page = tmp_path / "both" / "report.html"
     made = subprocess.run(
-        [sys.executable, "-m", "pytest_harbor.report", str(results), "-o", str(page)],
+        [sys.executable, "-m", "pytest_harbor.report", str(copied), "-o", str(page)],
         capture_output=True,
         text=True,
         check=False,
@@ -148,12 +165,16 @@ def test_the_report_of_real_runs_loads_and_draws_its_charts(
 
     dom, console = browse(page, tmp_path / "profile", "--dump-dom")
     assert console == []
+    # The check comes first, though its taskset is the second.
+    assert dom.count("<h2>Task check: ") == 1
+    assert dom.index(f"<h2>Task check: {copy.name}</h2>") < dom.index("<h3>Summary</h3>")
+    assert "rewards 1.0, &lt;0.0&gt;" in dom and "1 task(s) without problems" in dom
     assert dom.count('<svg class="chart histogram"') == 2
     assert dom.count('class="bar"') == 20  # ten bins a taskset
-    oracle_summary = quickstart.summary(results)
+    oracle_summary = quickstart.summary(copied)
     assert len(oracle_summary["pass_at_k"]) == 2
     assert dom.count('class="point"') == 2  # pass@1 and pass@2 of the oracle run
-    workers = {row["worker"] for row in quickstart.rows(results)}
+    workers = {row["worker"] for row in quickstart.rows(copied)}
     assert len(re.findall(r'<g class="lane" data-worker="[^"]+"', dom)) == len(workers) + 1
     assert 'data-worker="main"' in dom  # the nop run had no workers
     assert dom.count('class="phase phase-agent"') == 12  # one a single-step episode
@@ -177,10 +198,12 @@ def test_the_report_option(pytester: pytest.Pytester, harbor_dataset: Dataset) -
     folder = harbor_dataset.results_folder(pytester.path / "out")
     run_harbor(pytester, harbor_dataset).assert_outcomes(passed=1)
     assert (folder / "report.html").is_file()
-    # none: no report, and the one of the run before is gone with that run's files.
+    # none: no report, and the one of the run before is gone with that run's files (a
+    # check.json of an earlier check run too: the report would show it).
+    (folder / "check.json").write_text('{"tasks": {}}')
     result = run_harbor(pytester, harbor_dataset, "--harbor-report=none")
     result.assert_outcomes(passed=1)
-    assert not (folder / "report.html").exists()
+    assert not (folder / "report.html").exists() and not (folder / "check.json").exists()
     assert "report:" not in result.stdout.str()
     # The ini key: one file for the run, relative to where pytest runs.
     pytester.makeini("[pytest]\nharbor_report = reports/run.html\n")

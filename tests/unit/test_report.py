@@ -340,8 +340,8 @@ def test_check_json_makes_a_task_check_section_first(tmp_path: Path) -> None:
     }
     (folder / "check.json").write_text(json.dumps(check))
     html = render_report([summary], folder / "report.html")
-    section = html.split("<h3>Task check</h3>")[1].split("</div>")[0]
-    assert html.index("<h3>Task check</h3>") < html.index("<h3>Summary</h3>")
+    section = html.split("<h2>Task check: ts</h2>")[1].split("</section>")[0]
+    assert html.index("<h2>Task check: ts</h2>") < html.index("<h2>ts</h2>")
     assert "1 task(s) with problems; 2 task(s) without problems" in section
     assert "flaky-verifier" in section and "nop-passes" in section
     assert "1.000, 0.000, 1.000" in section
