@@ -17,10 +17,8 @@ from pytest_harbor.plugin.ledger import trial_of
 from pytest_harbor.plugin.nodes import NOP_TRIAL, task_warnings
 from pytest_harbor.tasks import Task
 
-__all__ = ["CHECK_FILE", "Problem", "TaskCheck", "TaskRecord"]
+__all__ = ["Problem", "TaskCheck", "TaskRecord"]
 
-#: The check's findings, in each taskset's results folder.
-CHECK_FILE = "check.json"
 SCHEMA_VERSION = 1
 
 #: An oracle run that takes more than this share of a timeout is flagged: a slower
@@ -120,9 +118,9 @@ class TaskCheck:
         return dict(sorted(found.items()))
 
     def write(
-        self, folder: Path, taskset: str, problems: Mapping[tuple[str, str], list[Problem]]
+        self, path: Path, taskset: str, problems: Mapping[tuple[str, str], list[Problem]]
     ) -> Path:
-        """`check.json` in the taskset's results folder: the problems and rewards per task."""
+        """`check.json` (the layout's check_file): the problems and rewards per task."""
         entries: dict[str, Any] = {}
         for (owner, task), found in problems.items():
             if owner != taskset:
@@ -133,7 +131,6 @@ class TaskCheck:
                 "oracle_rewards": [record.oracle[r].reward for r in sorted(record.oracle)],
                 "nop_reward": record.nop.reward if record.nop is not None else None,
             }
-        path = folder / CHECK_FILE
         text = json.dumps(
             {"schema_version": SCHEMA_VERSION, "repeats": self.repeats, "tasks": entries},
             indent=2,

@@ -496,11 +496,16 @@ class HarborReporter:
             for taskset, plan in self.plans.items()
             for path, error in plan.failures.items()
         }
-        self.problems = self.check.problems(tasks, refused)
+        redact = self.run.redactor.text
+        self.problems = {
+            key: [Problem(problem.kind, redact(problem.detail)) for problem in found]
+            for key, found in self.check.problems(tasks, refused).items()
+        }
         for taskset in self.manifests:
-            folder = self.run.layout.taskset_dir(taskset)
             try:
-                self.check_files[taskset] = self.check.write(folder, taskset, self.problems)
+                self.check_files[taskset] = self.check.write(
+                    self.run.layout.check_file(taskset), taskset, self.problems
+                )
             except OSError as error:
                 log.warning("could not write the check of %s: %s", taskset, error)
         if any(self.problems.values()) and session.exitstatus == pytest.ExitCode.OK:

@@ -60,6 +60,9 @@ class ResultsLayout:
     def report_file(self, taskset: str) -> Path:
         return self.taskset_dir(taskset) / REPORT
 
+    def check_file(self, taskset: str) -> Path:
+        return self.taskset_dir(taskset) / CHECK
+
     def manifest_file(self, taskset: str) -> Path:
         return self.taskset_dir(taskset) / MANIFEST
 

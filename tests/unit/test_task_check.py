@@ -191,7 +191,7 @@ def test_check_json_and_the_items_lf_runs_again(tmp_path: Path, task: Task) -> N
     _episode(check, "ok", "r1", _row("ok", 1, [1.0]))
     _episode(check, "ok", "nop", _row("ok", 0, [0.0]))
     problems = check.problems({(SET, "t"): task})
-    path = check.write(tmp_path, SET, problems)
+    path = check.write(tmp_path / "check.json", SET, problems)
     data = json.loads(path.read_text())
     assert data["schema_version"] == 1 and data["repeats"] == 2
     assert data["tasks"]["ok"] == {"problems": [], "oracle_rewards": [1.0, 1.0], "nop_reward": 0.0}
@@ -219,7 +219,7 @@ def test_refused_folders_and_unloadable_tasks_are_problems(tmp_path: Path, task:
         (SET, "bad"): [Problem("refused", "task.toml: not TOML")],
         (SET, "t"): [Problem("no-result", "oracle r0: unloadable: the image did not build")],
     }
-    data = json.loads(check.write(tmp_path, SET, problems).read_text())
+    data = json.loads(check.write(tmp_path / "check.json", SET, problems).read_text())
     assert data["tasks"]["bad"] == {
         "problems": [{"kind": "refused", "detail": "task.toml: not TOML"}],
         "oracle_rewards": [],
