@@ -37,7 +37,7 @@ from pytest_harbor.plugin.scheduling import (
     keep_turns_together,
     trial_scheduler,
 )
-from pytest_harbor.sandboxes import SandboxError
+from pytest_harbor.sandboxes import BUILT_IN_PROVIDERS, ProviderFactory, SandboxError
 from pytest_harbor.tasks import is_task_dir
 
 __all__ = [
@@ -173,6 +173,7 @@ def pytest_configure(config: pytest.Config) -> None:
         targets=targets,
         is_worker=worker_input is not None,
         registered_harnesses=_registered_harnesses(config),
+        registered_providers=_registered_providers(config),
     )
     if worker_input is None:
         _warn_about_options(config, run)
@@ -193,6 +194,21 @@ def _registered_harnesses(config: pytest.Config) -> dict[str, HarnessFactory]:
             if name in found or name in BUILT_IN_HARNESSES:
                 raise pytest.UsageError(
                     f"the harness name {name!r} is registered twice (pytest_harbor_harnesses)"
+                )
+            found[name] = factory
+    return found
+
+
+def _registered_providers(config: pytest.Config) -> dict[str, ProviderFactory]:
+    """Sandbox providers from the `pytest_harbor_sandbox_providers` hook; a name given
+    twice is refused."""
+    found: dict[str, ProviderFactory] = {}
+    for names in config.hook.pytest_harbor_sandbox_providers():
+        for name, factory in dict(names).items():
+            if name in found or name in BUILT_IN_PROVIDERS:
+                raise pytest.UsageError(
+                    f"the sandbox provider name {name!r} is registered twice "
+                    "(pytest_harbor_sandbox_providers)"
                 )
             found[name] = factory
     return found

@@ -7,8 +7,9 @@ from collections.abc import Mapping
 import pytest
 
 from pytest_harbor.harnesses.base import HarnessFactory
+from pytest_harbor.sandboxes import ProviderFactory
 
-__all__ = ["pytest_harbor_harnesses"]
+__all__ = ["pytest_harbor_harnesses", "pytest_harbor_sandbox_providers"]
 
 
 @pytest.hookspec
@@ -17,3 +18,12 @@ def pytest_harbor_harnesses() -> Mapping[str, HarnessFactory]:  # type: ignore[e
     `options=` (the `--harbor-agent-option` values). Every implementation's names are
     added to the built-in ones and the `pytest_harbor.harnesses` entry points; a name
     given twice is a usage error."""
+
+
+@pytest.hookspec
+def pytest_harbor_sandbox_providers() -> Mapping[str, ProviderFactory]:  # type: ignore[empty-body]
+    """Sandbox providers by the name `--harbor-sandbox` gives them, each a factory called
+    with `options=` (the `sandbox_provider_options` setting) and `context=` (a
+    ProviderContext). Every implementation's names are added to the built-in `docker` and
+    the `pytest_harbor.sandbox_providers` entry points; a name given twice is a usage
+    error."""

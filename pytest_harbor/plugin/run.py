@@ -35,6 +35,8 @@ from pytest_harbor.plugin.options import HarborOptions, ModelOptions
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes import (
     ImageSource,
+    ProviderContext,
+    ProviderFactory,
     ProviderOptionsError,
     SandboxError,
     SandboxProvider,
@@ -97,6 +99,7 @@ class HarborRun:
         targets: Iterable[Target],
         is_worker: bool,
         registered_harnesses: Mapping[str, HarnessFactory] | None = None,
+        registered_providers: Mapping[str, ProviderFactory] | None = None,
     ) -> None:
         self.options = options
         self.run_id = run_id
@@ -126,7 +129,12 @@ class HarborRun:
         self.settings = options.settings
         try:
             self._provider: SandboxProvider = make_provider(
-                options.sandbox, self.settings.sandbox_provider_options
+                options.sandbox,
+                self.settings.sandbox_provider_options,
+                registered=registered_providers,
+                context=ProviderContext(
+                    run_id=run_id, scratch_dir=self.scratch_dir, is_worker=is_worker
+                ),
             )
         except UnknownProvider as error:
             raise pytest.UsageError(f"--harbor-sandbox: {error}") from None

@@ -1,8 +1,11 @@
-"""Sandbox providers behind one protocol; `docker` is built in."""
+"""Sandbox providers behind one protocol; `docker` is built in, others come from the
+`pytest_harbor_sandbox_providers` hook or the `pytest_harbor.sandbox_providers` entry
+points."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from importlib.metadata import entry_points
 from typing import Any
 
 from pytest_harbor.sandboxes.base import (
@@ -10,6 +13,9 @@ from pytest_harbor.sandboxes.base import (
     ImageConfig,
     ImageLayer,
     ImageSource,
+    ProviderContext,
+    ProviderFactory,
+    ProviderOptionsError,
     Sandbox,
     SandboxCapabilities,
     SandboxError,
@@ -19,10 +25,14 @@ from pytest_harbor.sandboxes.base import (
 )
 
 __all__ = [
+    "BUILT_IN_PROVIDERS",
+    "PROVIDER_ENTRY_POINT_GROUP",
     "ExecResult",
     "ImageConfig",
     "ImageLayer",
     "ImageSource",
+    "ProviderContext",
+    "ProviderFactory",
     "ProviderOptionsError",
     "Sandbox",
     "SandboxCapabilities",
@@ -36,44 +46,47 @@ __all__ = [
 ]
 
 
-def _docker(options: Mapping[str, Any]) -> SandboxProvider:
-    from pytest_harbor.sandboxes.docker import DockerProvider
-
-    unknown = sorted(set(options) - {"network", "builder"})
-    if unknown:
-        raise ProviderOptionsError(
-            "the docker provider takes the options network and builder, not: " + ", ".join(unknown)
-        )
-    builder = options.get("builder", "auto")
-    if builder not in ("auto", "buildkit", "classic"):
-        raise ProviderOptionsError("the docker provider's builder is auto, buildkit or classic")
-    network = options.get("network")
-    if network is not None and (not isinstance(network, str) or not network):
-        raise ProviderOptionsError("the docker provider's network must be a network's name")
-    return DockerProvider(network=network, builder=builder)
+#: The entry-point group an installed package names its sandbox providers in.
+PROVIDER_ENTRY_POINT_GROUP = "pytest_harbor.sandbox_providers"
 
 
-_PROVIDERS: dict[str, Callable[[Mapping[str, Any]], SandboxProvider]] = {"docker": _docker}
+def _docker(*, options: Mapping[str, Any], context: ProviderContext) -> SandboxProvider:
+    from pytest_harbor.sandboxes.docker import docker_provider
+
+    return docker_provider(options, context)
+
+
+BUILT_IN_PROVIDERS: dict[str, ProviderFactory] = {"docker": _docker}
 
 
 class UnknownProvider(LookupError):
     pass
 
 
-class ProviderOptionsError(ValueError):
-    """`sandbox_provider_options` the provider does not take; names the key."""
+def provider_names(registered: Mapping[str, ProviderFactory] | None = None) -> list[str]:
+    names = set(BUILT_IN_PROVIDERS) | set(registered or {})
+    return sorted(names | {ep.name for ep in entry_points(group=PROVIDER_ENTRY_POINT_GROUP)})
 
 
-def provider_names() -> list[str]:
-    return sorted(_PROVIDERS)
-
-
-def make_provider(name: str, options: Mapping[str, Any] | None = None) -> SandboxProvider:
-    """The provider `name`, set up with `options` (the `sandbox_provider_options`)."""
-    try:
-        factory = _PROVIDERS[name]
-    except KeyError:
+def make_provider(
+    name: str,
+    options: Mapping[str, Any] | None = None,
+    *,
+    registered: Mapping[str, ProviderFactory] | None = None,
+    context: ProviderContext | None = None,
+) -> SandboxProvider:
+    """The provider `name` (built in, `registered` by the pytest hook, or an installed
+    entry point naming a factory or a class), set up with `options` (the
+    `sandbox_provider_options`)."""
+    factory = BUILT_IN_PROVIDERS.get(name) or (registered or {}).get(name)
+    if factory is None:
+        for ep in entry_points(group=PROVIDER_ENTRY_POINT_GROUP):
+            if ep.name == name:
+                factory = ep.load()
+                break
+    if factory is None:
         raise UnknownProvider(
-            f"unknown sandbox provider {name!r}; available: {', '.join(provider_names())}"
-        ) from None
-    return factory(dict(options or {}))
+            f"unknown sandbox provider {name!r}; available: "
+            + ", ".join(provider_names(registered))
+        )
+    return factory(options=dict(options or {}), context=context or ProviderContext())

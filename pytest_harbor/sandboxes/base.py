@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,9 @@ __all__ = [
     "ImageConfig",
     "ImageLayer",
     "ImageSource",
+    "ProviderContext",
+    "ProviderFactory",
+    "ProviderOptionsError",
     "Sandbox",
     "SandboxCapabilities",
     "SandboxError",
@@ -264,3 +268,29 @@ class SandboxProvider(Protocol):
     def remove_image(self, image: str) -> None:
         """Remove an image the run made (a snapshot); no error when it is already gone."""
         ...
+
+
+class ProviderOptionsError(ValueError):
+    """`sandbox_provider_options` the provider does not take; names the key."""
+
+
+@dataclass(frozen=True)
+class ProviderContext:
+    """What a provider learns of the run that makes it."""
+
+    #: The run's id: the value of the `pytest-harbor.run` label on what the run makes.
+    run_id: str = "no-run"
+    #: A folder of the run's own, shared by its processes on this machine (for locks and
+    #: counters that must hold across pytest-xdist workers).
+    scratch_dir: Path = Path(tempfile.gettempdir()) / "pytest-harbor-no-run"
+    #: Made in a pytest-xdist worker (False in the controller or a run without workers).
+    is_worker: bool = False
+
+
+class ProviderFactory(Protocol):
+    """Makes a provider from its `sandbox_provider_options`; raises ProviderOptionsError,
+    naming the key, for options it does not take."""
+
+    def __call__(
+        self, *, options: Mapping[str, Any], context: ProviderContext
+    ) -> SandboxProvider: ...

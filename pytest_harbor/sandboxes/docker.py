@@ -41,9 +41,12 @@ from pytest_harbor.sandboxes.base import (
     ImageConfig,
     ImageLayer,
     ImageSource,
+    ProviderContext,
+    ProviderOptionsError,
     SandboxCapabilities,
     SandboxError,
     SandboxGroup,
+    SandboxProvider,
     SandboxSpec,
     SandboxStartError,
 )
@@ -54,7 +57,7 @@ from pytest_harbor.threads import join
 
 log = logging.getLogger("pytest_harbor")
 
-__all__ = ["TOOLS_IMAGE", "ComposeSandbox", "DockerProvider", "DockerSandbox"]
+__all__ = ["TOOLS_IMAGE", "ComposeSandbox", "DockerProvider", "DockerSandbox", "docker_provider"]
 
 #: The image the trusted tools come from: its /bin/busybox must be statically linked.
 #: Pulled when missing, like a task's image; PYTEST_HARBOR_TOOLS_IMAGE names another.
@@ -138,6 +141,22 @@ def _engine() -> _Engine:
     if pid not in _engines:
         _engines[pid] = _Engine()
     return _engines[pid]
+
+
+def docker_provider(options: Mapping[str, Any], context: ProviderContext) -> SandboxProvider:
+    """The docker provider from its `sandbox_provider_options`: `network`, `builder`."""
+    unknown = sorted(set(options) - {"network", "builder"})
+    if unknown:
+        raise ProviderOptionsError(
+            "the docker provider takes the options network and builder, not: " + ", ".join(unknown)
+        )
+    builder = options.get("builder", "auto")
+    if builder not in ("auto", "buildkit", "classic"):
+        raise ProviderOptionsError("the docker provider's builder is auto, buildkit or classic")
+    network = options.get("network")
+    if network is not None and (not isinstance(network, str) or not network):
+        raise ProviderOptionsError("the docker provider's network must be a network's name")
+    return DockerProvider(network=network, builder=builder)
 
 
 class DockerProvider:
