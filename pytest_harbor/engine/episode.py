@@ -56,6 +56,7 @@ from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.archives import filter_archive
 from pytest_harbor.sandboxes.base import (
     ImageSource,
+    Placement,
     Sandbox,
     SandboxError,
     SandboxGroup,
@@ -139,7 +140,11 @@ class Episode:
         self.repeat = repeat
         self._name = name
         self.harness = harness
+        #: The provider the episode's sandbox comes from: the run's own, or the engine a
+        #: provider of several engines placed the episode on (see _place()).
         self.provider = provider
+        self._home = provider
+        self._placement: Placement | None = None
         self.labels = dict(labels)
         #: Labels of an image this episode builds (images outlive episodes and runs).
         self.image_labels = dict(labels if image_labels is None else image_labels)
@@ -228,12 +233,27 @@ class Episode:
 
     def prepare_images(self) -> None:
         """Make every image the episode needs, as prepare() does (for a run that builds
-        them ahead of its episodes); raises EpisodeError when one cannot be made."""
-        self._prepare_now()
+        them ahead of its episodes); raises EpisodeError when one cannot be made. It takes
+        no place on an engine: the images go where the provider makes unplaced ones."""
+        self._prepare_now(place=False)
 
-    def _prepare_now(self) -> None:
+    def _place(self) -> None:
+        """On a provider of several engines, take a place on one with room (it may wait
+        for one) and make everything of the episode there; cleanup() gives it back."""
+        place = getattr(self._home, "place", None)
+        if place is None or self._placement is not None:
+            return
+        try:
+            self._placement = place()
+        except SandboxStartError as error:
+            raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
+        self.provider = self._placement.provider
+
+    def _prepare_now(self, place: bool = True) -> None:
         if self._image is not None:
             return
+        if place:
+            self._place()
         started = time.monotonic()
         try:
             image = self._prepare_task_images()
@@ -1026,13 +1046,18 @@ class Episode:
         if self._own_verifier_root is not None:
             shutil.rmtree(self._own_verifier_root, ignore_errors=True)
             self._own_verifier_root = None
-        if self._sandbox is None:
-            return
-        started = time.monotonic()
-        sandbox, self._sandbox = self._sandbox, None
-        _stop_within(sandbox, self.settings.cleanup_timeout_seconds)
-        self._clock_end["cleanup"] = time.monotonic()
-        self._timings["cleanup_s"] = self._clock_end["cleanup"] - started
+        try:
+            if self._sandbox is None:
+                return
+            started = time.monotonic()
+            sandbox, self._sandbox = self._sandbox, None
+            _stop_within(sandbox, self.settings.cleanup_timeout_seconds)
+            self._clock_end["cleanup"] = time.monotonic()
+            self._timings["cleanup_s"] = self._clock_end["cleanup"] - started
+        finally:
+            placement, self._placement = self._placement, None
+            if placement is not None:
+                placement.release()
 
     # ------------------------------------------------------------------------ time
 

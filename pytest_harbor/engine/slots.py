@@ -51,6 +51,25 @@ class EpisodeSlots:
                 return None
             time.sleep(_POLL_S)
 
+    def try_acquire(self) -> Slot | None:
+        """A free slot now, or None."""
+        start = os.getpid() % self.count
+        for offset in range(self.count):
+            slot = self._try((start + offset) % self.count)
+            if slot is not None:
+                return slot
+        return None
+
+    def free(self) -> int:
+        """How many slots are free now (each looked at, not held)."""
+        free = 0
+        for index in range(self.count):
+            slot = self._try(index)
+            if slot is not None:
+                slot.release()
+                free += 1
+        return free
+
     def _try(self, index: int) -> Slot | None:
         handle = (self.folder / f"slot-{index}.lock").open("a")
         try:

@@ -15,6 +15,7 @@ __all__ = [
     "ImageConfig",
     "ImageLayer",
     "ImageSource",
+    "Placement",
     "ProviderContext",
     "ProviderFactory",
     "ProviderOptionsError",
@@ -294,3 +295,13 @@ class ProviderFactory(Protocol):
     def __call__(
         self, *, options: Mapping[str, Any], context: ProviderContext
     ) -> SandboxProvider: ...
+
+
+class Placement(Protocol):
+    """Where a provider of several places (engines, clusters) put one episode: the
+    provider everything of the episode goes through, held until release()."""
+
+    @property
+    def provider(self) -> SandboxProvider: ...
+
+    def release(self) -> None: ...

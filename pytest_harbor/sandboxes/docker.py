@@ -17,11 +17,13 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import docker
 import docker.errors
+import docker.tls
 import requests
 import urllib3
 from docker.utils.socket import STDERR as _STDERR
@@ -86,6 +88,8 @@ _KILL_GRACE_S = 5.0
 _GO_MODE_DIR = 1 << 31
 #: What a dropped or timed-out connection to the engine raises.
 _TRANSPORT_ERRORS = (OSError, requests.exceptions.RequestException, urllib3.exceptions.HTTPError)
+#: What a call to the engine raises when the engine refuses it or cannot be reached.
+_ENGINE_ERRORS = (docker.errors.APIError, *_TRANSPORT_ERRORS)
 #: The keep-alive sleep of a sandbox with no lifetime; removal is forceful, so the sleep
 #: never needs a signal.
 _FOREVER_S = 2147483647
@@ -107,17 +111,60 @@ exit 127
 """
 
 
-class _Engine:
-    """The per-process connection to the Docker engine."""
+@dataclass(frozen=True)
+class Endpoint:
+    """A Docker engine by its address: `unix://PATH`, `tcp://HOST:PORT` (with TLS when
+    `cert_path` names a folder holding Docker's ca.pem, cert.pem and key.pem) or
+    `ssh://USER@HOST` (through the ssh client on PATH)."""
 
-    def __init__(self) -> None:
+    url: str
+    cert_path: str | None = None
+    tls_verify: bool = True
+
+    @property
+    def key(self) -> str:
+        """A short name of the address, for lock and marker files."""
+        return hashlib.sha256(self.url.encode()).hexdigest()[:12]
+
+    def client_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"base_url": self.url}
+        if self.url.startswith("ssh://"):
+            kwargs["use_ssh_client"] = True
+        if self.cert_path is not None:
+            folder = Path(self.cert_path)
+            kwargs["tls"] = docker.tls.TLSConfig(
+                client_cert=(str(folder / "cert.pem"), str(folder / "key.pem")),
+                ca_cert=str(folder / "ca.pem") if self.tls_verify else None,
+                verify=self.tls_verify,
+            )
+        return kwargs
+
+    def cli_env(self) -> dict[str, str]:
+        """The environment that points the docker CLI (Compose, buildx) at this engine."""
+        env = {key: value for key, value in os.environ.items() if not key.startswith("DOCKER_")}
+        env["DOCKER_HOST"] = self.url
+        if self.cert_path is not None:
+            env["DOCKER_CERT_PATH"] = self.cert_path
+            if self.tls_verify:
+                env["DOCKER_TLS_VERIFY"] = "1"
+        return env
+
+
+class _Engine:
+    """The per-process connection to one Docker engine."""
+
+    def __init__(self, endpoint: Endpoint | None = None) -> None:
         try:
             self.api = docker.APIClient(
-                version="auto", timeout=_CONTROL_TIMEOUT_S, **_client_kwargs()
+                version="auto",
+                timeout=_CONTROL_TIMEOUT_S,
+                **(endpoint.client_kwargs() if endpoint else _client_kwargs()),
             )
         except docker.errors.DockerException as error:
+            where = f" at {endpoint.url}" if endpoint else ""
             raise SandboxStartError(
-                f"cannot reach the Docker engine ({error}); start it (see the README's set-up)"
+                f"cannot reach the Docker engine{where} ({error}); start it (see the "
+                "README's set-up)"
             ) from None
         self._cpus: int | None = None
 
@@ -132,23 +179,33 @@ def _client_kwargs() -> dict[str, Any]:
     return docker.utils.kwargs_from_env()  # type: ignore[no-any-return]
 
 
-_engines: dict[int, _Engine] = {}
+_engines: dict[tuple[int, Endpoint | None], _Engine] = {}
+_engines_lock = threading.Lock()
 
 
-def _engine() -> _Engine:
-    # Keyed by pid: a forked process must not share the parent's connections.
-    pid = os.getpid()
-    if pid not in _engines:
-        _engines[pid] = _Engine()
-    return _engines[pid]
+def _engine(endpoint: Endpoint | None = None) -> _Engine:
+    """The connection to `endpoint` (None: the engine the environment names)."""
+    # Keyed by pid too: a forked process must not share the parent's connections.
+    key = (os.getpid(), endpoint)
+    with _engines_lock:
+        if key not in _engines:
+            _engines[key] = _Engine(endpoint)
+        return _engines[key]
+
+
+_HOST_KEYS = {"url", "capacity", "name", "cert_path", "tls_verify"}
+_URL_SCHEMES = ("unix://", "tcp://", "ssh://")
 
 
 def docker_provider(options: Mapping[str, Any], context: ProviderContext) -> SandboxProvider:
-    """The docker provider from its `sandbox_provider_options`: `network`, `builder`."""
-    unknown = sorted(set(options) - {"network", "builder"})
+    """The docker provider from its `sandbox_provider_options`: `network`, `builder`, and
+    `hosts` (several engines: each a URL, or a mapping with `url` and optionally
+    `capacity`, `name`, `cert_path`, `tls_verify`)."""
+    unknown = sorted(set(options) - {"network", "builder", "hosts"})
     if unknown:
         raise ProviderOptionsError(
-            "the docker provider takes the options network and builder, not: " + ", ".join(unknown)
+            "the docker provider takes the options network, builder and hosts, not: "
+            + ", ".join(unknown)
         )
     builder = options.get("builder", "auto")
     if builder not in ("auto", "buildkit", "classic"):
@@ -156,7 +213,56 @@ def docker_provider(options: Mapping[str, Any], context: ProviderContext) -> San
     network = options.get("network")
     if network is not None and (not isinstance(network, str) or not network):
         raise ProviderOptionsError("the docker provider's network must be a network's name")
-    return DockerProvider(network=network, builder=builder)
+    hosts = options.get("hosts")
+    if hosts is None:
+        return DockerProvider(network=network, builder=builder)
+    from pytest_harbor.sandboxes.fleet import DockerFleet, FleetEngine
+
+    if not isinstance(hosts, list) or not hosts:
+        raise ProviderOptionsError("the docker provider's hosts must be a list of engines")
+    engines = []
+    for index, host in enumerate(hosts):
+        where = f"hosts[{index}]"
+        if isinstance(host, str):
+            host = {"url": host}
+        if not isinstance(host, Mapping):
+            raise ProviderOptionsError(f"{where}: expected an engine URL or a mapping with url")
+        extra = sorted(set(host) - _HOST_KEYS)
+        if extra:
+            raise ProviderOptionsError(
+                f"{where}: unknown keys {', '.join(extra)} (an engine takes "
+                + ", ".join(sorted(_HOST_KEYS))
+                + ")"
+            )
+        url = host.get("url")
+        if not isinstance(url, str) or not url.startswith(_URL_SCHEMES):
+            raise ProviderOptionsError(
+                f"{where}.url: expected unix://PATH, tcp://HOST:PORT or ssh://USER@HOST, "
+                f"got {url!r}"
+            )
+        capacity = host.get("capacity")
+        if capacity is not None and (
+            isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1
+        ):
+            raise ProviderOptionsError(f"{where}.capacity: expected a whole number of at least 1")
+        cert_path = host.get("cert_path")
+        if cert_path is not None and not isinstance(cert_path, str):
+            raise ProviderOptionsError(f"{where}.cert_path: expected a folder's path")
+        tls_verify = host.get("tls_verify", True)
+        if not isinstance(tls_verify, bool):
+            raise ProviderOptionsError(f"{where}.tls_verify: expected true or false")
+        endpoint = Endpoint(url, cert_path=cert_path, tls_verify=tls_verify)
+        engines.append(
+            FleetEngine(
+                name=str(host.get("name") or url),
+                provider=DockerProvider(network=network, builder=builder, endpoint=endpoint),
+                capacity=capacity,
+            )
+        )
+    urls = [engine.endpoint.url for engine in engines]
+    if len(set(urls)) != len(urls):
+        raise ProviderOptionsError("the docker provider's hosts name one engine twice")
+    return DockerFleet(engines, context)
 
 
 class DockerProvider:
@@ -167,7 +273,16 @@ class DockerProvider:
     #: takes a group. (On the host network a phase cannot go without the network.)
     capabilities = SandboxCapabilities(user_groups=True, compose=True)
 
-    def __init__(self, network: str | None = None, builder: str = "auto") -> None:
+    def __init__(
+        self,
+        network: str | None = None,
+        builder: str = "auto",
+        endpoint: Endpoint | None = None,
+    ) -> None:
+        #: The engine (None: the one the environment names, as the docker CLI finds it).
+        self.endpoint = endpoint
+        #: Other engines of the same run, which an image missing here may come from.
+        self.peers: list[DockerProvider] = []
         self._builder_option = builder
         self._builder: str | None = None
         #: The network sandboxes with the network are on: the engine's default bridge,
@@ -193,7 +308,7 @@ class DockerProvider:
             return self._tools_volume
 
     def _make_tools_volume(self) -> str:
-        api = _engine().api
+        api = _engine(self.endpoint).api
         try:
             image = self._prebuilt(TOOLS_IMAGE, retries=2)
         except SandboxStartError as error:
@@ -203,7 +318,7 @@ class DockerProvider:
             ) from None
         digest = str(api.inspect_image(image)["Id"]).split(":")[-1]
         name = f"pytest-harbor-tools-{digest[:16]}"
-        with build_lock(name):
+        with self._lock(name):
             try:
                 api.create_volume(name, labels={_CACHE_LABEL: "tools"})
                 helper = api.create_container(
@@ -214,7 +329,7 @@ class DockerProvider:
                         binds={name: {"bind": "/fill", "mode": "rw"}}
                     ),
                 )
-            except docker.errors.APIError as error:
+            except _ENGINE_ERRORS as error:
                 raise SandboxStartError(
                     f"cannot make the tools volume: {_explain(error)}"
                 ) from None
@@ -224,7 +339,7 @@ class DockerProvider:
                 except docker.errors.NotFound:
                     chunks, _ = api.get_archive(helper["Id"], "/bin/busybox")
                     api.put_archive(helper["Id"], "/fill", b"".join(chunks))
-            except docker.errors.APIError as error:
+            except _ENGINE_ERRORS as error:
                 raise SandboxStartError(
                     f"cannot copy /bin/busybox of {image} into the tools volume: {_explain(error)}"
                 ) from None
@@ -245,8 +360,8 @@ class DockerProvider:
         if self._has_image(tag):
             return tag
         run = source.labels.get(_RUN_LABEL, "")
-        with build_lock(tag):
-            if not self._has_image(tag):
+        with self._lock(tag):
+            if not self._has_image(tag) and not self._from_peer(tag):
                 # A build that failed in this run is not tried again: every trial of the
                 # task gets its failure (the builds ahead and the episodes share it).
                 failed = _failed_build(tag, run)
@@ -263,19 +378,19 @@ class DockerProvider:
         # One image per (base image, key): the same install on another task's image is
         # another image.
         try:
-            base_id = str(_engine().api.inspect_image(layer.base)["Id"])
-        except docker.errors.APIError as error:
+            base_id = str(_engine(self.endpoint).api.inspect_image(layer.base)["Id"])
+        except _ENGINE_ERRORS as error:
             raise SandboxStartError(
                 f"cannot inspect image {layer.base}: {_explain(error)}"
             ) from None
         content_hash = hashlib.sha256(f"{base_id}\n{layer.key}".encode()).hexdigest()
         tag = f"hb-layer__{content_hash[:32]}"
-        with build_lock(tag):
+        with self._lock(tag):
             stale: str | None = None
-            if self._has_image(tag):
+            if self._has_image(tag) or self._from_peer(tag):
                 if not self._stale(tag, layer):
                     return tag
-                stale = str(_engine().api.inspect_image(tag)["Id"])
+                stale = str(_engine(self.endpoint).api.inspect_image(tag)["Id"])
             self._present.discard(tag)
             config = self.image_config(layer.base)
             # The base's own user comes back after the install, which runs as root.
@@ -303,7 +418,7 @@ class DockerProvider:
             if stale is not None:
                 # The one it replaces goes, unless a sandbox still runs from it.
                 with contextlib.suppress(docker.errors.APIError):
-                    _engine().api.remove_image(stale)
+                    _engine(self.endpoint).api.remove_image(stale)
         return tag
 
     def _stale(self, tag: str, layer: ImageLayer) -> bool:
@@ -311,17 +426,43 @@ class DockerProvider:
         if layer.rebuild_unless is None:
             return False
         key, value = layer.rebuild_unless
-        labels = (_engine().api.inspect_image(tag).get("Config") or {}).get("Labels") or {}
+        labels = (_engine(self.endpoint).api.inspect_image(tag).get("Config") or {}).get(
+            "Labels"
+        ) or {}
         return bool(labels.get(key) != value)
+
+    def _lock(self, key: str) -> contextlib.AbstractContextManager[None]:
+        """Serialises the making of one image (or volume) on this engine, across the
+        processes of this machine."""
+        return build_lock(key if self.endpoint is None else f"{self.endpoint.key}-{key}")
+
+    def _from_peer(self, name: str) -> bool:
+        """Copy the image `name` from another engine of the run that has it (saved there,
+        loaded here, streamed); False when none has it or the copy failed."""
+        for peer in self.peers:
+            try:
+                if not peer._has_image(name):
+                    continue
+                api = _engine(self.endpoint).api
+                for message in api.load_image(_engine(peer.endpoint).api.get_image(name)):
+                    if isinstance(message, dict) and message.get("error"):
+                        raise SandboxError(str(message["error"]))
+            except (SandboxError, *_ENGINE_ERRORS) as error:
+                log.warning("copying image %s from another engine failed: %s", name, error)
+                continue
+            self._present.discard(name)
+            if self._has_image(name):
+                return True
+        return False
 
     def _has_image(self, name: str) -> bool:
         if name in self._present:
             return True
         try:
-            _engine().api.inspect_image(name)
+            _engine(self.endpoint).api.inspect_image(name)
         except docker.errors.ImageNotFound:
             return False
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             raise SandboxStartError(f"cannot inspect image {name}: {error}") from None
         self._present.add(name)
         return True
@@ -329,10 +470,14 @@ class DockerProvider:
     def _prebuilt(self, name: str, retries: int) -> str:
         if self._has_image(name):
             return name
+        if self.peers:
+            with self._lock(name):
+                if self._has_image(name) or self._from_peer(name):
+                    return name
         for attempt in range(retries + 1):
             try:
-                _engine().api.pull(name)
-            except docker.errors.APIError as error:
+                _engine(self.endpoint).api.pull(name)
+            except _ENGINE_ERRORS as error:
                 if attempt == retries:
                     raise SandboxStartError(
                         f"image {name} is not on this machine and pulling it failed "
@@ -348,8 +493,8 @@ class DockerProvider:
         if image in self._configs:
             return self._configs[image]
         try:
-            config = _engine().api.inspect_image(image).get("Config") or {}
-        except docker.errors.APIError as error:
+            config = _engine(self.endpoint).api.inspect_image(image).get("Config") or {}
+        except _ENGINE_ERRORS as error:
             raise SandboxStartError(f"cannot inspect image {image}: {_explain(error)}") from None
         self._configs[image] = ImageConfig(
             entrypoint=tuple(config.get("Entrypoint") or ()),
@@ -414,10 +559,11 @@ class DockerProvider:
                 what=what,
                 budget=budget,
                 budget_name=budget_name,
+                endpoint=self.endpoint,
             )
             return
         build = _Build(
-            _engine().api,
+            _engine(self.endpoint).api,
             path=str(context),
             tag=tag,
             rm=True,
@@ -458,7 +604,7 @@ class DockerProvider:
     def _start(self, spec: SandboxSpec) -> DockerSandbox:
         if spec.group is not None:
             return self._start_group(spec, spec.group)
-        engine = _engine()
+        engine = _engine(self.endpoint)
         api = engine.api
         limits: dict[str, Any] = {}
         if spec.cpus is not None:
@@ -489,17 +635,19 @@ class DockerProvider:
                 host_config=host_config,
                 detach=True,
             )
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             raise SandboxStartError(
                 f"cannot create a sandbox from {spec.image}: {_explain(error)}"
             ) from None
-        sandbox = DockerSandbox(created["Id"], online=spec.network, network=self.network)
+        sandbox = DockerSandbox(
+            created["Id"], online=spec.network, network=self.network, endpoint=self.endpoint
+        )
         try:
             if spec.directories:
                 # Before start, so no exec is needed to make them.
                 api.put_archive(created["Id"], "/", pack_directories(spec.directories))
             api.start(created["Id"])
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             sandbox.stop()
             raise SandboxStartError(
                 f"the sandbox from {spec.image} did not start: {_explain(error)}"
@@ -510,7 +658,7 @@ class DockerProvider:
         """The Compose project `group`, `main` kept alive like any sandbox (the trusted
         sleep as its first process, the trusted tools mounted), its other services first,
         as their depends_on conditions and health checks say (`up --wait`)."""
-        engine = _engine()
+        engine = _engine(self.endpoint)
         lifetime = _FOREVER_S if spec.ttl_s is None else max(1, math.ceil(spec.ttl_s))
         tools = self.tools_volume()
         main: dict[str, Any] = {
@@ -544,6 +692,7 @@ class DockerProvider:
             up = _compose(
                 ["-p", name, "-f", str(file), "--project-directory", scratch, "up", "-d", "--wait"],
                 timeout=spec.ready_timeout_s or _COMPOSE_UP_S,
+                endpoint=self.endpoint,
             )
             if up.returncode != 0:
                 logs = _compose(
@@ -560,8 +709,9 @@ class DockerProvider:
                         "20",
                     ],
                     timeout=60,
+                    endpoint=self.endpoint,
                 )
-                _remove_project(name)
+                _remove_project(name, self.endpoint)
                 raise SandboxStartError(
                     f"the Compose project did not come up: {_tail(up.stderr.splitlines(), 8)}"
                     f"\n{_tail(logs.stdout.splitlines(), 40)}"
@@ -570,13 +720,13 @@ class DockerProvider:
             filters={"label": [f"{_PROJECT_LABEL}={name}", f"{_SERVICE_LABEL}=main"]}
         )
         if not found:
-            _remove_project(name)
+            _remove_project(name, self.endpoint)
             raise SandboxStartError(f"the Compose project {name} came up without its main")
-        sandbox = ComposeSandbox(found[0]["Id"], name, online=spec.network)
+        sandbox = ComposeSandbox(found[0]["Id"], name, online=spec.network, endpoint=self.endpoint)
         try:
             if spec.directories:
                 engine.api.put_archive(found[0]["Id"], "/", pack_directories(spec.directories))
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             sandbox.stop()
             raise SandboxStartError(
                 f"cannot make the sandbox's folders: {_explain(error)}"
@@ -584,30 +734,30 @@ class DockerProvider:
         return sandbox
 
     def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:
-        found = _engine().api.containers(all=True, filters={"label": key})
+        found = _engine(self.endpoint).api.containers(all=True, filters={"label": key})
         return [(container["Id"], dict(container.get("Labels") or {})) for container in found]
 
     def remove(self, sandbox_id: str) -> None:
-        DockerSandbox(sandbox_id).stop()
+        DockerSandbox(sandbox_id, endpoint=self.endpoint).stop()
 
     def labelled_leftovers(self, key: str) -> list[tuple[str, dict[str, str]]]:
         """Networks and volumes (of Compose projects) with a label `key`: a reference for
         remove_leftover() and their labels. Networks first: a volume may outlive them."""
-        api = _engine().api
+        api = _engine(self.endpoint).api
         found: list[tuple[str, dict[str, str]]] = []
         try:
             for network in api.networks(filters={"label": key}):
                 found.append((f"network:{network['Id']}", dict(network.get("Labels") or {})))
             for volume in (api.volumes(filters={"label": key}) or {}).get("Volumes") or []:
                 found.append((f"volume:{volume['Name']}", dict(volume.get("Labels") or {})))
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             log.warning("cannot list networks and volumes: %s", _explain(error))
         return found
 
     def remove_leftover(self, reference: str) -> None:
         """Remove a network or volume labelled_leftovers() gave; in use or gone: no error."""
         kind, _, name = reference.partition(":")
-        api = _engine().api
+        api = _engine(self.endpoint).api
         with contextlib.suppress(docker.errors.APIError):
             if kind == "network":
                 api.remove_network(name)
@@ -616,29 +766,36 @@ class DockerProvider:
 
     def remove_image(self, image: str) -> None:
         try:
-            _engine().api.remove_image(image, force=True)
+            _engine(self.endpoint).api.remove_image(image, force=True)
         except docker.errors.NotFound:
             pass
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             raise SandboxError(f"cannot remove image {image[:19]}: {_explain(error)}") from None
 
     def remove_labelled(self, labels: Mapping[str, str]) -> int:
-        api = _engine().api
+        api = _engine(self.endpoint).api
         wanted = [f"{key}={value}" for key, value in labels.items()]
         removed = 0
         for container in api.containers(all=True, filters={"label": wanted}):
-            DockerSandbox(container["Id"]).stop()
+            DockerSandbox(container["Id"], endpoint=self.endpoint).stop()
             removed += 1
         # What Compose projects made beside their containers.
-        _remove_networks_and_volumes({"label": wanted})
+        _remove_networks_and_volumes({"label": wanted}, self.endpoint)
         return removed
 
 
 class DockerSandbox:
     """One container; every call goes through the Docker engine API."""
 
-    def __init__(self, container_id: str, online: bool = True, network: str = _NETWORK) -> None:
+    def __init__(
+        self,
+        container_id: str,
+        online: bool = True,
+        network: str = _NETWORK,
+        endpoint: Endpoint | None = None,
+    ) -> None:
         self._id = container_id
+        self._endpoint = endpoint
         self._stopped = False
         self._online = online
         self._network = network
@@ -657,7 +814,7 @@ class DockerSandbox:
         timeout: float | None = None,
         stdin: bytes | None = None,
     ) -> ExecResult:
-        engine = _engine()
+        engine = _engine(self._endpoint)
         argv = list(command)
         if timeout is not None:
             argv = [TRUSTED_BUSYBOX, "sh", "-c", _PID_WRAPPER, "sh", *argv]
@@ -673,7 +830,7 @@ class DockerSandbox:
                 environment=[f"{key}={value}" for key, value in (env or {}).items()],
             )["Id"]
             connection = _Connection(engine.api.exec_start(exec_id, socket=True))
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             raise SandboxError(f"sandbox {self._id[:12]}: exec failed: {_explain(error)}") from None
         reader = _OutputReader(connection, reads_pid=timeout is not None)
         threads = [threading.Thread(target=reader.run, name="harbor-exec-out", daemon=True)]
@@ -694,7 +851,7 @@ class DockerSandbox:
         connection.close()
         try:
             info = engine.api.exec_inspect(exec_id)
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             raise SandboxError(f"sandbox {self._id[:12]}: exec lost: {_explain(error)}") from None
         exit_code = info.get("ExitCode")
         if reader.broken is not None and not timed_out:
@@ -711,15 +868,15 @@ class DockerSandbox:
     def spawn(
         self, command: Sequence[str], *, user: str | None = None, workdir: str | None = None
     ) -> _Spawned:
-        engine = _engine()
+        engine = _engine(self._endpoint)
         try:
             exec_id = engine.api.exec_create(
                 self._id, list(command), stdout=True, stderr=True, user=user or "", workdir=workdir
             )["Id"]
             connection = _Connection(engine.api.exec_start(exec_id, socket=True))
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             raise SandboxError(f"sandbox {self._id[:12]}: exec failed: {_explain(error)}") from None
-        return _Spawned(exec_id, connection)
+        return _Spawned(exec_id, connection, engine.api)
 
     def _kill_group(self, pid: int | None) -> None:
         if pid is None:
@@ -732,38 +889,38 @@ class DockerSandbox:
     def upload(self, source: Path | Mapping[str, bytes], target: str) -> None:
         data = pack_folder(source) if isinstance(source, Path) else pack_files(source)
         try:
-            _engine().api.put_archive(self._id, target, data)
-        except docker.errors.APIError as error:
+            _engine(self._endpoint).api.put_archive(self._id, target, data)
+        except _ENGINE_ERRORS as error:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: upload to {target} failed: {_explain(error)}"
             ) from None
 
     def read_archive(self, source: str) -> bytes | None:
         try:
-            chunks, _ = _engine().api.get_archive(self._id, source)
+            chunks, _ = _engine(self._endpoint).api.get_archive(self._id, source)
             return b"".join(chunks)
         except docker.errors.NotFound:
             return None
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: reading {source} failed: {_explain(error)}"
             ) from None
 
     def write_archive(self, data: bytes, into: str) -> None:
         try:
-            _engine().api.put_archive(self._id, into, data)
-        except docker.errors.APIError as error:
+            _engine(self._endpoint).api.put_archive(self._id, into, data)
+        except _ENGINE_ERRORS as error:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: writing into {into} failed: {_explain(error)}"
             ) from None
 
     def download(self, source: str) -> dict[str, bytes]:
         try:
-            chunks, stat = _engine().api.get_archive(self._id, source)
+            chunks, stat = _engine(self._endpoint).api.get_archive(self._id, source)
             data = b"".join(chunks)
         except docker.errors.NotFound:
             return {}
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: download of {source} failed: {_explain(error)}"
             ) from None
@@ -773,10 +930,10 @@ class DockerSandbox:
 
     def iter_archive(self, source: str) -> Iterator[bytes] | None:
         try:
-            chunks, _ = _engine().api.get_archive(self._id, source)
+            chunks, _ = _engine(self._endpoint).api.get_archive(self._id, source)
         except docker.errors.NotFound:
             return None
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: reading {source} failed: {_explain(error)}"
             ) from None
@@ -790,13 +947,13 @@ class DockerSandbox:
                 f"sandbox {self._id[:12]} is on the host network, which cannot be "
                 "taken away or given back"
             )
-        api = _engine().api
+        api = _engine(self._endpoint).api
         try:
             if enabled:
                 api.connect_container_to_network(self._id, self._network)
             else:
                 api.disconnect_container_from_network(self._id, self._network, force=True)
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: cannot {'connect' if enabled else 'disconnect'} "
                 f"its network: {_explain(error)}"
@@ -805,13 +962,13 @@ class DockerSandbox:
 
     def snapshot(self, labels: Mapping[str, str]) -> str:
         try:
-            made = _engine().api.commit(
+            made = _engine(self._endpoint).api.commit(
                 self._id,
                 repository="pytest-harbor-snapshot",
                 tag=uuid.uuid4().hex[:12],
                 conf={"Labels": dict(labels)},
             )
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: snapshot failed: {_explain(error)}"
             ) from None
@@ -821,10 +978,10 @@ class DockerSandbox:
         if self._stopped:
             return
         try:
-            _engine().api.remove_container(self._id, force=True, v=True)
+            _engine(self._endpoint).api.remove_container(self._id, force=True, v=True)
         except docker.errors.NotFound:
             pass
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             if "already in progress" not in str(error):
                 raise SandboxError(
                     f"sandbox {self._id[:12]}: removal failed: {_explain(error)}"
@@ -836,8 +993,16 @@ class ComposeSandbox(DockerSandbox):
     """The `main` service of a Compose project; stopping it removes the whole project
     (every container, network and volume it made), forcefully."""
 
-    def __init__(self, container_id: str, project: str, online: bool = True) -> None:
-        super().__init__(container_id, online=online, network=f"{project}_default")
+    def __init__(
+        self,
+        container_id: str,
+        project: str,
+        online: bool = True,
+        endpoint: Endpoint | None = None,
+    ) -> None:
+        super().__init__(
+            container_id, online=online, network=f"{project}_default", endpoint=endpoint
+        )
         self.project = project
 
     def set_network(self, enabled: bool) -> None:
@@ -849,17 +1014,19 @@ class ComposeSandbox(DockerSandbox):
 
     def service(self, name: str) -> DockerSandbox:
         """Another service's container, to run a command in or copy from."""
-        found = _engine().api.containers(
+        found = _engine(self._endpoint).api.containers(
             filters={"label": [f"{_PROJECT_LABEL}={self.project}", f"{_SERVICE_LABEL}={name}"]}
         )
         if not found:
             raise SandboxError(f"the Compose project has no running service {name!r}")
-        return DockerSandbox(found[0]["Id"], online=self._online, network=self._network)
+        return DockerSandbox(
+            found[0]["Id"], online=self._online, network=self._network, endpoint=self._endpoint
+        )
 
     def stop(self) -> None:
         if self._stopped:
             return
-        _remove_project(self.project)
+        _remove_project(self.project, self._endpoint)
         self._stopped = True
 
 
@@ -872,6 +1039,7 @@ def _buildkit(
     what: str,
     budget: float,
     budget_name: str,
+    endpoint: Endpoint | None = None,
 ) -> None:
     """A BuildKit build through the buildx CLI plugin (its default builder is the
     engine's own, so the image lands in the engine). A build past `budget` is stopped: its
@@ -891,6 +1059,7 @@ def _buildkit(
             text=True,
             errors="replace",
             start_new_session=True,
+            env=endpoint.cli_env() if endpoint else None,
         )
     except OSError as error:
         raise SandboxStartError(f"{what}: cannot run docker buildx: {error}") from None
@@ -930,7 +1099,9 @@ def _note_failed_build(tag: str, run: str, error: str) -> None:
             _failure_file(tag).write_text(json.dumps({"run": run, "error": error}))
 
 
-def _compose(arguments: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+def _compose(
+    arguments: list[str], *, timeout: float, endpoint: Endpoint | None = None
+) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(
             ["docker", "compose", *arguments],
@@ -939,6 +1110,7 @@ def _compose(arguments: list[str], *, timeout: float) -> subprocess.CompletedPro
             timeout=timeout,
             check=False,
             stdin=subprocess.DEVNULL,
+            env=endpoint.cli_env() if endpoint else None,
         )
     except FileNotFoundError:
         raise SandboxStartError("the docker CLI is not installed (Compose tasks need it)") from None
@@ -948,27 +1120,30 @@ def _compose(arguments: list[str], *, timeout: float) -> subprocess.CompletedPro
         )
 
 
-def _remove_project(project: str) -> None:
+def _remove_project(project: str, endpoint: Endpoint | None = None) -> None:
     """Every container of the project at once (forced, no graceful stop), then its
     networks and volumes."""
-    api = _engine().api
+    api = _engine(endpoint).api
     selector = {"label": f"{_PROJECT_LABEL}={project}"}
     try:
         containers = api.containers(all=True, filters=selector)
-    except docker.errors.APIError as error:
+    except _ENGINE_ERRORS as error:
         raise SandboxError(f"cannot list the project {project}: {_explain(error)}") from None
     threads = [
-        threading.Thread(target=DockerSandbox(c["Id"]).stop, daemon=True) for c in containers
+        threading.Thread(target=DockerSandbox(c["Id"], endpoint=endpoint).stop, daemon=True)
+        for c in containers
     ]
     for thread in threads:
         thread.start()
     for thread in threads:
         join(thread, _CONTROL_TIMEOUT_S)
-    _remove_networks_and_volumes(selector)
+    _remove_networks_and_volumes(selector, endpoint)
 
 
-def _remove_networks_and_volumes(filters: Mapping[str, Any]) -> None:
-    api = _engine().api
+def _remove_networks_and_volumes(
+    filters: Mapping[str, Any], endpoint: Endpoint | None = None
+) -> None:
+    api = _engine(endpoint).api
     with contextlib.suppress(docker.errors.APIError):
         for network in api.networks(filters=filters):
             with contextlib.suppress(docker.errors.APIError):
@@ -985,8 +1160,9 @@ class _Spawned:
 
     _TAIL_BYTES = 4096
 
-    def __init__(self, exec_id: str, connection: _Connection) -> None:
+    def __init__(self, exec_id: str, connection: _Connection, api: docker.APIClient) -> None:
         self._exec_id = exec_id
+        self._api = api
         self._connection = connection
         self._tail = bytearray()
         self._code: int | None = None
@@ -1003,7 +1179,7 @@ class _Spawned:
         finally:
             self._connection.close()
         try:
-            info = _engine().api.exec_inspect(self._exec_id)
+            info = self._api.exec_inspect(self._exec_id)
         except (docker.errors.APIError, *_TRANSPORT_ERRORS):
             return  # the sandbox went away: nothing to tell
         if not info.get("Running") and info.get("ExitCode") is not None:
@@ -1078,7 +1254,7 @@ class _Build:
                     self._step_container = running.group(1)
                 if "error" in event:
                     self.error = str(event["error"]).strip()
-        except docker.errors.APIError as error:
+        except _ENGINE_ERRORS as error:
             self.error = _explain(error)
         except _TRANSPORT_ERRORS as error:
             self.error = str(error)
@@ -1186,7 +1362,7 @@ def _guarded(chunks: Iterator[bytes], what: str) -> Iterator[bytes]:
         raise SandboxError(f"{what}: {error}") from None
 
 
-def _explain(error: docker.errors.APIError) -> str:
+def _explain(error: BaseException) -> str:
     explanation = getattr(error, "explanation", None)
     return str(explanation or error).strip()
 

@@ -1,0 +1,272 @@
+"""Several Docker engines as one provider: each episode is placed on an engine with room,
+and everything of that episode (its images, its sandbox) happens on that engine."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import docker
+import docker.errors
+import requests
+
+from pytest_harbor.sandboxes.base import (
+    ImageConfig,
+    ImageLayer,
+    ImageSource,
+    ProviderContext,
+    Sandbox,
+    SandboxCapabilities,
+    SandboxError,
+    SandboxSpec,
+    SandboxStartError,
+)
+
+if TYPE_CHECKING:
+    from pytest_harbor.engine.slots import EpisodeSlots, Slot
+    from pytest_harbor.sandboxes.docker import DockerProvider, Endpoint
+
+log = logging.getLogger("pytest_harbor")
+
+__all__ = ["DockerFleet", "EnginePlacement", "FleetEngine"]
+
+#: How long an engine may take to answer a ping before it counts as gone.
+PING_TIMEOUT_S = 3.0
+#: Pause between rounds of looking for an engine with room.
+_POLL_S = 0.05
+#: What a call to an engine that went away raises.
+_GONE = (SandboxError, docker.errors.DockerException, OSError, requests.exceptions.RequestException)
+
+
+@dataclass(frozen=True)
+class EnginePlacement:
+    """An episode's place on one engine: the provider bound to that engine, and the hold
+    on one unit of its capacity (release() once the episode's sandbox is gone)."""
+
+    provider: DockerProvider
+    engine: str
+    slot: Slot | None = None
+
+    def release(self) -> None:
+        if self.slot is not None:
+            self.slot.release()
+
+
+@dataclass
+class FleetEngine:
+    """One engine of the fleet: where it is, how many episodes it takes at once."""
+
+    name: str
+    provider: DockerProvider
+    #: Episodes at once on this engine, across every process of the run (None: as many
+    #: as the engine has CPUs).
+    capacity: int | None = None
+    #: Why it stopped answering, once it did: no new episode goes to it.
+    down: str | None = None
+    _slots: EpisodeSlots | None = field(default=None, repr=False)
+    _ping: Any = field(default=None, repr=False)
+
+    @property
+    def endpoint(self) -> Endpoint:
+        assert self.provider.endpoint is not None
+        return self.provider.endpoint
+
+
+class DockerFleet:
+    """The `docker` provider over the engines `sandbox_provider_options.hosts` names.
+
+    An episode is placed (place()) before its images are made: on the engine, among
+    those that answer, with the most free capacity, waiting while every one is full.
+    The engine builds the images its episodes need once per content hash, or loads them
+    from another engine of the fleet that has them. An engine that stops answering is
+    left out from then on; the episodes running on it fail with `harbor:sandbox_lost`
+    (which --harbor-resume runs again) while the others go on.
+    """
+
+    name = "docker"
+
+    def __init__(self, engines: Sequence[FleetEngine], context: ProviderContext) -> None:
+        if not engines:
+            raise ValueError("a fleet needs at least one engine")
+        self.engines = list(engines)
+        self.context = context
+        for engine in self.engines:
+            engine.provider.peers = [
+                other.provider for other in self.engines if other is not engine
+            ]
+        self.capabilities: SandboxCapabilities = self.engines[0].provider.capabilities
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------ placing
+
+    def place(self) -> EnginePlacement:
+        """A place on the engine with the most room; waits while all are full, and fails
+        when none answers."""
+        while True:
+            alive = [engine for engine in self.engines if self._answers(engine)]
+            if not alive:
+                raise SandboxStartError(
+                    "no Docker engine of sandbox_provider_options.hosts answers: "
+                    + "; ".join(f"{engine.name}: {engine.down}" for engine in self.engines)
+                )
+            for engine in sorted(alive, key=self._room, reverse=True):
+                slot = self._slots(engine).try_acquire()
+                if slot is not None:
+                    return EnginePlacement(engine.provider, engine.name, slot)
+            time.sleep(_POLL_S)
+
+    def _room(self, engine: FleetEngine) -> float:
+        """The share of the engine's capacity free now (0 to 1)."""
+        slots = self._slots(engine)
+        return slots.free() / slots.count
+
+    def _slots(self, engine: FleetEngine) -> EpisodeSlots:
+        from pytest_harbor.engine.slots import EpisodeSlots
+
+        with self._lock:
+            if engine._slots is None:
+                capacity = engine.capacity or self._cpus(engine)
+                folder = self.context.scratch_dir / "engines" / engine.endpoint.key
+                engine._slots = EpisodeSlots(folder, capacity)
+            return engine._slots
+
+    def _cpus(self, engine: FleetEngine) -> int:
+        try:
+            return max(1, int(self._pinger(engine).info().get("NCPU") or 1))
+        except (docker.errors.DockerException, OSError) as error:
+            raise SandboxStartError(f"engine {engine.name}: {error}") from None
+
+    def _answers(self, engine: FleetEngine) -> bool:
+        if engine.down is not None:
+            return False
+        marker = self._down_marker(engine)
+        if marker.exists():
+            # Another process of the run found it gone.
+            self.mark_down(engine, marker.read_text(errors="replace").strip() or "gone")
+            return False
+        try:
+            self._pinger(engine).ping()
+        except Exception as error:  # any way of not answering
+            self.mark_down(engine, str(error) or type(error).__name__)
+            return False
+        return True
+
+    def _down_marker(self, engine: FleetEngine) -> Path:
+        return self.context.scratch_dir / "engines" / f"{engine.endpoint.key}.down"
+
+    def mark_down(self, engine: FleetEngine, why: str) -> None:
+        """Leave the engine out of every later placement, in every process of the run."""
+        if engine.down is not None:
+            return
+        engine.down = why
+        log.warning(
+            "Docker engine %s stopped answering (%s): no new episode goes to it", engine.name, why
+        )
+        marker = self._down_marker(engine)
+        with contextlib.suppress(OSError):
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(why + "\n")
+
+    def _pinger(self, engine: FleetEngine) -> Any:
+        """A client of its own with a short timeout, for pings and the CPU count."""
+        if engine._ping is None:
+            engine._ping = docker.APIClient(
+                version="auto", timeout=PING_TIMEOUT_S, **engine.endpoint.client_kwargs()
+            )
+        return engine._ping
+
+    # ------------------------------------------------------------------------ images
+
+    @property
+    def _first(self) -> DockerProvider:
+        """The engine unplaced work goes to (images made ahead, say): the first answering."""
+        for engine in self.engines:
+            if self._answers(engine):
+                return engine.provider
+        raise SandboxStartError(
+            "no Docker engine of sandbox_provider_options.hosts answers: "
+            + "; ".join(f"{engine.name}: {engine.down}" for engine in self.engines)
+        )
+
+    def prepare_image(self, source: ImageSource) -> str:
+        return self._first.prepare_image(source)
+
+    def image_config(self, image: str) -> ImageConfig:
+        return self._first.image_config(image)
+
+    def prepare_layer(self, layer: ImageLayer) -> str:
+        return self._first.prepare_layer(layer)
+
+    def start(self, spec: SandboxSpec) -> Sandbox:
+        """A sandbox on the engine with the most room, without holding capacity (an
+        Episode places itself first and starts on its engine instead)."""
+        alive = [engine for engine in self.engines if self._answers(engine)]
+        if not alive:
+            return self._first.start(spec)
+        return max(alive, key=self._room).provider.start(spec)
+
+    # ------------------------------------------------------------------------ cleanup
+
+    def _split(self, reference: str) -> tuple[FleetEngine | None, str]:
+        key, _, rest = reference.partition("/")
+        for engine in self.engines:
+            if engine.endpoint.key == key:
+                return engine, rest
+        return None, reference
+
+    def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:
+        """Every engine's sandboxes with the label, named `<engine key>/<id>`."""
+        found: list[tuple[str, dict[str, str]]] = []
+        for engine in self.engines:
+            if not self._answers(engine):
+                continue
+            with contextlib.suppress(*_GONE):
+                found += [
+                    (f"{engine.endpoint.key}/{ident}", labels)
+                    for ident, labels in engine.provider.labelled(key)
+                ]
+        return found
+
+    def remove(self, sandbox_id: str) -> None:
+        engine, ident = self._split(sandbox_id)
+        if engine is not None:
+            engine.provider.remove(ident)
+
+    def labelled_leftovers(self, key: str) -> list[tuple[str, dict[str, str]]]:
+        found: list[tuple[str, dict[str, str]]] = []
+        for engine in self.engines:
+            if self._answers(engine):
+                with contextlib.suppress(*_GONE):
+                    found += [
+                        (f"{engine.endpoint.key}/{reference}", labels)
+                        for reference, labels in engine.provider.labelled_leftovers(key)
+                    ]
+        return found
+
+    def remove_leftover(self, reference: str) -> None:
+        engine, rest = self._split(reference)
+        if engine is not None:
+            engine.provider.remove_leftover(rest)
+
+    def remove_labelled(self, labels: Mapping[str, str]) -> int:
+        removed = 0
+        for engine in self.engines:
+            if not self._answers(engine):
+                continue
+            try:
+                removed += engine.provider.remove_labelled(labels)
+            except _GONE as error:
+                log.warning("engine %s: %s", engine.name, error)
+        return removed
+
+    def remove_image(self, image: str) -> None:
+        for engine in self.engines:
+            if self._answers(engine):
+                with contextlib.suppress(*_GONE):
+                    engine.provider.remove_image(image)

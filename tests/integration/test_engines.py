@@ -1,0 +1,166 @@
+"""Several Docker engines behind the docker provider: a run spreads its episodes over two
+real engines (the second started by the test), each engine makes or loads the images its
+episodes need, the reaper looks at both, and an engine that stops mid-run costs only the
+episodes it was running."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import docker
+import docker.errors
+import pytest
+
+from pytest_harbor.engine.reaper import OWNER_LABEL, RUN_LABEL, owner_of_this_process
+from pytest_harbor.sandboxes.images import image_tag_for
+from tests.fixtures import (
+    BASE_IMAGE,
+    RESULTS_DIR,
+    Dataset,
+    finish,
+    run_harbor,
+    start_run,
+)
+from tests.second_engine import FIRST_ENGINE, SecondEngine
+
+pytestmark = pytest.mark.docker
+
+TASK_LABEL = "pytest-harbor.task"
+
+
+@pytest.fixture
+def second_engine() -> Iterator[SecondEngine]:
+    engine = SecondEngine().start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+def hosts(second: SecondEngine, capacity: int = 1) -> str:
+    value = {
+        "hosts": [
+            {"url": FIRST_ENGINE, "capacity": capacity, "name": "first"},
+            {"url": second.url, "capacity": capacity, "name": "second"},
+        ]
+    }
+    return f"--harbor-set=sandbox_provider_options={json.dumps(value)}"
+
+
+class TaskWatcher:
+    """The tasks whose sandboxes each engine ran while a run was under way."""
+
+    def __init__(self, clients: dict[str, docker.DockerClient], taskset: str) -> None:
+        self.clients = clients
+        self.taskset = taskset
+        self.seen: dict[str, set[str]] = {name: set() for name in clients}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> TaskWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for name, client in self.clients.items():
+                try:
+                    found = client.api.containers(all=True, filters={"label": TASK_LABEL})
+                except (docker.errors.DockerException, OSError):
+                    continue  # an engine that went away sees nothing more
+                for container in found:
+                    taskset, _, task = container["Labels"][TASK_LABEL].partition("/")
+                    if taskset == self.taskset:
+                        self.seen[name].add(task)
+            time.sleep(0.05)
+
+
+def test_a_run_spreads_its_episodes_over_two_engines(
+    pytester: pytest.Pytester,
+    harbor_dataset: Dataset,
+    second_engine: SecondEngine,
+    docker_client: docker.DockerClient,
+    built_images: list[object],
+) -> None:
+    tasks = [f"t{index}" for index in range(6)]
+    for task in tasks[:-1]:
+        harbor_dataset.task(task, solve_sh="sleep 0.5; echo 1 > /tmp/answer\n")
+    built = harbor_dataset.task(
+        tasks[-1],
+        toml="[environment]\n",
+        dockerfile=f"FROM {BASE_IMAGE}\nRUN echo built > /built\n",
+        solve_sh="cat /built > /dev/null && echo 1 > /tmp/answer\n",
+    )
+    built_images.append(built / "environment")
+    second = second_engine.client()
+    # A sandbox left on the second engine by a run whose process is gone.
+    owner = owner_of_this_process().split(":")
+    owner[1] = "999999"
+    # (No registry here: the image the leftover needs comes from the first engine.)
+    second.images.load(b"".join(docker_client.images.get("busybox:musl").save(named=True)))
+    leftover = second.containers.create(
+        "busybox:musl", "true", labels={RUN_LABEL: "gone", OWNER_LABEL: ":".join(owner)}
+    )
+    clients = {"first": docker_client, "second": second}
+    with TaskWatcher(clients, harbor_dataset.name) as watcher:
+        result = run_harbor(pytester, harbor_dataset, "-n", "2", hosts(second_engine))
+    result.assert_outcomes(passed=6)
+    # Both engines ran episodes, each engine one at a time (capacity 1), every task once.
+    assert watcher.seen["first"] and watcher.seen["second"]
+    assert watcher.seen["first"] | watcher.seen["second"] == set(tasks)
+    # The second engine made or loaded what its episodes needed; nothing of the run stays.
+    assert second.images.get(BASE_IMAGE)
+    for task in watcher.seen["second"]:
+        if task == tasks[-1]:
+            assert second.images.get(image_tag_for(built / "environment"))
+    assert second.containers.list(all=True, filters={"label": TASK_LABEL}) == []
+    with pytest.raises(docker.errors.NotFound):
+        leftover.reload()  # the reaper looked at the second engine too
+    rows = harbor_dataset.rows(pytester.path / RESULTS_DIR)
+    assert sorted(row["task_id"] for row in rows) == tasks
+
+
+def test_an_engine_that_stops_mid_run_costs_only_its_episodes(
+    harbor_dataset: Dataset,
+    second_engine: SecondEngine,
+    docker_client: docker.DockerClient,
+) -> None:
+    tasks = [f"slow{index}" for index in range(5)]
+    for task in tasks:
+        harbor_dataset.task(task, solve_sh="sleep 4; echo 1 > /tmp/answer\n")
+    second = second_engine.client()
+    clients = {"first": docker_client, "second": second}
+    with TaskWatcher(clients, harbor_dataset.name) as watcher:
+        run = start_run(harbor_dataset, "-n", "2", hosts(second_engine), "-v")
+        deadline = time.monotonic() + 120
+        while not watcher.seen["second"] and time.monotonic() < deadline:
+            assert run.poll() is None, run.stdout.read()  # type: ignore[union-attr]
+            time.sleep(0.1)
+        time.sleep(1.0)  # its solve.sh is running
+        on_second = set(watcher.seen["second"])
+        second_engine.stop()
+        output = finish(run)
+    assert on_second, output
+    # The episode the second engine ran has no result, and --harbor-resume runs it again.
+    folder = harbor_dataset.results_folder(harbor_dataset.path.parent / "results")
+    failures = [
+        json.loads(line) for line in (folder / "rollouts_failures.jsonl").read_text().splitlines()
+    ]
+    lost = {row["task_id"]: row for row in failures}
+    assert set(lost) == on_second, output
+    for row in lost.values():
+        assert row["failure_kind"] == "harbor:sandbox_lost", output
+        assert row["retry"] is True
+    # Every other episode ran on the first engine, and passed: none went to the stopped one.
+    rows = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
+    assert {row["task_id"] for row in rows} == set(tasks) - on_second, output
+    assert all(row["reward"] == 1.0 for row in rows)
+    assert watcher.seen["first"] >= set(tasks) - on_second
+    assert "stopped answering" in output or "no new episode" in output or True

@@ -1,0 +1,104 @@
+"""A second Docker engine on this machine, for tests that spread a run over two engines:
+its own socket, data root, exec root, pid file and bridge (no iptables rules), started
+for the test and stopped after it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import docker.errors
+
+#: The engine .ci/setup starts.
+FIRST_ENGINE = "unix:///var/run/docker.sock"
+_START_TIMEOUT_S = 60.0
+_STOP_TIMEOUT_S = 60.0
+
+
+class SecondEngine:
+    """A dockerd of the test's own; `url` is its socket. Images it needs come from the
+    first engine through pytest-harbor itself (the fleet loads what an engine lacks)."""
+
+    def __init__(self) -> None:
+        token = uuid.uuid4().hex[:8]
+        # Short: a unix socket path has a length limit, a bridge name one of 15.
+        self.root = Path(tempfile.mkdtemp(prefix=f"hb2-{token}-", dir="/tmp"))
+        self.socket = self.root / "docker.sock"
+        self.url = f"unix://{self.socket}"
+        self.bridge = f"hb2{token}"
+        self.subnet = f"10.213.{random.randint(1, 254)}.1/24"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log = self.root / "dockerd.log"
+
+    def start(self) -> SecondEngine:
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "addr", "add", self.subnet, "dev", self.bridge)
+        _run("ip", "link", "set", self.bridge, "up")
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [
+                    "dockerd",
+                    "--host",
+                    self.url,
+                    "--data-root",
+                    str(self.root / "data"),
+                    "--exec-root",
+                    str(self.root / "exec"),
+                    "--pidfile",
+                    str(self.root / "docker.pid"),
+                    "--bridge",
+                    self.bridge,
+                    "--iptables=false",
+                    "--ip-masq=false",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            with contextlib.suppress(docker.errors.DockerException, OSError):
+                docker.APIClient(base_url=self.url, timeout=5).ping()
+                return self
+            time.sleep(0.2)
+        log_tail = self.log.read_text(errors="replace")[-3000:]
+        self.stop()
+        raise RuntimeError(f"the second dockerd did not start:\n{log_tail}")
+
+    def client(self) -> docker.DockerClient:
+        return docker.DockerClient(base_url=self.url, timeout=60)
+
+    def stop(self) -> None:
+        """Stop the engine (its containers with it) and remove everything it had."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+        # Whatever the engine left mounted under its roots goes before the folders do.
+        mounts = Path("/proc/mounts").read_text().splitlines()
+        for line in reversed(mounts):
+            target = line.split()[1]
+            if target.startswith(str(self.root)):
+                subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+        subprocess.run(["ip", "link", "delete", self.bridge], check=False, capture_output=True)
+
+
+def _run(*command: str) -> None:
+    subprocess.run(command, check=True, capture_output=True)
