@@ -1138,7 +1138,14 @@ def _service(sandbox: Sandbox, name: str) -> Sandbox:
 
 
 def _stop_within(sandbox: Sandbox, seconds: float) -> None:
-    stopper = threading.Thread(target=sandbox.stop, name="harbor-stop", daemon=True)
+    def stop() -> None:
+        try:
+            sandbox.stop()
+        except SandboxError as error:
+            # Its engine went away, say: the end-of-run sweep tries again.
+            log.warning("sandbox %s was not removed: %s", sandbox.id[:12], error)
+
+    stopper = threading.Thread(target=stop, name="harbor-stop", daemon=True)
     stopper.start()
     join(stopper, seconds)
     if stopper.is_alive():

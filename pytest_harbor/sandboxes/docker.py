@@ -1209,6 +1209,10 @@ class _StartAttempt:
         except SandboxStartError as error:
             self._error = error
             return
+        except (SandboxError, *_ENGINE_ERRORS) as error:
+            # The engine went away while the sandbox started (or could not be removed).
+            self._error = SandboxStartError(f"the sandbox did not start: {_explain(error)}")
+            return
         with self._lock:
             self._sandbox = sandbox
             abandoned = self._abandoned

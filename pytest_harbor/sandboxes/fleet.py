@@ -7,10 +7,10 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import docker
 import docker.errors
@@ -34,28 +34,88 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pytest_harbor")
 
+_T = TypeVar("_T")
+
 __all__ = ["DockerFleet", "EnginePlacement", "FleetEngine"]
 
 #: How long an engine may take to answer a ping before it counts as gone.
 PING_TIMEOUT_S = 3.0
+#: The API version pings and the CPU count are asked in (any engine of Docker 20.10 on).
+_PING_API_VERSION = "1.41"
+#: After a call failed on an engine: pings, this far apart, that must all be answered
+#: for the failure to be the call's own rather than the engine's.
+_STEADY_PINGS = 4
+_STEADY_PAUSE_S = 0.25
 #: Pause between rounds of looking for an engine with room.
 _POLL_S = 0.05
 #: What a call to an engine that went away raises.
 _GONE = (SandboxError, docker.errors.DockerException, OSError, requests.exceptions.RequestException)
 
 
-@dataclass(frozen=True)
 class EnginePlacement:
-    """An episode's place on one engine: the provider bound to that engine, and the hold
-    on one unit of its capacity (release() once the episode's sandbox is gone)."""
+    """An episode's place on one engine of the fleet: a provider that makes everything of
+    the episode there, holding one unit of the engine's capacity until release(). When
+    the engine stops answering while the episode makes its images or starts its
+    sandbox, the place moves to another engine (images follow: an engine loads what it
+    lacks from the others) and the call is made again there."""
 
-    provider: DockerProvider
-    engine: str
-    slot: Slot | None = None
+    def __init__(self, fleet: DockerFleet, engine: FleetEngine, slot: Slot) -> None:
+        self._fleet = fleet
+        self.engine = engine
+        self._slot: Slot | None = slot
+
+    @property
+    def provider(self) -> EnginePlacement:
+        return self
+
+    @property
+    def name(self) -> str:
+        return self._fleet.name
+
+    @property
+    def capabilities(self) -> SandboxCapabilities:
+        return self._fleet.capabilities
 
     def release(self) -> None:
-        if self.slot is not None:
-            self.slot.release()
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.release()
+
+    def _retry(self, call: Callable[[DockerProvider], _T]) -> _T:
+        """`call` on this engine; when the engine stops answering, on the next with room."""
+        while True:
+            try:
+                return call(self.engine.provider)
+            except _GONE:
+                if self._fleet.answers_steadily(self.engine):
+                    raise
+                self.release()
+                moved = self._fleet.place()
+                self.engine, self._slot = moved.engine, moved._slot
+
+    def prepare_image(self, source: ImageSource) -> str:
+        return self._retry(lambda provider: provider.prepare_image(source))
+
+    def image_config(self, image: str) -> ImageConfig:
+        return self._retry(lambda provider: provider.image_config(image))
+
+    def prepare_layer(self, layer: ImageLayer) -> str:
+        return self._retry(lambda provider: provider.prepare_layer(layer))
+
+    def start(self, spec: SandboxSpec) -> Sandbox:
+        return self._retry(lambda provider: provider.start(spec))
+
+    def remove_labelled(self, labels: Mapping[str, str]) -> int:
+        return self.engine.provider.remove_labelled(labels)
+
+    def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:
+        return self.engine.provider.labelled(key)
+
+    def remove(self, sandbox_id: str) -> None:
+        self.engine.provider.remove(sandbox_id)
+
+    def remove_image(self, image: str) -> None:
+        self.engine.provider.remove_image(image)
 
 
 @dataclass
@@ -70,7 +130,6 @@ class FleetEngine:
     #: Why it stopped answering, once it did: no new episode goes to it.
     down: str | None = None
     _slots: EpisodeSlots | None = field(default=None, repr=False)
-    _ping: Any = field(default=None, repr=False)
 
     @property
     def endpoint(self) -> Endpoint:
@@ -118,7 +177,7 @@ class DockerFleet:
             for engine in sorted(alive, key=self._room, reverse=True):
                 slot = self._slots(engine).try_acquire()
                 if slot is not None:
-                    return EnginePlacement(engine.provider, engine.name, slot)
+                    return EnginePlacement(self, engine, slot)
             time.sleep(_POLL_S)
 
     def _room(self, engine: FleetEngine) -> float:
@@ -138,9 +197,23 @@ class DockerFleet:
 
     def _cpus(self, engine: FleetEngine) -> int:
         try:
-            return max(1, int(self._pinger(engine).info().get("NCPU") or 1))
-        except (docker.errors.DockerException, OSError) as error:
+            with self._client(engine) as client:
+                return max(1, int(client.info().get("NCPU") or 1))
+        except _GONE as error:
             raise SandboxStartError(f"engine {engine.name}: {error}") from None
+
+    def answers(self, engine: FleetEngine) -> bool:
+        """Whether the engine answers now (one that did not is never asked again)."""
+        return self._answers(engine)
+
+    def answers_steadily(self, engine: FleetEngine) -> bool:
+        """Whether the engine still answers a little later (an engine shutting down may
+        answer a ping while it no longer runs anything)."""
+        for _ in range(_STEADY_PINGS):
+            if not self._answers(engine):
+                return False
+            time.sleep(_STEADY_PAUSE_S)
+        return True
 
     def _answers(self, engine: FleetEngine) -> bool:
         if engine.down is not None:
@@ -151,7 +224,8 @@ class DockerFleet:
             self.mark_down(engine, marker.read_text(errors="replace").strip() or "gone")
             return False
         try:
-            self._pinger(engine).ping()
+            with self._client(engine) as client:
+                client.ping()
         except Exception as error:  # any way of not answering
             self.mark_down(engine, str(error) or type(error).__name__)
             return False
@@ -173,13 +247,13 @@ class DockerFleet:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(why + "\n")
 
-    def _pinger(self, engine: FleetEngine) -> Any:
-        """A client of its own with a short timeout, for pings and the CPU count."""
-        if engine._ping is None:
-            engine._ping = docker.APIClient(
-                version="auto", timeout=PING_TIMEOUT_S, **engine.endpoint.client_kwargs()
-            )
-        return engine._ping
+    @staticmethod
+    def _client(engine: FleetEngine) -> Any:
+        """A client of its own with a short timeout, on a new connection: an engine that
+        shuts down keeps answering on connections it had, not on new ones."""
+        return docker.APIClient(
+            version=_PING_API_VERSION, timeout=PING_TIMEOUT_S, **engine.endpoint.client_kwargs()
+        )
 
     # ------------------------------------------------------------------------ images
 

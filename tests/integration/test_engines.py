@@ -144,11 +144,13 @@ def test_an_engine_that_stops_mid_run_costs_only_its_episodes(
             assert run.poll() is None, run.stdout.read()  # type: ignore[union-attr]
             time.sleep(0.1)
         time.sleep(1.0)  # its solve.sh is running
-        on_second = set(watcher.seen["second"])
         second_engine.stop()
+        stopped_at = time.monotonic()
         output = finish(run)
+    on_second = watcher.seen["second"]
     assert on_second, output
-    # The episode the second engine ran has no result, and --harbor-resume runs it again.
+    # The episodes the second engine had (the one it was running, and any placed on it
+    # while it shut down) have no result, and --harbor-resume runs them again.
     folder = harbor_dataset.results_folder(harbor_dataset.path.parent / "results")
     failures = [
         json.loads(line) for line in (folder / "rollouts_failures.jsonl").read_text().splitlines()
@@ -158,9 +160,12 @@ def test_an_engine_that_stops_mid_run_costs_only_its_episodes(
     for row in lost.values():
         assert row["failure_kind"] == "harbor:sandbox_lost", output
         assert row["retry"] is True
-    # Every other episode ran on the first engine, and passed: none went to the stopped one.
+    # Every other episode ran on the first engine, and passed; once the second engine was
+    # gone, the run went on without it.
     rows = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
     assert {row["task_id"] for row in rows} == set(tasks) - on_second, output
     assert all(row["reward"] == 1.0 for row in rows)
+    assert len(rows) >= 3
     assert watcher.seen["first"] >= set(tasks) - on_second
-    assert "stopped answering" in output or "no new episode" in output or True
+    assert "stopped answering" in output
+    assert time.monotonic() - stopped_at < 60
