@@ -134,8 +134,7 @@ def test_a_provider_from_an_installed_package_runs_end_to_end(
         (
             "sandbox_provider_options.colour=blue",
             "*setting sandbox_provider_options: audited-docker takes extra_labels and audit_log"
-            " and passes the rest on: the docker provider takes the options network and"
-            " builder, not: colour*",
+            " and passes the rest on: the docker provider takes the options * not: colour*",
         ),
         (
             "sandbox_provider_options.extra_labels=[team]",
