@@ -84,6 +84,9 @@ def test_a_provider_from_an_installed_package_runs_end_to_end(
             f"--harbor-set=sandbox_provider_options={{extra_labels: {{audit.test: '{mark}'}}}}",
             f"--harbor-set=sandbox_provider_options.audit_log={audit}",
             "--harbor-set=sandbox_provider_options.builder=classic",
+            # Two workers, each with a provider of its own, writing to one log.
+            "-n",
+            "2",
             "-rA",
         )
     assert done.returncode == 0, done.stdout + done.stderr
