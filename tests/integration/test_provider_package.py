@@ -136,8 +136,8 @@ def test_a_provider_from_an_installed_package_runs_end_to_end(
     [
         (
             "sandbox_provider_options.colour=blue",
-            "*setting sandbox_provider_options: audited-docker takes extra_labels and audit_log"
-            " and passes the rest on: the docker provider takes the options * not: colour*",
+            "*setting sandbox_provider_options: audited-docker takes extra_labels and audit_log,"
+            " and network and builder for the docker provider, not: colour",
         ),
         (
             "sandbox_provider_options.extra_labels=[team]",
