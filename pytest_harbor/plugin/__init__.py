@@ -8,6 +8,7 @@ import shutil
 import signal
 import warnings
 from collections.abc import Callable, Generator
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -37,7 +38,12 @@ from pytest_harbor.plugin.scheduling import (
     keep_turns_together,
     trial_scheduler,
 )
-from pytest_harbor.sandboxes import BUILT_IN_PROVIDERS, ProviderFactory, SandboxError
+from pytest_harbor.sandboxes import (
+    BUILT_IN_PROVIDERS,
+    PROVIDER_ENTRY_POINT_GROUP,
+    ProviderFactory,
+    SandboxError,
+)
 from pytest_harbor.tasks import is_task_dir
 
 __all__ = [
@@ -203,12 +209,14 @@ def _registered_providers(config: pytest.Config) -> dict[str, ProviderFactory]:
     """Sandbox providers from the `pytest_harbor_sandbox_providers` hook; a name given
     twice is refused."""
     found: dict[str, ProviderFactory] = {}
+    installed = {ep.name for ep in entry_points(group=PROVIDER_ENTRY_POINT_GROUP)}
     for names in config.hook.pytest_harbor_sandbox_providers():
         for name, factory in dict(names).items():
-            if name in found or name in BUILT_IN_PROVIDERS:
+            if name in found or name in BUILT_IN_PROVIDERS or name in installed:
                 raise pytest.UsageError(
                     f"the sandbox provider name {name!r} is registered twice "
-                    "(pytest_harbor_sandbox_providers)"
+                    "(pytest_harbor_sandbox_providers, or an installed package's "
+                    f"{PROVIDER_ENTRY_POINT_GROUP} entry point)"
                 )
             found[name] = factory
     return found

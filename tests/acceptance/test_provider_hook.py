@@ -132,7 +132,7 @@ def test_a_provider_name_registered_twice_is_a_usage_error(
     result.stderr.fnmatch_lines(
         [
             f"*the sandbox provider name {name!r} is registered twice "
-            "(pytest_harbor_sandbox_providers)*"
+            "(pytest_harbor_sandbox_providers, *"
         ]
     )
     assert not (pytester.path / "made.json").exists()

@@ -191,3 +191,16 @@ def test_an_unknown_provider_names_the_installed_ones(installed: Path, tmp_path:
         "--harbor-sandbox: unknown sandbox provider 'nope'; available: audited-docker, docker"
         in done.stderr
     )
+
+
+def test_a_hook_may_not_take_an_installed_provider_s_name(installed: Path, tmp_path: Path) -> None:
+    dataset = Dataset(tmp_path / "twice")
+    dataset.path.mkdir()
+    dataset.task("hello")
+    (tmp_path / "conftest.py").write_text(
+        "def pytest_harbor_sandbox_providers():\n"
+        "    return {'audited-docker': lambda **kwargs: None}\n"
+    )
+    done = run_pytest(installed, tmp_path, f"--harbor-dataset={dataset.path}", "--co")
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR
+    assert "the sandbox provider name 'audited-docker' is registered twice" in done.stderr
