@@ -9,6 +9,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -28,7 +29,7 @@ class SecondEngine:
     """A dockerd of the test's own; `url` is its socket. Images it needs come from the
     first engine through pytest-harbor itself (the fleet loads what an engine lacks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: bool = False) -> None:
         token = uuid.uuid4().hex[:8]
         # Short: a unix socket path has a length limit, a bridge name one of 15.
         self.root = Path(tempfile.mkdtemp(prefix=f"hb2-{token}-", dir="/tmp"))
@@ -38,15 +39,37 @@ class SecondEngine:
         self.subnet = f"10.213.{random.randint(1, 254)}.1/24"
         self.process: subprocess.Popen[bytes] | None = None
         self.log = self.root / "dockerd.log"
+        #: With `tls`, the engine also listens on tcp://127.0.0.1:<port> and verifies its
+        #: clients: `tcp_url`, and `client_tls` (ca.pem, cert.pem, key.pem, as Docker names
+        #: them) for the client.
+        self.tls = tls
+        self.tcp_url: str | None = None
+        self.client_tls = self.root / "client-tls"
 
     def start(self) -> SecondEngine:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", self.subnet, "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
+        listen = []
+        if self.tls:
+            self.tcp_url = f"tcp://127.0.0.1:{_free_port()}"
+            server = _certificates(self.root / "tls", self.client_tls)
+            listen = [
+                "--host",
+                self.tcp_url,
+                "--tlsverify",
+                "--tlscacert",
+                str(server / "ca.pem"),
+                "--tlscert",
+                str(server / "server-cert.pem"),
+                "--tlskey",
+                str(server / "server-key.pem"),
+            ]
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 [
                     "dockerd",
+                    *listen,
                     "--host",
                     self.url,
                     "--data-root",
@@ -102,3 +125,85 @@ class SecondEngine:
 
 def _run(*command: str) -> None:
     subprocess.run(command, check=True, capture_output=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _certificates(server: Path, client: Path) -> Path:
+    """A CA of the test's own, a server certificate for 127.0.0.1 and a client one."""
+    server.mkdir()
+    client.mkdir()
+    ca, ca_key = server / "ca.pem", server / "ca-key.pem"
+
+    def openssl(*arguments: str) -> None:
+        _run("openssl", *arguments)
+
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(ca_key),
+        "-out",
+        str(ca),
+        "-days",
+        "2",
+        "-subj",
+        "/CN=pytest-harbor test CA",
+    )
+    for name, subject, usage, key, cert in (
+        (
+            "server",
+            "/CN=127.0.0.1",
+            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth",
+            server / "server-key.pem",
+            server / "server-cert.pem",
+        ),
+        (
+            "client",
+            "/CN=client",
+            "extendedKeyUsage=clientAuth",
+            client / "key.pem",
+            client / "cert.pem",
+        ),
+    ):
+        request = server / f"{name}.csr"
+        extensions = server / f"{name}.ext"
+        extensions.write_text(usage + "\n")
+        openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(request),
+            "-subj",
+            subject,
+        )
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(request),
+            "-CA",
+            str(ca),
+            "-CAkey",
+            str(ca_key),
+            "-CAcreateserial",
+            "-out",
+            str(cert),
+            "-days",
+            "2",
+            "-extfile",
+            str(extensions),
+        )
+    shutil.copy(ca, client / "ca.pem")
+    return server

@@ -11,6 +11,8 @@ import os
 import re
 import signal
 import socket
+import ssl
+import struct
 import subprocess
 import tempfile
 import threading
@@ -80,6 +82,8 @@ _COMPOSE_UP_S = 900.0
 #: Where an install script waits in the image while it runs (removed after).
 _INSTALL_SCRIPT = "/tmp/pytest-harbor-install.sh"
 
+#: The oldest engine API pytest-harbor works with (Docker Engine 20.10).
+_MIN_API_VERSION = "1.41"
 #: Control calls (create, inspect, remove) give up after this long.
 _CONTROL_TIMEOUT_S = 300
 #: After a deadline kill, how long the output stream may take to end.
@@ -139,6 +143,23 @@ class Endpoint:
             )
         return kwargs
 
+    def client(self, *, version: str, timeout: float) -> docker.APIClient:
+        """An API client of this engine. With TLS, the engine's CA is `cert_path`'s alone:
+        the environment's CA bundle (REQUESTS_CA_BUNDLE, which requests would put first)
+        and proxies are not used."""
+        if self.cert_path is None:
+            return docker.APIClient(version=version, timeout=timeout, **self.client_kwargs())
+        # Asked for after trust_env is off: "auto" would ask at once, trusting it.
+        api = docker.APIClient(
+            version=_MIN_API_VERSION if version == "auto" else version,
+            timeout=timeout,
+            **self.client_kwargs(),
+        )
+        api.trust_env = False
+        if version == "auto":
+            api._version = api._retrieve_server_version()
+        return api
+
     def cli_env(self) -> dict[str, str]:
         """The environment that points the docker CLI (Compose, buildx) at this engine."""
         env = {key: value for key, value in os.environ.items() if not key.startswith("DOCKER_")}
@@ -155,11 +176,12 @@ class _Engine:
 
     def __init__(self, endpoint: Endpoint | None = None) -> None:
         try:
-            self.api = docker.APIClient(
-                version="auto",
-                timeout=_CONTROL_TIMEOUT_S,
-                **(endpoint.client_kwargs() if endpoint else _client_kwargs()),
-            )
+            if endpoint is None:
+                self.api = docker.APIClient(
+                    version="auto", timeout=_CONTROL_TIMEOUT_S, **_client_kwargs()
+                )
+            else:
+                self.api = endpoint.client(version="auto", timeout=_CONTROL_TIMEOUT_S)
         except docker.errors.DockerException as error:
             where = f" at {endpoint.url}" if endpoint else ""
             raise SandboxStartError(
@@ -251,6 +273,14 @@ def docker_provider(options: Mapping[str, Any], context: ProviderContext) -> San
         tls_verify = host.get("tls_verify", True)
         if not isinstance(tls_verify, bool):
             raise ProviderOptionsError(f"{where}.tls_verify: expected true or false")
+        if cert_path is not None:
+            needed = ["cert.pem", "key.pem", *(["ca.pem"] if tls_verify else [])]
+            missing = [name for name in needed if not (Path(cert_path) / name).is_file()]
+            if missing:
+                raise ProviderOptionsError(
+                    f"{where}.cert_path: {cert_path} has no {', '.join(missing)} (the folder "
+                    "holds the client's TLS files as Docker names them)"
+                )
         endpoint = Endpoint(url, cert_path=cert_path, tls_verify=tls_verify)
         engines.append(
             FleetEngine(
@@ -816,6 +846,17 @@ class DockerSandbox:
     ) -> ExecResult:
         engine = _engine(self._endpoint)
         argv = list(command)
+        if stdin is not None and self._endpoint is not None and self._endpoint.cert_path:
+            # Over TLS the input cannot be ended by closing half of the connection: the
+            # command gets exactly its bytes, then the end of its input, from `head`.
+            argv = [
+                TRUSTED_BUSYBOX,
+                "sh",
+                "-c",
+                f'{TRUSTED_BUSYBOX} head -c {len(stdin)} | "$@"',
+                "sh",
+                *argv,
+            ]
         if timeout is not None:
             argv = [TRUSTED_BUSYBOX, "sh", "-c", _PID_WRAPPER, "sh", *argv]
         try:
@@ -1291,14 +1332,31 @@ class _Connection:
         # SocketIO wraps the socket for unix connections; TLS connections are plain.
         self._raw: socket.socket = getattr(sock, "_sock", sock)
         self._raw.settimeout(None)
+        #: A TLS connection: read without polling the file descriptor (TLS may hold
+        #: decrypted bytes the descriptor does not show), and never half-closed (TLS
+        #: cannot close one direction and go on reading the other).
+        self.tls = isinstance(self._raw, ssl.SSLSocket)
 
     def frames(self) -> Iterator[tuple[int, bytes]]:
-        yield from frames_iter(self.sock, tty=False)
+        if not self.tls:
+            yield from frames_iter(self.sock, tty=False)
+            return
+        while True:
+            header = _receive(self._raw, _FRAME_HEADER.size)
+            if header is None:
+                return
+            stream, size = _FRAME_HEADER.unpack(header)
+            data = _receive(self._raw, size) if size else b""
+            if data is None:
+                raise ValueError("the output stream ended inside a frame")
+            if data:
+                yield stream, data
 
     def send_all(self, data: bytes) -> None:
         try:
             self._raw.sendall(data)
-            self._raw.shutdown(socket.SHUT_WR)
+            if not self.tls:
+                self._raw.shutdown(socket.SHUT_WR)
         except OSError:
             pass  # the command ended without reading all of its input
 
@@ -1307,6 +1365,23 @@ class _Connection:
             self._raw.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._raw.close()
+
+
+#: The header of each frame of an exec's output: stream, three zero bytes, length.
+_FRAME_HEADER = struct.Struct(">BxxxL")
+
+
+def _receive(sock: socket.socket, size: int) -> bytes | None:
+    """Exactly `size` bytes, or None when the stream ended before the first of them."""
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(size - len(chunks))
+        if not chunk:
+            if chunks:
+                raise ValueError("the output stream ended inside a frame")
+            return None
+        chunks += chunk
+    return bytes(chunks)
 
 
 class _OutputReader:

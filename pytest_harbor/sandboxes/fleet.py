@@ -251,9 +251,7 @@ class DockerFleet:
     def _client(engine: FleetEngine) -> Any:
         """A client of its own with a short timeout, on a new connection: an engine that
         shuts down keeps answering on connections it had, not on new ones."""
-        return docker.APIClient(
-            version=_PING_API_VERSION, timeout=PING_TIMEOUT_S, **engine.endpoint.client_kwargs()
-        )
+        return engine.endpoint.client(version=_PING_API_VERSION, timeout=PING_TIMEOUT_S)
 
     # ------------------------------------------------------------------------ images
 

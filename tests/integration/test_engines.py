@@ -15,6 +15,8 @@ import docker.errors
 import pytest
 
 from pytest_harbor.engine.reaper import OWNER_LABEL, RUN_LABEL, owner_of_this_process
+from pytest_harbor.sandboxes import ImageSource, SandboxSpec
+from pytest_harbor.sandboxes.docker import DockerProvider, Endpoint
 from pytest_harbor.sandboxes.images import image_tag_for
 from tests.fixtures import (
     BASE_IMAGE,
@@ -40,13 +42,21 @@ def second_engine() -> Iterator[SecondEngine]:
         engine.stop()
 
 
+@pytest.fixture
+def tls_engine() -> Iterator[SecondEngine]:
+    """A second engine the run reaches over tcp:// with TLS, both sides verified."""
+    engine = SecondEngine(tls=True).start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
 def hosts(second: SecondEngine, capacity: int = 1) -> str:
-    value = {
-        "hosts": [
-            {"url": FIRST_ENGINE, "capacity": capacity, "name": "first"},
-            {"url": second.url, "capacity": capacity, "name": "second"},
-        ]
-    }
+    engine: dict[str, object] = {"url": second.url, "capacity": capacity, "name": "second"}
+    if second.tcp_url is not None:
+        engine.update(url=second.tcp_url, cert_path=str(second.client_tls))
+    value = {"hosts": [{"url": FIRST_ENGINE, "capacity": capacity, "name": "first"}, engine]}
     return f"--harbor-set=sandbox_provider_options={json.dumps(value)}"
 
 
@@ -85,7 +95,7 @@ class TaskWatcher:
 def test_a_run_spreads_its_episodes_over_two_engines(
     pytester: pytest.Pytester,
     harbor_dataset: Dataset,
-    second_engine: SecondEngine,
+    tls_engine: SecondEngine,
     docker_client: docker.DockerClient,
     built_images: list[object],
 ) -> None:
@@ -99,6 +109,7 @@ def test_a_run_spreads_its_episodes_over_two_engines(
         solve_sh="cat /built > /dev/null && echo 1 > /tmp/answer\n",
     )
     built_images.append(built / "environment")
+    second_engine = tls_engine
     second = second_engine.client()
     # A sandbox left on the second engine by a run whose process is gone.
     owner = owner_of_this_process().split(":")
@@ -169,3 +180,31 @@ def test_an_engine_that_stops_mid_run_costs_only_its_episodes(
     assert watcher.seen["first"] >= set(tasks) - on_second
     assert "stopped answering" in output
     assert time.monotonic() - stopped_at < 60
+
+
+def test_commands_over_tls_behave_as_over_a_socket(tls_engine: SecondEngine) -> None:
+    assert tls_engine.tcp_url is not None
+    first = DockerProvider()
+    engine = DockerProvider(
+        endpoint=Endpoint(tls_engine.tcp_url, cert_path=str(tls_engine.client_tls))
+    )
+    engine.peers = [first]
+    image = engine.prepare_image(
+        ImageSource(docker_image=BASE_IMAGE, context_dir=None, build_timeout_sec=120)
+    )
+    sandbox = engine.start(SandboxSpec(image=image, labels={RUN_LABEL: "tls-test"}))
+    try:
+        data = bytes(range(256)) * 4096  # 1 MiB, every byte value
+        echoed = sandbox.exec(["sh", "-c", "cat; echo done >&2"], stdin=data, timeout=60)
+        assert (echoed.exit_code, echoed.stdout_bytes, echoed.stderr) == (0, data, "done\n")
+        started = time.monotonic()
+        stuck = sandbox.exec(["sh", "-c", "sleep 30 & sleep 30"], timeout=1)
+        assert stuck.timed_out and time.monotonic() - started < 10
+        # The whole process group went with it.
+        # (Killed orphans stay zombies: the keep-alive, busybox's sleep, reaps none.)
+        live = "cat /proc/[0-9]*/stat | grep -v ') Z ' | grep -c '(sleep)' || true"
+        assert sandbox.exec(["sh", "-c", live]).stdout.strip() == "0"
+        sandbox.upload({"a.txt": b"over tls\n"}, "/tmp")
+        assert sandbox.download("/tmp/a.txt") == {"a.txt": b"over tls\n"}
+    finally:
+        sandbox.stop()
