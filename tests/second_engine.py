@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -47,6 +48,8 @@ class SecondEngine:
         self.client_tls = self.root / "client-tls"
 
     def start(self) -> SecondEngine:
+        sweep_abandoned()
+        (self.root / "owner").write_text(f"{os.getpid()}\n{self.bridge}\n")
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", self.subnet, "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
@@ -113,14 +116,50 @@ class SecondEngine:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)
-        # Whatever the engine left mounted under its roots goes before the folders do.
-        mounts = Path("/proc/mounts").read_text().splitlines()
-        for line in reversed(mounts):
-            target = line.split()[1]
-            if target.startswith(str(self.root)):
-                subprocess.run(["umount", "-l", target], check=False, capture_output=True)
-        shutil.rmtree(self.root, ignore_errors=True)
-        subprocess.run(["ip", "link", "delete", self.bridge], check=False, capture_output=True)
+        _remove(self.root, self.bridge)
+
+
+def sweep_abandoned() -> None:
+    """Engines a test process started and could not stop (it was killed): their
+    processes, containers included, mounts, folders and bridges go."""
+    for root in Path("/tmp").glob("hb2-*"):
+        try:
+            pid_text, bridge = (root / "owner").read_text().split()
+            os.kill(int(pid_text), 0)
+            continue  # its test process still runs
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError):
+            continue  # not one of ours, or just being made
+        # dockerd, its containerd and the shims name the engine's folders.
+        subprocess.run(["pkill", "-9", "-f", str(root)], check=False, capture_output=True)
+        _kill_orphaned_containers()
+        _remove(root, bridge)
+
+
+def _kill_orphaned_containers() -> None:
+    """Processes of containers the first engine does not know (their engine is gone):
+    both engines put containers in cgroups named /docker/<id>."""
+    known = {
+        container["Id"]
+        for container in docker.APIClient(base_url=FIRST_ENGINE, timeout=30).containers(all=True)
+    }
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError):
+            found = re.search(r"/docker/([0-9a-f]{64})", (entry / "cgroup").read_text())
+            if found and found.group(1) not in known:
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+def _remove(root: Path, bridge: str) -> None:
+    # Whatever the engine left mounted under its roots goes before the folders do.
+    mounts = Path("/proc/mounts").read_text().splitlines()
+    for line in reversed(mounts):
+        target = line.split()[1]
+        if target.startswith(str(root)):
+            subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+    shutil.rmtree(root, ignore_errors=True)
+    subprocess.run(["ip", "link", "delete", bridge], check=False, capture_output=True)
 
 
 def _run(*command: str) -> None:
