@@ -936,11 +936,18 @@ class DockerSandbox:
                 f"sandbox {self._id[:12]}: upload to {target} failed: {_explain(error)}"
             ) from None
 
+    def _path_missing(self, error: docker.errors.NotFound) -> None:
+        """A path that is not there is an answer; a sandbox that is not there (removed
+        under the run) is not, and must not read as a verifier that wrote nothing."""
+        if "no such container" in _explain(error).lower():
+            raise SandboxError(f"sandbox {self._id[:12]} is gone: {_explain(error)}") from None
+
     def read_archive(self, source: str) -> bytes | None:
         try:
             chunks, _ = _engine(self._endpoint).api.get_archive(self._id, source)
             return b"".join(chunks)
-        except docker.errors.NotFound:
+        except docker.errors.NotFound as error:
+            self._path_missing(error)
             return None
         except _ENGINE_ERRORS as error:
             raise SandboxError(
@@ -959,7 +966,8 @@ class DockerSandbox:
         try:
             chunks, stat = _engine(self._endpoint).api.get_archive(self._id, source)
             data = b"".join(chunks)
-        except docker.errors.NotFound:
+        except docker.errors.NotFound as error:
+            self._path_missing(error)
             return {}
         except _ENGINE_ERRORS as error:
             raise SandboxError(
@@ -972,7 +980,8 @@ class DockerSandbox:
     def iter_archive(self, source: str) -> Iterator[bytes] | None:
         try:
             chunks, _ = _engine(self._endpoint).api.get_archive(self._id, source)
-        except docker.errors.NotFound:
+        except docker.errors.NotFound as error:
+            self._path_missing(error)
             return None
         except _ENGINE_ERRORS as error:
             raise SandboxError(

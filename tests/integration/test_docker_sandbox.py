@@ -128,6 +128,20 @@ def test_no_network_leaves_only_loopback(start: StartSandbox) -> None:
     assert sandbox.exec(["ls", "/sys/class/net"]).stdout.split() == ["lo"]
 
 
+def test_a_file_not_there_is_an_answer_a_sandbox_not_there_is_an_error(
+    start: StartSandbox,
+) -> None:
+    sandbox = start()
+    assert sandbox.read_archive("/no/such/file") is None
+    assert sandbox.download("/no/such/folder") == {}
+    assert sandbox.iter_archive("/no/such/file") is None
+    sandbox.stop()
+    # Removed under the run: a verifier's folder must not read as one it left empty.
+    for read in (sandbox.read_archive, sandbox.download, sandbox.iter_archive):
+        with pytest.raises(SandboxError, match="is gone"):
+            read("/logs/verifier")
+
+
 def test_stop_kills_at_once_and_is_idempotent(
     start: StartSandbox, docker_client: docker.DockerClient
 ) -> None:
