@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -239,3 +240,29 @@ def finish(run: subprocess.Popen[str]) -> str:
             output, _ = run.communicate()
         pytest.fail(f"the run did not end within 120 s of the signal:\n{output}")
     return output
+
+
+def install_example(package: Path, factory: pytest.TempPathFactory) -> Path:
+    """An example package of docs/examples installed with pip into a folder of its own
+    (not this virtualenv), for a run in a process of its own to find on PYTHONPATH."""
+    target = factory.mktemp("site")
+    # Built from a copy: pip leaves build/ and *.egg-info beside the sources it builds.
+    source = factory.mktemp("source") / package.name
+    shutil.copytree(package, source)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return target

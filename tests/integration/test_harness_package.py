@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.fixtures import REPO_ROOT, Dataset
+from tests.fixtures import REPO_ROOT, Dataset, install_example
 
 pytestmark = pytest.mark.docker
 
@@ -30,26 +29,7 @@ echo 1 > /tmp/answer
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example package installed with pip (its own folder, not this virtualenv)."""
-    target = tmp_path_factory.mktemp("site")
-    # Built from a copy: pip leaves build/ and *.egg-info beside the sources it builds.
-    source = tmp_path_factory.mktemp("source") / PACKAGE.name
-    shutil.copytree(PACKAGE, source)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(source),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    target = install_example(PACKAGE, tmp_path_factory)
     assert list(target.glob("harbor_fenced_bash-1.0.0.dist-info/entry_points.txt"))
     return target
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -14,7 +13,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.fixtures import BASE_IMAGE, REPO_ROOT, Dataset, SandboxWatcher
+from tests.fixtures import BASE_IMAGE, REPO_ROOT, Dataset, SandboxWatcher, install_example
 
 pytestmark = pytest.mark.docker
 
@@ -24,26 +23,7 @@ PACKAGE = REPO_ROOT / "docs" / "examples" / "audited-docker-provider"
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example package installed with pip (its own folder, not this virtualenv)."""
-    target = tmp_path_factory.mktemp("site")
-    # Built from a copy: pip leaves build/ and *.egg-info beside the sources it builds.
-    source = tmp_path_factory.mktemp("source") / PACKAGE.name
-    shutil.copytree(PACKAGE, source)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(source),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    target = install_example(PACKAGE, tmp_path_factory)
     assert list(target.glob("harbor_audited_docker-1.0.0.dist-info/entry_points.txt"))
     return target
 
