@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import logging
 import math
@@ -124,6 +125,11 @@ class Endpoint:
     url: str
     cert_path: str | None = None
     tls_verify: bool = True
+
+    @property
+    def tunnelled(self) -> bool:
+        """Reached over TLS or ssh, where a connection cannot be half-closed."""
+        return self.cert_path is not None or self.url.startswith("ssh://")
 
     @property
     def key(self) -> str:
@@ -262,6 +268,11 @@ def docker_provider(options: Mapping[str, Any], context: ProviderContext) -> San
                 f"{where}.url: expected unix://PATH, tcp://HOST:PORT or ssh://USER@HOST, "
                 f"got {url!r}"
             )
+        if url.startswith("ssh://") and not _can_ssh():
+            raise ProviderOptionsError(
+                f"{where}.url: an ssh:// engine needs paramiko, which the Docker SDK imports "
+                "for it: pip install 'pytest-harbor[ssh]'"
+            )
         capacity = host.get("capacity")
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1
@@ -293,6 +304,10 @@ def docker_provider(options: Mapping[str, Any], context: ProviderContext) -> San
     if len(set(urls)) != len(urls):
         raise ProviderOptionsError("the docker provider's hosts name one engine twice")
     return DockerFleet(engines, context)
+
+
+def _can_ssh() -> bool:
+    return importlib.util.find_spec("paramiko") is not None
 
 
 class DockerProvider:
@@ -846,9 +861,9 @@ class DockerSandbox:
     ) -> ExecResult:
         engine = _engine(self._endpoint)
         argv = list(command)
-        if stdin is not None and self._endpoint is not None and self._endpoint.cert_path:
-            # Over TLS the input cannot be ended by closing half of the connection: the
-            # command gets exactly its bytes, then the end of its input, from `head`.
+        if stdin is not None and self._endpoint is not None and self._endpoint.tunnelled:
+            # Over TLS or ssh the input cannot be ended by closing half of the connection:
+            # the command gets exactly its bytes, then the end of its input, from `head`.
             argv = [
                 TRUSTED_BUSYBOX,
                 "sh",
@@ -1341,13 +1356,16 @@ class _Connection:
         # SocketIO wraps the socket for unix connections; TLS connections are plain.
         self._raw: socket.socket = getattr(sock, "_sock", sock)
         self._raw.settimeout(None)
-        #: A TLS connection: read without polling the file descriptor (TLS may hold
-        #: decrypted bytes the descriptor does not show), and never half-closed (TLS
-        #: cannot close one direction and go on reading the other).
-        self.tls = isinstance(self._raw, ssl.SSLSocket)
+        #: Not a plain socket (TLS, or an ssh client's pipes): read without polling the
+        #: file descriptor (TLS may hold decrypted bytes the descriptor does not show;
+        #: the ssh connection's descriptor is not where its bytes come from), and never
+        #: half-closed (neither can close one direction and go on reading the other).
+        self.tunnelled = isinstance(self._raw, ssl.SSLSocket) or type(
+            self._raw
+        ).__module__.endswith(".sshconn")
 
     def frames(self) -> Iterator[tuple[int, bytes]]:
-        if not self.tls:
+        if not self.tunnelled:
             yield from frames_iter(self.sock, tty=False)
             return
         while True:
@@ -1364,7 +1382,7 @@ class _Connection:
     def send_all(self, data: bytes) -> None:
         try:
             self._raw.sendall(data)
-            if not self.tls:
+            if not self.tunnelled:
                 self._raw.shutdown(socket.SHUT_WR)
         except OSError:
             pass  # the command ended without reading all of its input

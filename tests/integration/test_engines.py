@@ -6,6 +6,7 @@ episodes it was running."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from tests.fixtures import (
     start_run,
 )
 from tests.second_engine import FIRST_ENGINE, SecondEngine
+from tests.ssh_server import SshServer
 
 pytestmark = pytest.mark.docker
 
@@ -50,6 +52,17 @@ def tls_engine() -> Iterator[SecondEngine]:
         yield engine
     finally:
         engine.stop()
+
+
+@pytest.fixture
+def ssh_engine(second_engine: SecondEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator[SshServer]:
+    """The second engine behind an ssh server, reached as ssh://root@127.0.0.1:<port>."""
+    server = SshServer(second_engine.url).start()
+    monkeypatch.setenv("PATH", f"{server.client_bin}{os.pathsep}{os.environ['PATH']}")
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def hosts(second: SecondEngine, capacity: int = 1) -> str:
@@ -208,3 +221,34 @@ def test_commands_over_tls_behave_as_over_a_socket(tls_engine: SecondEngine) -> 
         assert sandbox.download("/tmp/a.txt") == {"a.txt": b"over tls\n"}
     finally:
         sandbox.stop()
+
+
+def test_a_run_reaches_an_engine_over_ssh(
+    pytester: pytest.Pytester,
+    harbor_dataset: Dataset,
+    second_engine: SecondEngine,
+    ssh_engine: SshServer,
+    docker_client: docker.DockerClient,
+) -> None:
+    tasks = [f"s{index}" for index in range(4)]
+    for task in tasks:
+        # Input on stdin (the oracle's solution goes in as a tar stream) and a timeout.
+        harbor_dataset.task(task, solve_sh="sleep 0.5; echo 1 > /tmp/answer\n")
+    value = {
+        "hosts": [
+            {"url": FIRST_ENGINE, "capacity": 1, "name": "first"},
+            {"url": ssh_engine.url, "capacity": 1, "name": "over-ssh"},
+        ]
+    }
+    clients = {"first": docker_client, "second": second_engine.client()}
+    with TaskWatcher(clients, harbor_dataset.name) as watcher:
+        result = run_harbor(
+            pytester,
+            harbor_dataset,
+            "-n",
+            "2",
+            f"--harbor-set=sandbox_provider_options={json.dumps(value)}",
+        )
+    result.assert_outcomes(passed=4)
+    assert watcher.seen["second"], "no episode went over ssh"
+    assert watcher.seen["first"] | watcher.seen["second"] == set(tasks)

@@ -103,3 +103,11 @@ def test_free_slots_are_counted_without_being_held(tmp_path: Path) -> None:
     assert all(others) and slots.try_acquire() is None and slots.free() == 0
     held.release()
     assert slots.free() == 1
+
+
+def test_an_ssh_engine_without_paramiko_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pytest_harbor.sandboxes.docker._can_ssh", lambda: False)
+    with pytest.raises(ProviderOptionsError, match=r"pytest-harbor\[ssh\]"):
+        _make(["unix:///a", "ssh://ci@builder"], tmp_path)
