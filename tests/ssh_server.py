@@ -28,7 +28,9 @@ class SshServer:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> SshServer:
+        _sweep_abandoned()
         root = self.root
+        (root / "owner").write_text(f"{os.getpid()}\n")
         for name in ("host_key", "client_key"):
             _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name))
         forced = f'command="DOCKER_HOST={self.engine_url} docker system dial-stdio"'
@@ -71,6 +73,20 @@ class SshServer:
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(10)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _sweep_abandoned() -> None:
+    """Servers a test process started and could not stop (it was killed)."""
+    for root in Path("/tmp").glob("hbssh-*"):
+        try:
+            os.kill(int((root / "owner").read_text()), 0)
+            continue
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError):
+            continue
+        subprocess.run(["pkill", "-f", str(root)], check=False, capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _free_port() -> int:
