@@ -67,6 +67,10 @@ def test_the_check_finds_each_broken_task_and_lf_runs_them_again(
     # The empty agent's verifier folder is kept beside the oracle's; its row is not a row.
     folder = demo.results_folder(pytester.path / RESULTS_DIR)
     assert (folder / "verifier" / "accepts-anything__nop" / "test-stdout.txt").is_file()
+    # The run's report shows the same findings, first.
+    page = (folder / "report.html").read_text()
+    assert page.index("Task check") < page.index("Reward")
+    assert "nop-passes" in page and "accepts-anything" in page
     rows = demo.rows(pytester.path / RESULTS_DIR)
     assert {row["agent"] for row in rows} == {"oracle"}
     assert len(rows) == 6 * 2  # no-solution's trials are skipped
