@@ -262,3 +262,19 @@ def test_an_agent_cannot_end_its_own_sandbox_to_be_masked(
     )
     row = graded(pytester, dataset)
     assert (row["reward"], row["mask_sample"]) == (0.0, False)
+
+
+def test_a_root_agent_wiping_the_verifier_folder_is_not_masked(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    # A file the engine cannot find is an answer (no reward); only a sandbox that is gone
+    # is a lost sample, and an agent cannot make its sandbox go (the test above). Here the
+    # folder goes, again and again, while the verifier runs.
+    wiper = FORGER.replace(
+        "echo 1 > /logs/verifier/reward.txt\n  echo '{\"reward\": 1}' > /logs/verifier/reward.json",
+        "rm -rf /logs/verifier",
+    )
+    assert "rm -rf /logs/verifier" in wiper
+    dataset.task("wiper", toml=toml(), solve_sh=wiper, test_sh=HONEST)
+    row = graded(pytester, dataset)
+    assert (row["reward"], row["mask_sample"]) == (0.0, False)
