@@ -127,11 +127,6 @@ class Endpoint:
     tls_verify: bool = True
 
     @property
-    def tunnelled(self) -> bool:
-        """Reached over TLS or ssh, where a connection cannot be half-closed."""
-        return self.cert_path is not None or self.url.startswith("ssh://")
-
-    @property
     def key(self) -> str:
         """A short name of the address, for lock and marker files."""
         return hashlib.sha256(self.url.encode()).hexdigest()[:12]
@@ -150,21 +145,7 @@ class Endpoint:
         return kwargs
 
     def client(self, *, version: str, timeout: float) -> docker.APIClient:
-        """An API client of this engine. With TLS, the engine's CA is `cert_path`'s alone:
-        the environment's CA bundle (REQUESTS_CA_BUNDLE, which requests would put first)
-        and proxies are not used."""
-        if self.cert_path is None:
-            return docker.APIClient(version=version, timeout=timeout, **self.client_kwargs())
-        # Asked for after trust_env is off: "auto" would ask at once, trusting it.
-        api = docker.APIClient(
-            version=_MIN_API_VERSION if version == "auto" else version,
-            timeout=timeout,
-            **self.client_kwargs(),
-        )
-        api.trust_env = False
-        if version == "auto":
-            api._version = api._retrieve_server_version()
-        return api
+        return _api_client(self.client_kwargs(), version=version, timeout=timeout)
 
     def cli_env(self) -> dict[str, str]:
         """The environment that points the docker CLI (Compose, buildx) at this engine."""
@@ -177,17 +158,32 @@ class Endpoint:
         return env
 
 
+def _api_client(kwargs: Mapping[str, Any], *, version: str, timeout: float) -> docker.APIClient:
+    """An API client. With TLS, the engine's CA is the TLS settings' alone: the
+    environment's CA bundle (REQUESTS_CA_BUNDLE, which requests would put first) and its
+    proxies are not used, whether the engine is named in the options or by DOCKER_HOST."""
+    if not kwargs.get("tls"):
+        return docker.APIClient(version=version, timeout=timeout, **kwargs)
+    # Asked for after trust_env is off: "auto" would ask at once, trusting it.
+    api = docker.APIClient(
+        version=_MIN_API_VERSION if version == "auto" else version, timeout=timeout, **kwargs
+    )
+    api.trust_env = False
+    if version == "auto":
+        api._version = api._retrieve_server_version()
+    return api
+
+
 class _Engine:
     """The per-process connection to one Docker engine."""
 
     def __init__(self, endpoint: Endpoint | None = None) -> None:
         try:
-            if endpoint is None:
-                self.api = docker.APIClient(
-                    version="auto", timeout=_CONTROL_TIMEOUT_S, **_client_kwargs()
-                )
-            else:
-                self.api = endpoint.client(version="auto", timeout=_CONTROL_TIMEOUT_S)
+            self.api = _api_client(
+                endpoint.client_kwargs() if endpoint else _client_kwargs(),
+                version="auto",
+                timeout=_CONTROL_TIMEOUT_S,
+            )
         except docker.errors.DockerException as error:
             where = f" at {endpoint.url}" if endpoint else ""
             raise SandboxStartError(
@@ -195,6 +191,9 @@ class _Engine:
                 "README's set-up)"
             ) from None
         self._cpus: int | None = None
+        #: Reached over TLS or ssh (named in the options or by DOCKER_HOST alike), where
+        #: an exec's connection cannot be half-closed to end the command's input.
+        self.tunnelled = self.api.base_url.startswith(("https://", "http+docker://ssh"))
 
     @property
     def cpus(self) -> int:
@@ -861,7 +860,7 @@ class DockerSandbox:
     ) -> ExecResult:
         engine = _engine(self._endpoint)
         argv = list(command)
-        if stdin is not None and self._endpoint is not None and self._endpoint.tunnelled:
+        if stdin is not None and engine.tunnelled:
             # Over TLS or ssh the input cannot be ended by closing half of the connection:
             # the command gets exactly its bytes, then the end of its input, from `head`.
             argv = [
