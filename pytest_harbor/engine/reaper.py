@@ -14,11 +14,10 @@ import os
 import socket
 from pathlib import Path
 
-from pytest_harbor.sandboxes.base import SandboxError, SandboxProvider
+from pytest_harbor.sandboxes.base import RUN_LABEL, SandboxError, SandboxProvider
 
 __all__ = ["OWNER_LABEL", "RUN_LABEL", "owner_is_alive", "owner_of_this_process", "reap_orphans"]
 
-RUN_LABEL = "pytest-harbor.run"
 OWNER_LABEL = "pytest-harbor.owner"
 
 log = logging.getLogger(__name__)

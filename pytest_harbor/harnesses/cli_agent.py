@@ -38,6 +38,7 @@ from pytest_harbor.harnesses.converters import ConverterInput, convert
 from pytest_harbor.harnesses.recipes import Recipe, render
 from pytest_harbor.sandboxes.archives import ChunkReader
 from pytest_harbor.sandboxes.base import (
+    RUN_LABEL,
     ExecResult,
     ImageLayer,
     SandboxError,
@@ -52,9 +53,8 @@ log = logging.getLogger("pytest_harbor")
 
 #: Where a turn's instruction is written for the agent to read.
 INSTRUCTION_FILE = f"{AGENT_LOGS}/instruction.md"
-#: The run's label on every image it makes; with `rebuild`, an install image counts only
-#: when it carries this run's value.
-_RUN_LABEL = "pytest-harbor.run"
+#: The agent and version an install image holds (with `rebuild`, an install image counts
+#: only when it carries this run's RUN_LABEL).
 _AGENT_LABEL = "pytest-harbor.agent"
 #: Bumped when the way an install image is made changes (so old ones are not reused).
 _LAYER_FORMAT = "1"
@@ -118,7 +118,7 @@ class CliAgentHarness(Harness):
         self, image: str, provider: SandboxProvider, labels: Mapping[str, str]
     ) -> str:
         recipe = self.recipe
-        run_id = labels.get(_RUN_LABEL)
+        run_id = labels.get(RUN_LABEL)
         script = f"set -e\nexport AGENT_VERSION={recipe.version}\n" + render(
             recipe.install.script, {"version": recipe.version}, quote=True
         )
@@ -129,7 +129,7 @@ class CliAgentHarness(Harness):
             what=f"the {recipe.name} {recipe.version} install",
             timeout_sec=self.options.install_timeout_sec or recipe.install.timeout_sec,
             labels={**labels, _AGENT_LABEL: f"{recipe.name}@{recipe.version}"},
-            rebuild_unless=(_RUN_LABEL, run_id) if self.options.rebuild and run_id else None,
+            rebuild_unless=(RUN_LABEL, run_id) if self.options.rebuild and run_id else None,
         )
         try:
             return provider.prepare_layer(layer)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 __all__ = [
+    "RUN_LABEL",
     "TRUSTED_BUSYBOX",
     "TRUSTED_TOOLS",
     "ExecResult",
@@ -29,6 +30,9 @@ __all__ = [
     "Spawned",
 ]
 
+
+#: The label on everything a run makes (sandboxes, networks, volumes, images): its run id.
+RUN_LABEL = "pytest-harbor.run"
 
 #: A read-only folder in every sandbox holding a static busybox, for the engine's own use
 #: (the shell that drives a verification, its timeout, kill, tar): nothing inside the

@@ -40,6 +40,7 @@ from pytest_harbor.sandboxes.archives import (
     unpack_files,
 )
 from pytest_harbor.sandboxes.base import (
+    RUN_LABEL,
     TRUSTED_BUSYBOX,
     TRUSTED_TOOLS,
     ExecResult,
@@ -73,8 +74,6 @@ _NETWORK = "bridge"
 _CACHE_LABEL = "pytest-harbor.cache"
 #: The content hash an install layer was made for.
 _LAYER_KEY = "pytest-harbor.content-hash"
-#: The run an image is made for (a build that failed is not tried again in the same run).
-_RUN_LABEL = "pytest-harbor.run"
 #: The labels Compose puts on what it makes.
 _PROJECT_LABEL = "com.docker.compose.project"
 _SERVICE_LABEL = "com.docker.compose.service"
@@ -403,7 +402,7 @@ class DockerProvider:
             tag = self._tags[source.context_dir] = image_tag_for(source.context_dir)
         if self._has_image(tag):
             return tag
-        run = source.labels.get(_RUN_LABEL, "")
+        run = source.labels.get(RUN_LABEL, "")
         with self._lock(tag):
             if not self._has_image(tag) and not self._from_peer(tag):
                 # A build that failed in this run is not tried again: every trial of the
