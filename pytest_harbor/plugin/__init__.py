@@ -7,16 +7,17 @@ import os
 import shutil
 import signal
 import warnings
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from pytest_harbor.engine.reaper import owner_of_this_process
 from pytest_harbor.harnesses import BUILT_IN_HARNESSES, HarnessFactory
+from pytest_harbor.harnesses import ENTRY_POINT_GROUP as HARNESS_ENTRY_POINT_GROUP
 from pytest_harbor.plugin.deadlines import pytest_timeout_cancel_timer, pytest_timeout_set_timer
 from pytest_harbor.plugin.ledger import trial_of
 from pytest_harbor.plugin.nodes import HarborTaskset, HarborTurnItem, HarborWarning
@@ -45,6 +46,8 @@ from pytest_harbor.sandboxes import (
     SandboxError,
 )
 from pytest_harbor.tasks import is_task_dir
+
+_Factory = TypeVar("_Factory")
 
 __all__ = [
     "pytest_addhooks",
@@ -193,30 +196,40 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _registered_harnesses(config: pytest.Config) -> dict[str, HarnessFactory]:
-    """Harnesses from the `pytest_harbor_harnesses` hook; a name given twice is refused."""
-    found: dict[str, HarnessFactory] = {}
-    for names in config.hook.pytest_harbor_harnesses():
-        for name, factory in dict(names).items():
-            if name in found or name in BUILT_IN_HARNESSES:
-                raise pytest.UsageError(
-                    f"the harness name {name!r} is registered twice (pytest_harbor_harnesses)"
-                )
-            found[name] = factory
-    return found
+    """Harnesses from the `pytest_harbor_harnesses` hook."""
+    return _registered(
+        config.hook.pytest_harbor_harnesses(),
+        what="harness",
+        hook="pytest_harbor_harnesses",
+        built_in=set(BUILT_IN_HARNESSES),
+        group=HARNESS_ENTRY_POINT_GROUP,
+    )
 
 
 def _registered_providers(config: pytest.Config) -> dict[str, ProviderFactory]:
-    """Sandbox providers from the `pytest_harbor_sandbox_providers` hook; a name given
-    twice is refused."""
-    found: dict[str, ProviderFactory] = {}
-    installed = {ep.name for ep in entry_points(group=PROVIDER_ENTRY_POINT_GROUP)}
-    for names in config.hook.pytest_harbor_sandbox_providers():
+    """Sandbox providers from the `pytest_harbor_sandbox_providers` hook."""
+    return _registered(
+        config.hook.pytest_harbor_sandbox_providers(),
+        what="sandbox provider",
+        hook="pytest_harbor_sandbox_providers",
+        built_in=set(BUILT_IN_PROVIDERS),
+        group=PROVIDER_ENTRY_POINT_GROUP,
+    )
+
+
+def _registered(
+    results: list[Mapping[str, _Factory]], *, what: str, hook: str, built_in: set[str], group: str
+) -> dict[str, _Factory]:
+    """The names a hook's implementations give; a name given twice (by the hook, built in,
+    or by an installed package's entry point) is refused."""
+    taken = built_in | {ep.name for ep in entry_points(group=group)}
+    found: dict[str, _Factory] = {}
+    for names in results:
         for name, factory in dict(names).items():
-            if name in found or name in BUILT_IN_PROVIDERS or name in installed:
+            if name in found or name in taken:
                 raise pytest.UsageError(
-                    f"the sandbox provider name {name!r} is registered twice "
-                    "(pytest_harbor_sandbox_providers, or an installed package's "
-                    f"{PROVIDER_ENTRY_POINT_GROUP} entry point)"
+                    f"the {what} name {name!r} is registered twice ({hook}, or an installed "
+                    f"package's {group} entry point)"
                 )
             found[name] = factory
     return found

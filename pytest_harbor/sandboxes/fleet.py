@@ -168,12 +168,7 @@ class DockerFleet:
         """A place on the engine with the most room; waits while all are full, and fails
         when none answers."""
         while True:
-            alive = [engine for engine in self.engines if self._answers(engine)]
-            if not alive:
-                raise SandboxStartError(
-                    "no Docker engine of sandbox_provider_options.hosts answers: "
-                    + "; ".join(f"{engine.name}: {engine.down}" for engine in self.engines)
-                )
+            alive = self._answering(required=True)
             for engine in sorted(alive, key=self._room, reverse=True):
                 slot = self._slots(engine).try_acquire()
                 if slot is not None:
@@ -202,20 +197,17 @@ class DockerFleet:
         except _GONE as error:
             raise SandboxStartError(f"engine {engine.name}: {error}") from None
 
-    def answers(self, engine: FleetEngine) -> bool:
-        """Whether the engine answers now (one that did not is never asked again)."""
-        return self._answers(engine)
-
     def answers_steadily(self, engine: FleetEngine) -> bool:
         """Whether the engine still answers a little later (an engine shutting down may
         answer a ping while it no longer runs anything)."""
         for _ in range(_STEADY_PINGS):
-            if not self._answers(engine):
+            if not self.answers(engine):
                 return False
             time.sleep(_STEADY_PAUSE_S)
         return True
 
-    def _answers(self, engine: FleetEngine) -> bool:
+    def answers(self, engine: FleetEngine) -> bool:
+        """Whether the engine answers now (one that did not is never asked again)."""
         if engine.down is not None:
             return False
         marker = self._down_marker(engine)
@@ -258,13 +250,17 @@ class DockerFleet:
     @property
     def _first(self) -> DockerProvider:
         """The engine unplaced work goes to (images made ahead, say): the first answering."""
-        for engine in self.engines:
-            if self._answers(engine):
-                return engine.provider
-        raise SandboxStartError(
-            "no Docker engine of sandbox_provider_options.hosts answers: "
-            + "; ".join(f"{engine.name}: {engine.down}" for engine in self.engines)
-        )
+        return self._answering(required=True)[0].provider
+
+    def _answering(self, required: bool = False) -> list[FleetEngine]:
+        """The engines that answer now; with `required`, none is an error."""
+        alive = [engine for engine in self.engines if self.answers(engine)]
+        if required and not alive:
+            raise SandboxStartError(
+                "no Docker engine of sandbox_provider_options.hosts answers: "
+                + "; ".join(f"{engine.name}: {engine.down}" for engine in self.engines)
+            )
+        return alive
 
     def prepare_image(self, source: ImageSource) -> str:
         return self._first.prepare_image(source)
@@ -278,10 +274,7 @@ class DockerFleet:
     def start(self, spec: SandboxSpec) -> Sandbox:
         """A sandbox on the engine with the most room, without holding capacity (an
         Episode places itself first and starts on its engine instead)."""
-        alive = [engine for engine in self.engines if self._answers(engine)]
-        if not alive:
-            return self._first.start(spec)
-        return max(alive, key=self._room).provider.start(spec)
+        return max(self._answering(required=True), key=self._room).provider.start(spec)
 
     # ------------------------------------------------------------------------ cleanup
 
@@ -294,16 +287,7 @@ class DockerFleet:
 
     def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:
         """Every engine's sandboxes with the label, named `<engine key>/<id>`."""
-        found: list[tuple[str, dict[str, str]]] = []
-        for engine in self.engines:
-            if not self._answers(engine):
-                continue
-            with contextlib.suppress(*_GONE):
-                found += [
-                    (f"{engine.endpoint.key}/{ident}", labels)
-                    for ident, labels in engine.provider.labelled(key)
-                ]
-        return found
+        return self._gather(lambda provider: provider.labelled(key))
 
     def remove(self, sandbox_id: str) -> None:
         engine, ident = self._split(sandbox_id)
@@ -311,14 +295,20 @@ class DockerFleet:
             engine.provider.remove(ident)
 
     def labelled_leftovers(self, key: str) -> list[tuple[str, dict[str, str]]]:
+        return self._gather(lambda provider: provider.labelled_leftovers(key))
+
+    def _gather(
+        self, listing: Callable[[DockerProvider], list[tuple[str, dict[str, str]]]]
+    ) -> list[tuple[str, dict[str, str]]]:
+        """What `listing` gives on each answering engine, references named
+        `<engine key>/<reference>` (for remove() and remove_leftover())."""
         found: list[tuple[str, dict[str, str]]] = []
-        for engine in self.engines:
-            if self._answers(engine):
-                with contextlib.suppress(*_GONE):
-                    found += [
-                        (f"{engine.endpoint.key}/{reference}", labels)
-                        for reference, labels in engine.provider.labelled_leftovers(key)
-                    ]
+        for engine in self._answering():
+            with contextlib.suppress(*_GONE):
+                found += [
+                    (f"{engine.endpoint.key}/{reference}", labels)
+                    for reference, labels in listing(engine.provider)
+                ]
         return found
 
     def remove_leftover(self, reference: str) -> None:
@@ -328,9 +318,7 @@ class DockerFleet:
 
     def remove_labelled(self, labels: Mapping[str, str]) -> int:
         removed = 0
-        for engine in self.engines:
-            if not self._answers(engine):
-                continue
+        for engine in self._answering():
             try:
                 removed += engine.provider.remove_labelled(labels)
             except _GONE as error:
@@ -338,7 +326,6 @@ class DockerFleet:
         return removed
 
     def remove_image(self, image: str) -> None:
-        for engine in self.engines:
-            if self._answers(engine):
-                with contextlib.suppress(*_GONE):
-                    engine.provider.remove_image(image)
+        for engine in self._answering():
+            with contextlib.suppress(*_GONE):
+                engine.provider.remove_image(image)
