@@ -9,6 +9,7 @@ import contextlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -72,6 +73,21 @@ def results(pytester: pytest.Pytester, dataset: Dataset) -> Path:
 
 def every_file(folder: Path) -> Iterator[Path]:
     return (path for path in folder.rglob("*") if path.is_file())
+
+
+def solved(
+    pytester: pytest.Pytester, dataset: Dataset, api_key: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """After a run in which the agent wrote the answer and said so: its row, checked, and
+    the first tool call of its converted trajectory; the key is in no file of the run."""
+    row = dataset.rows(pytester.path / "out", validation=False)[0]
+    assert row["reward"] == 1.0 and row["failure_cause"] is None
+    assert row["response"] == "The answer is written."
+    document = json.loads(next(results(pytester, dataset).rglob("trajectory.json")).read_text())
+    calls = [c for step in document["steps"] for c in step.get("tool_calls") or []]
+    for path in every_file(pytester.path / "out"):
+        assert api_key.encode() not in path.read_bytes(), path
+    return row, calls[0]
 
 
 # ---------------------------------------------------------------- mini-swe-agent, end to end
@@ -154,16 +170,10 @@ def test_claude_code_solves_a_task_over_the_messages_api(
             HOST_NETWORK,
         ).assert_outcomes(passed=1)
     assert any("Write 1 to /tmp/answer." in request.text for request in server.requests)
-    row = dataset.rows(pytester.path / "out", validation=False)[0]
-    assert row["reward"] == 1.0 and row["failure_cause"] is None
-    assert row["response"] == "The answer is written."
+    row, call = solved(pytester, dataset, server.api_key)
     assert row["usage"]["prompt_tokens"] >= 200
-    document = json.loads(next(results(pytester, dataset).rglob("trajectory.json")).read_text())
-    calls = [c for step in document["steps"] for c in step.get("tool_calls") or []]
-    assert calls[0]["function_name"] == "Bash"
-    assert calls[0]["arguments"]["command"] == "echo 1 > /tmp/answer"
-    for path in every_file(pytester.path / "out"):
-        assert server.api_key.encode() not in path.read_bytes(), path
+    assert call["function_name"] == "Bash"
+    assert call["arguments"]["command"] == "echo 1 > /tmp/answer"
 
 
 # ---------------------------------------------------------------- codex and opencode, end to end
@@ -190,15 +200,9 @@ def test_codex_solves_a_task_over_the_responses_api(
             HOST_NETWORK,
         ).assert_outcomes(passed=1)
     assert any("Write 1 to /tmp/answer." in request.text for request in server.requests)
-    row = dataset.rows(pytester.path / "out", validation=False)[0]
-    assert row["reward"] == 1.0 and row["failure_cause"] is None
-    assert row["response"] == "The answer is written."
+    row, call = solved(pytester, dataset, server.api_key)
     assert row["usage"]["prompt_tokens"] == 200
-    document = json.loads(next(results(pytester, dataset).rglob("trajectory.json")).read_text())
-    calls = [c for step in document["steps"] for c in step.get("tool_calls") or []]
-    assert "echo 1 > /tmp/answer" in calls[0]["arguments"]["command"]
-    for path in every_file(pytester.path / "out"):
-        assert server.api_key.encode() not in path.read_bytes(), path
+    assert "echo 1 > /tmp/answer" in call["arguments"]["command"]
 
 
 def test_opencode_solves_a_task_over_streamed_chat_completions(
@@ -216,15 +220,9 @@ def test_opencode_solves_a_task_over_streamed_chat_completions(
     server = model_server(script)
     run_harbor(pytester, dataset, *agent_args(server, "opencode")).assert_outcomes(passed=1)
     assert all(request.body.get("stream") for request in server.requests)
-    row = dataset.rows(pytester.path / "out", validation=False)[0]
-    assert row["reward"] == 1.0 and row["failure_cause"] is None
-    assert row["response"] == "The answer is written."
-    document = json.loads(next(results(pytester, dataset).rglob("trajectory.json")).read_text())
-    calls = [c for step in document["steps"] for c in step.get("tool_calls") or []]
-    assert calls[0]["function_name"] == "bash"
-    assert calls[0]["arguments"]["command"] == "echo 1 > /tmp/answer"
-    for path in every_file(pytester.path / "out"):
-        assert server.api_key.encode() not in path.read_bytes(), path
+    _, call = solved(pytester, dataset, server.api_key)
+    assert call["function_name"] == "bash"
+    assert call["arguments"]["command"] == "echo 1 > /tmp/answer"
 
 
 # ---------------------------------------------------------------- the documented example
