@@ -1,20 +1,52 @@
 """Secret values (settings `secrets`, the model's API key) replaced by `***` wherever a run
-writes or prints."""
+writes or prints, and cuts of text that leave no recognisable part of one behind."""
 
 from __future__ import annotations
 
 import builtins
 import json
+import math
+import re
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["MASK", "Redactor"]
+__all__ = ["CUT", "FRAGMENT_MIN", "MASK", "Redactor", "clip_head", "clip_tail"]
 
 MASK = "***"
+#: What a cut of text leaves where the text was cut (clip_head, clip_tail).
+CUT = "[...]"
+#: The marks of a cut, ours and those of capped output and cut files ("[... 12 bytes cut
+#: ...]", "[... cut: 12 more bytes ...]"): a secret split by a cut is looked for beside them.
+_CUT_MARKS = re.compile(r"\[\.\.\.[^\]\n]{0,80}\]")
+_CUT_MARKS_BYTES = re.compile(_CUT_MARKS.pattern.encode())
+#: A piece of a secret this long, left at a cut or at either end of a text, is masked (a
+#: secret shorter than twice this: half of it, at least 3 characters).
+FRAGMENT_MIN = 8
+
+_S = TypeVar("_S", str, bytes)
+
+
+def clip_head(text: str, limit: int) -> str:
+    """The first `limit` characters of `text`, the cut marked."""
+    return text if len(text) <= limit else text[:limit] + CUT
+
+
+def clip_tail(text: str, limit: int) -> str:
+    """The last `limit` characters of `text`, the cut marked."""
+    return text if len(text) <= limit else CUT + text[-limit:]
+
+
+def _fragment_min(secret_length: int) -> int:
+    return min(FRAGMENT_MIN, max(3, math.ceil(secret_length / 2)))
 
 
 class Redactor:
-    """Replaces every secret value, as written and as JSON would escape it, by `***`."""
+    """Replaces every secret value, as written and as JSON would escape it, by `***`.
+
+    Text may have been cut anywhere before it gets here: so a piece of a secret at the
+    start or the end of a text, or beside a cut mark, is masked too when it is
+    FRAGMENT_MIN characters or longer (the beginning of a secret before a cut, its end
+    after one)."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._values = tuple(value for value in secrets if value)
@@ -30,14 +62,17 @@ class Redactor:
         return bool(self._texts)
 
     def text(self, value: str) -> str:
-        for secret in self._texts:
-            value = value.replace(secret, MASK)
-        return value
+        if not self._texts:
+            return value
+        value = _whole(value, self._texts, MASK)
+        return _at_cuts(value, self._texts, MASK, _CUT_MARKS, start=True, end=True)
 
-    def bytes(self, data: bytes) -> bytes:
-        for secret in self._bytes:
-            data = data.replace(secret, MASK.encode())
-        return data
+    def bytes(self, data: builtins.bytes) -> builtins.bytes:
+        if not self._bytes:
+            return data
+        mask = MASK.encode()
+        data = _whole(data, self._bytes, mask)
+        return _at_cuts(data, self._bytes, mask, _CUT_MARKS_BYTES, start=True, end=True)
 
     def data(self, value: Any) -> Any:
         """JSON-like data with every string (keys too) masked; numbers stay numbers, so a
@@ -52,25 +87,94 @@ class Redactor:
             return [self.data(item) for item in value]
         return value
 
-    def stream(self, chunks: Iterable[builtins.bytes]) -> Iterator[builtins.bytes]:
+    def stream(
+        self, chunks: Iterable[builtins.bytes], *, cut: bool = False
+    ) -> Iterator[builtins.bytes]:
         """Chunks of bytes masked as they pass, a secret split across two chunks too (the
-        last bytes of each are held back until the next one comes)."""
+        last bytes of each are held back until the next one comes). With `cut`, the
+        stream is the head of something longer: a beginning of a secret at its end is
+        masked as well."""
         if not self._bytes:
             yield from chunks
             return
+        mask = MASK.encode()
         held_back = max(len(secret) for secret in self._bytes) - 1
         pending = b""
+        first = True
         for chunk in chunks:
-            masked = self.bytes(pending + chunk)
-            cut = len(masked) - held_back
-            if cut > 0:
-                yield masked[:cut]
-                pending = masked[cut:]
+            masked = _whole(pending + chunk, self._bytes, mask)
+            cut_at = len(masked) - held_back
+            if cut_at > 0:
+                out = masked[:cut_at]
+                if first:
+                    out = _at_cuts(out, self._bytes, mask, _CUT_MARKS_BYTES, start=True, end=False)
+                    first = False
+                yield out
+                pending = masked[cut_at:]
             else:
                 pending = masked
         if pending:
-            yield pending
+            yield _at_cuts(pending, self._bytes, mask, _CUT_MARKS_BYTES, start=first, end=cut)
 
     def extended(self, secrets: Iterable[str]) -> Redactor:
         """This redactor with more values to hide."""
         return Redactor([*self._values, *secrets])
+
+
+def _whole(value: _S, secrets: list[_S], mask: _S) -> _S:
+    for secret in secrets:
+        value = value.replace(secret, mask)
+    return value
+
+
+def _at_cuts(
+    value: _S,
+    secrets: list[_S],
+    mask: _S,
+    marks: re.Pattern[_S],
+    *,
+    start: bool,
+    end: bool,
+) -> _S:
+    """`value` with the pieces of secrets masked that a cut may have left: an end of a
+    secret right after the start (or a cut mark), a beginning of one right before the end
+    (or a cut mark). A line break between the mark and the piece is allowed."""
+    newline = "\n" if isinstance(value, str) else b"\n"
+    pieces: list[_S] = []
+    found: list[re.Match[_S]] = list(marks.finditer(value))
+    # Segments between marks: each one's start follows a cut (or is the text's start),
+    # each one's end precedes one (or is the text's end).
+    bounds = [(0, start)] + [(match.end(), True) for match in found]
+    ends = [(match.start(), True) for match in found] + [(len(value), end)]
+    for (begin, after_cut), (stop, before_cut), match in zip(
+        bounds, ends, [*found, None], strict=True
+    ):
+        segment = value[begin:stop]
+        if after_cut:
+            segment = _mask_leading(segment, secrets, mask, newline)
+        if before_cut:
+            segment = _mask_trailing(segment, secrets, mask, newline)
+        pieces.append(segment)
+        if match is not None:
+            pieces.append(value[match.start() : match.end()])
+    return value[:0].join(pieces)
+
+
+def _mask_leading(segment: _S, secrets: list[_S], mask: _S, newline: _S) -> _S:
+    skip = len(newline) if segment.startswith(newline) else 0
+    body = segment[skip:]
+    for secret in secrets:
+        for length in range(len(secret) - 1, _fragment_min(len(secret)) - 1, -1):
+            if body.startswith(secret[len(secret) - length :]):
+                return segment[:skip] + mask + body[length:]
+    return segment
+
+
+def _mask_trailing(segment: _S, secrets: list[_S], mask: _S, newline: _S) -> _S:
+    skip = len(newline) if segment.endswith(newline) else 0
+    body = segment[: len(segment) - skip]
+    for secret in secrets:
+        for length in range(len(secret) - 1, _fragment_min(len(secret)) - 1, -1):
+            if body.endswith(secret[:length]):
+                return body[: len(body) - length] + mask + segment[len(body) :]
+    return segment

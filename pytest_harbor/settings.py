@@ -77,6 +77,10 @@ class ComposeOverlay(BaseModel):
         return self
 
 
+#: A sandbox's process cap (`sandbox_pids_limit`) unless the settings say otherwise.
+DEFAULT_PIDS_LIMIT = 4096
+
+
 class HarborSettings(BaseModel):
     """Every key with the seed's default; unknown keys are refused."""
 
@@ -106,6 +110,9 @@ class HarborSettings(BaseModel):
     #: pytest-harbor's own: verify every shared-mode turn in a fresh sandbox started from
     #: a snapshot of the agent's (its files, none of its processes).
     verify_from_snapshot: bool = False
+    #: pytest-harbor's own: the most processes (threads included) a sandbox may hold at
+    #: once, so that one episode cannot take the machine's from the others; null: no cap.
+    sandbox_pids_limit: int | None = Field(default=DEFAULT_PIDS_LIMIT, ge=64)
     secrets: dict[str, str] = {}
     task_mcp_grants: Literal["off", "optional", "required"] = "off"
     turn_sessions: Literal["fresh", "continue"] = "fresh"

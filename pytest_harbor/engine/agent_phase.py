@@ -45,7 +45,6 @@ log = logging.getLogger("pytest_harbor")
 
 #: The least time a session gets to open, whatever `harness_setup_allowance_s` leaves.
 MIN_SETUP_S = 1.0
-_ALIVE_CHECK_S = 30.0
 
 T = TypeVar("T")
 
@@ -291,15 +290,20 @@ class AgentPhase:
         )
 
     def _crashed(self, sandbox: Sandbox, call: CallOutcome[T], doing: str) -> AgentRun:
-        """An exception from the harness: a crash, unless the sandbox itself is gone."""
+        """An exception from the harness: a crash, unless the sandbox itself is gone. Gone
+        is what its engine says (status()), never the answer of a command in it: an agent
+        can keep a command from starting (its pids cap) but not its sandbox from being."""
         error = call.error
         assert error is not None
         if isinstance(error, AgentSetupError):
             return self._failed(error.cause, str(error))
         if isinstance(error, SandboxError) and not call.error_after_close:
             try:
-                sandbox.exec(["true"], user="root", timeout=_ALIVE_CHECK_S)
+                status = sandbox.status()
+                gone = not status.present or (not status.running and not status.out_of_memory)
             except SandboxError:
+                gone = True
+            if gone:
                 raise EpisodeError(
                     FailureKind.SANDBOX_LOST,
                     f"the sandbox was lost during {doing}: {self.redactor.text(str(error))}",

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_harbor import strict_json
 from pytest_harbor.engine.budget import episode_budget
 from pytest_harbor.engine.failures import EpisodeError
 from pytest_harbor.settings import HarborSettings
@@ -66,7 +67,7 @@ def record_history(folder: Path, rows: Iterable[Mapping[str, Any]]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / HISTORY_FILE
     staged = target.with_suffix(".tmp")
-    staged.write_text(json.dumps({"tasks": history}, indent=1, sort_keys=True) + "\n")
+    staged.write_text(strict_json.dumps({"tasks": history}, indent=1, sort_keys=True) + "\n")
     staged.replace(target)
 
 

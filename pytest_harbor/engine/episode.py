@@ -9,10 +9,11 @@ import dataclasses
 import logging
 import math
 import shutil
+import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +22,15 @@ from pytest_harbor.engine.agent_phase import AgentPhase
 from pytest_harbor.engine.budget import EpisodeBudget, episode_budget
 from pytest_harbor.engine.compose_tasks import compose_spec, with_overlay
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
+from pytest_harbor.engine.faults import blame
 from pytest_harbor.engine.harness_calls import HARNESS_GRACE_S, InProcessGate
+from pytest_harbor.engine.processes import (
+    SandboxSurvey,
+    end_processes_since,
+    end_user_processes,
+    resolve_users,
+    survey,
+)
 from pytest_harbor.engine.readiness import entrypoint_failure, start_entrypoint, wait_healthy
 from pytest_harbor.engine.results import (
     EpisodeResult,
@@ -32,16 +41,13 @@ from pytest_harbor.engine.results import (
 )
 from pytest_harbor.engine.rewards import RewardReading
 from pytest_harbor.engine.rollup import roll_up, stop_reason
+from pytest_harbor.engine.scripts import HAND_WORKDIR, check, trusted
 from pytest_harbor.engine.trajectory import transcript
 from pytest_harbor.engine.verification import (
     SANDBOX_DIRECTORIES,
-    SandboxSurvey,
     VerifierRun,
     clear_for_next_turn,
-    kill_processes_since,
     run_verifier,
-    survey,
-    trusted,
 )
 from pytest_harbor.harnesses.base import (
     AgentFailure,
@@ -55,6 +61,7 @@ from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.archives import filter_archive
 from pytest_harbor.sandboxes.base import (
+    ROOT_USER,
     ImageSource,
     Placement,
     Sandbox,
@@ -162,10 +169,13 @@ class Episode:
         self._deadline: float | None = None
         self._masked: RewardReading | None = None
         self._entrypoint: Spawned | None = None
+        self._entrypoint_noted = False
         self._stopped_after: str | None = None
         self._stop_reason: str | None = None
         #: Numeric users of the task's turns, resolved to names at seed.
         self._users: dict[str, str] = {}
+        #: The task's users (and the image's) as `uid:gid`, read at the end of the seed.
+        self._ids: dict[str, str] = {}
         self._workdir_owner: str | None = None
         self._budget: EpisodeBudget | None = None
         self._early: _EarlyStart | None = None
@@ -387,12 +397,13 @@ class Episode:
                 user=_user(self.task.config.agent.user),
                 remaining=self._remaining,
             )
-        self._note_entrypoint()
-        if self._survey is None:
-            try:
+        self._entrypoint_masks()
+        try:
+            if self._survey is None:
                 self._survey = survey(self._sandbox)
-            except SandboxError as error:
-                raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
+            self._ids = resolve_users(self._sandbox, self._named_users())
+        except SandboxError as error:
+            raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
         self._timings["seed_s"] = time.monotonic() - started
 
     @property
@@ -455,6 +466,12 @@ class Episode:
                             f"which the {self.provider.name} sandbox cannot apply",
                         )
 
+    def _named_users(self) -> set[str]:
+        """The users the engine runs or ends processes as, but root (nothing to look up)."""
+        image_user = self.provider.image_config(self._image or "").user
+        named = {image_user, *(u for t in self.task.turns for u in (t.agent_user, t.verifier_user))}
+        return {user for user in named if user and user.split(":")[0] not in ("root", "0")}
+
     def _resolve_uids(self, sandbox: Sandbox) -> dict[str, str]:
         """Numeric agent users, as names (once per episode); an unknown uid stays a number."""
         uids = sorted(
@@ -462,7 +479,7 @@ class Episode:
         )
         names: dict[str, str] = {}
         for uid in uids:
-            found = sandbox.exec(["getent", "passwd", uid], user="root")
+            found = sandbox.exec(["getent", "passwd", uid], user=ROOT_USER)
             name = found.stdout.split(":", 1)[0].strip() if found.exit_code == 0 else ""
             names[uid] = name or uid
         return names
@@ -516,6 +533,7 @@ class Episode:
                 ttl_s=ttl,
                 ready_timeout_s=self.settings.sandbox_ready_timeout_s,
                 group=group,
+                pids_limit=self.settings.sandbox_pids_limit,
             )
         )
         if record:
@@ -539,25 +557,29 @@ class Episode:
             sandbox.set_network(False)
         return sandbox
 
-    def _network(self, sandbox: Sandbox, enabled: bool, phase: str) -> None:
-        """Give the sandbox the network its next phase has (or take it away)."""
-        try:
-            sandbox.set_network(enabled)
-        except SandboxError as error:
-            raise EpisodeError(FailureKind.SANDBOX_LOST, f"before {phase}: {error}") from None
-
     def _image_workdir(self, image: str) -> str:
         return self.provider.image_config(image).workdir or "/"
 
-    def _note_entrypoint(self) -> RewardReading | None:
-        """An ENTRYPOINT that exited non-zero masks the sample; returns the masking reading."""
-        if self._masked is None:
+    def _entrypoint_masks(self) -> RewardReading | None:
+        """Before any agent: an ENTRYPOINT that exited non-zero masks the sample (the image's
+        fault: no agent has had the sandbox yet); returns the masking reading."""
+        if self._masked is None and not self._turns:
             failure = entrypoint_failure(self._entrypoint)
             if failure is not None:
                 self._masked = RewardReading.failed(
                     FailureKind.ENTRYPOINT_FAILED, failure, masked=True
                 )
         return self._masked
+
+    def _entrypoint_note(self) -> list[str]:
+        """Once an agent has had the sandbox: an ENTRYPOINT that exited non-zero is noted
+        (once), and the episode verified as usual (the agent may have ended it; nothing
+        tells)."""
+        code = None if self._entrypoint is None else self._entrypoint.exit_code()
+        if code in (None, 0) or self._entrypoint_noted:
+            return []
+        self._entrypoint_noted = True
+        return [f"the image's ENTRYPOINT exited with code {code} after the agent's turn began"]
 
     # ------------------------------------------------------------------------ turns
 
@@ -567,21 +589,29 @@ class Episode:
 
         An agent that failed for a classified cause is handled by `agent_outcome_policy`:
         verified, run again from a fresh sandbox (retry, first turn only), or failed with
-        no result (EpisodeError)."""
+        no result (EpisodeError).
+
+        Once an agent has had the sandbox (this turn's, or an earlier turn's), a step of
+        the engine that fails scores the turn 0 unless the engine shows that no agent can
+        have caused it (engine/faults.py)."""
         sandbox = self._require_sandbox()
         if self.stopped_after is not None:
             raise RuntimeError(f"episode {self.id} stopped after turn {self.stopped_after}")
-        if self._masked is not None:
+        if self._entrypoint_masks() is not None:
+            assert self._masked is not None
             return self._record(turn, AgentRun(), VerifierRun(self._masked), 0.0, 0.0)
         original = turn
         try:
             if self._turns:
-                self._clear_grading_files(sandbox)
+                clear_for_next_turn(sandbox)
             turn = self._prompted(self._as_user(sandbox, turn))
+            sandbox.set_network(turn.agent_network)
+            before = self._processes_now(sandbox)
         except SandboxError as error:
-            raise EpisodeError(FailureKind.SANDBOX_LOST, str(error)) from None
-        self._network(sandbox, turn.agent_network, f"the agent's turn {turn.name}")
-        before = self._processes_now(sandbox)
+            if not self._turns:
+                raise EpisodeError(FailureKind.SANDBOX_LOST, str(error)) from None
+            reading = self._fault(sandbox, error, f"preparing the sandbox for turn {turn.name}")
+            return self._record(turn, AgentRun(), VerifierRun(reading), 0.0, 0.0)
         started = time.monotonic()
         if self._setup_failure is not None:
             agent: AgentRun | None = AgentRun(failure=self._setup_failure)
@@ -606,51 +636,72 @@ class Episode:
                 grace_s=min(HARNESS_GRACE_S, max(1.0, spare - self.settings.verifier_grace_s)),
             )
         agent_s = time.monotonic() - started
+        unended: RewardReading | None = None
         if agent.timed_out:
-            self._end_agent_processes(sandbox, before)
+            try:
+                # Every process the turn started goes (the agent's CLI, and whatever it
+                # left running or detached), before anything else.
+                end_processes_since(sandbox, before)
+            except SandboxError as error:
+                unended = self._fault(sandbox, error, "ending the processes of a turn out of time")
         self._require_time("the agent")
         if agent.failure is not None and self._handle_agent_failure(agent):
             return self.run_turn(original)
         last = turn.name == self.task.turns[-1].name
         if not self._continuing or last:
             self._close_session(sandbox)
-        self._network(sandbox, turn.verifier_network, f"the verification of {turn.name}")
         started = time.monotonic()
-        notes = self._run_collect_hooks(sandbox)
-        masked = self._note_entrypoint()
-        if masked is not None:
-            verification = VerifierRun(masked)
+        notes = self._entrypoint_note()
+        if unended is not None:
+            verification = VerifierRun(unended)
         else:
-            written = transcript(f"{self.id}/{turn.name}", self.harness.name, turn, agent)
-            try:
-                verification = self._verify(sandbox, turn, written)
-            except SandboxError as error:
-                lost = RewardReading.failed(FailureKind.SANDBOX_LOST, str(error), masked=True)
-                verification = VerifierRun(lost)
-        self._require_time("the verifier")
+            verification = self._after_agent(sandbox, turn, agent, notes)
+        if self._remaining() <= 0:
+            # The verifier had its share of the episode's time; running past the deadline
+            # in the steps around it does not undo what it found.
+            notes.append("the verification ended past the episode's deadline")
         verify_s = time.monotonic() - started
         output = self._record(turn, agent, verification, agent_s, verify_s, notes, setup_s)
         if self._stopped_after is not None:
             self._close_session(sandbox)
         return output
 
+    def _after_agent(
+        self, sandbox: Sandbox, turn: Turn, agent: AgentRun, notes: list[str]
+    ) -> VerifierRun:
+        """The network for the verifier, the agent's processes ended (a non-root agent's,
+        before the collect hooks too), the collect hooks (their failures go to `notes`),
+        then the verification."""
+        doing = f"giving the verification of {turn.name} its network"
+        try:
+            sandbox.set_network(turn.verifier_network)
+            agent_uid = self._agent_uid(turn)
+            if agent_uid is not None and self.task.config.verifier.collect:
+                doing = "ending the agent's processes"
+                end_user_processes(sandbox, agent_uid)
+            doing = "running the collect hooks"
+            notes.extend(self._run_collect_hooks(sandbox))
+            doing = f"verifying {turn.name}"
+            written = transcript(f"{self.id}/{turn.name}", self.harness.name, turn, agent)
+            return self._verify(sandbox, turn, written)
+        except SandboxError as error:
+            return VerifierRun(self._fault(sandbox, error, doing))
+
+    def _fault(self, sandbox: Sandbox, error: SandboxError, doing: str) -> RewardReading:
+        """A step that failed once an agent had `sandbox`: scored 0 when the sandbox is to
+        blame; a masked sample (`harbor:sandbox_lost`) when the engine is."""
+        blamed = blame(sandbox, error, doing)
+        if blamed is not None:
+            log.warning("%s: %s", self.id, self.redactor.text(blamed.failure_reason or ""))
+            return blamed
+        return RewardReading.failed(FailureKind.SANDBOX_LOST, f"{doing}: {error}", masked=True)
+
     def _processes_now(self, sandbox: Sandbox) -> frozenset[str]:
         """The processes there as the turn begins: the seed's survey for the first turn of
         an attempt, a fresh look for a later one."""
         if not self._turns and self._survey is not None:
             return self._survey.processes
-        try:
-            return survey(sandbox).processes
-        except SandboxError as error:
-            raise EpisodeError(FailureKind.SANDBOX_LOST, str(error)) from None
-
-    def _end_agent_processes(self, sandbox: Sandbox, before: frozenset[str]) -> None:
-        """After a turn that ran out of time: every process the turn started goes (the
-        agent's CLI, and whatever it left running or detached), before the verifier."""
-        try:
-            kill_processes_since(sandbox, before)
-        except SandboxError as error:
-            raise EpisodeError(FailureKind.SANDBOX_LOST, str(error)) from None
+        return survey(sandbox).processes
 
     @property
     def _continuing(self) -> bool:
@@ -719,8 +770,10 @@ class Episode:
         self._attempt += 1
         self._masked = None
         self._entrypoint = None
+        self._entrypoint_noted = False
         self._survey = None
         self._users = {}
+        self._ids = {}
         self._workdir_owner = None
         if self._setup_failure is not None:  # the install is tried again too
             self._image = None
@@ -735,19 +788,16 @@ class Episode:
     def stop_reason(self) -> str | None:
         return self._stop_reason
 
-    def _clear_grading_files(self, sandbox: Sandbox) -> None:
-        """Before a later turn: the previous turn's tests, reward and transcript go; the
-        agent's own files under /logs/agent stay."""
-        clear_for_next_turn(sandbox)
-
     def _as_user(self, sandbox: Sandbox, turn: Turn) -> Turn:
-        """The turn's agent user (a uid resolved to its name) owns the working directory."""
+        """The turn's agent user (a uid resolved to its name) owns the working directory
+        (handed over by number, as the seed read it)."""
         user = self._users.get(turn.agent_user or "", turn.agent_user)
         if user is not None and user != self._workdir_owner:
             workdir = self.workdir or self._image_workdir(self._image or "")
-            owned = sandbox.exec(trusted('$B chown "$1" "$2"', user, workdir), user="root")
-            if owned.exit_code != 0:
-                raise SandboxError(f"cannot hand {workdir} to {user}: {owned.stderr.strip()}")
+            owner = self._ids.get(turn.agent_user or "", user)
+            first = "1" if not self._turns else "0"
+            owned = sandbox.exec(trusted(HAND_WORKDIR, owner, workdir, first), user=ROOT_USER)
+            check(owned, f"handing {workdir} to {user}")
             self._workdir_owner = user
         return turn if user == turn.agent_user else dataclasses.replace(turn, agent_user=user)
 
@@ -845,7 +895,8 @@ class Episode:
             seed=self._survey,
             into=self._verifier_dir(turn),
             redactor=self.redactor,
-            kill_user=self._agent_processes_owner(turn),
+            verifier_user=self._ids.get(turn.verifier_user or ""),
+            agent_uid=self._agent_uid(turn),
         )
 
     def _verifier_dir(self, turn: Turn) -> Path:
@@ -857,19 +908,25 @@ class Episode:
             root = self._own_verifier_root
         return root / turn.name if self.task.config.is_multi_step else root
 
-    def _agent_processes_owner(self, turn: Turn) -> str | None:
-        """The user whose processes are killed before the turn's shared verification: the
-        turn's agent user (else the image's), unless that is root, whose processes cannot
-        be told from the image's own services (see `verify_from_snapshot`)."""
+    def _agent_uid(self, turn: Turn) -> str | None:
+        """The uid whose every process ends before the turn's shared verification: the
+        turn's agent user's (else the image's), unless that is root, whose processes cannot
+        be told from the image's own services (see `verify_from_snapshot`). A user the
+        image did not have at the seed is looked up by name."""
         user = turn.agent_user or self.provider.image_config(self._image or "").user
-        user = (user or "").split(":")[0]
-        return None if user in ("", "root", "0") else user
+        if (user or "").split(":")[0] in ("", "root", "0"):
+            return None
+        assert user is not None
+        uid = self._ids.get(user, user).split(":")[0]
+        return None if uid == "0" else uid
 
     def _verify_from_snapshot(
         self, agent_sandbox: Sandbox, turn: Turn, transcript: bytes, seed: SandboxSurvey
     ) -> VerifierRun:
         """A fresh sandbox from a snapshot of the agent's file system: not one process of
-        the agent's lives on in it. The image's ENTRYPOINT is not started again."""
+        the agent's lives on in it. The image's ENTRYPOINT is not started again. The
+        snapshot and its start depend on what the agent left (a folder the sandbox needs
+        replaced by a file, say): their failures are blamed on the agent's sandbox."""
         image = agent_sandbox.snapshot(self.image_labels)
         try:
             try:
@@ -879,16 +936,21 @@ class Episode:
             except SandboxStartError as error:
                 raise SandboxError(f"the snapshot's sandbox did not start: {error}") from None
             try:
-                return run_verifier(
+                return self._verify_in(
                     verifier,
-                    turn,
-                    workdir=self.workdir,
-                    grace_s=self.settings.verifier_grace_s,
-                    budget_s=self._verifier_budget(turn),
-                    trajectory=transcript,
-                    seed=seed,
-                    into=self._verifier_dir(turn),
-                    redactor=self.redactor,
+                    "the snapshot's sandbox",
+                    lambda: run_verifier(
+                        verifier,
+                        turn,
+                        workdir=self.workdir,
+                        grace_s=self.settings.verifier_grace_s,
+                        budget_s=self._verifier_budget(turn),
+                        trajectory=transcript,
+                        seed=seed,
+                        into=self._verifier_dir(turn),
+                        redactor=self.redactor,
+                        verifier_user=self._ids.get(turn.verifier_user or ""),
+                    ),
                 )
             finally:
                 _stop_within(verifier, self.settings.cleanup_timeout_seconds)
@@ -897,6 +959,16 @@ class Episode:
                 self.provider.remove_image(image)
             except SandboxError as error:
                 log.warning("%s: the snapshot image was not removed: %s", self.id, error)
+
+    def _verify_in(
+        self, verifier: Sandbox, what: str, verify: Callable[[], VerifierRun]
+    ) -> VerifierRun:
+        """`verify()` in a verifier's own sandbox: its failures are blamed on that sandbox
+        (what is in it besides its image came from the agent)."""
+        try:
+            return verify()
+        except SandboxError as error:
+            return VerifierRun(self._fault(verifier, error, f"verifying in {what}"))
 
     def _verifier_budget(self, turn: Turn) -> float:
         return min(turn.verifier_timeout_sec, self._remaining() - self.settings.verifier_grace_s)
@@ -916,44 +988,72 @@ class Episode:
         try:
             verifier = self._start(self._verifier_image, environment, record=False, network=network)
         except SandboxStartError as error:
-            raise SandboxError(f"the separate verifier did not start: {error}") from None
+            # Its image and nothing of the agent's: the engine's (or the task's) failure.
+            lost = f"the separate verifier did not start: {error}"
+            return VerifierRun(RewardReading.failed(FailureKind.SANDBOX_LOST, lost, masked=True))
         try:
-            fresh = survey(verifier)
-            entrypoint = start_entrypoint(
-                verifier, self.provider.image_config(self._verifier_image), environment.workdir
-            )
-            self._copy_artifacts(agent_sandbox, verifier)
+            try:
+                fresh = survey(verifier)
+                entrypoint = start_entrypoint(
+                    verifier, self.provider.image_config(self._verifier_image), environment.workdir
+                )
+            except SandboxError as error:
+                lost = f"the separate verifier did not start: {error}"
+                return VerifierRun(
+                    RewardReading.failed(FailureKind.SANDBOX_LOST, lost, masked=True)
+                )
+            # Before the agent's artifacts are there, a failed ENTRYPOINT is the image's.
             failure = entrypoint_failure(entrypoint)
             if failure is not None:
                 return VerifierRun(
                     RewardReading.failed(FailureKind.ENTRYPOINT_FAILED, failure, masked=True)
                 )
-            # A verifier image of its own ([verifier.environment] or tests/Dockerfile) may
-            # ship its tests; the agent's image never counts as shipping them.
-            own_image = self.task.verifier_dockerfile is not None or bool(
-                self.task.config.verifier.environment
-                and self.task.config.verifier.environment.docker_image
-            )
-            ships_tests = (
-                own_image and verifier.exec(trusted('[ -f "$1" ]', "/tests/test.sh")).exit_code == 0
-            )
-            return run_verifier(
+            try:
+                self._copy_artifacts(agent_sandbox, verifier)
+            except SandboxError as error:
+                return VerifierRun(
+                    self._fault(agent_sandbox, error, "copying the agent's artifacts")
+                )
+            return self._verify_in(
                 verifier,
-                turn,
-                workdir=environment.workdir,
-                grace_s=self.settings.verifier_grace_s,
-                budget_s=self._verifier_budget(turn),
-                trajectory=transcript,
-                seed=fresh,
-                into=self._verifier_dir(turn),
-                redactor=self.redactor,
-                upload_tests=not ships_tests,
+                "the separate verifier",
+                lambda: self._run_separate_verifier(verifier, turn, transcript, fresh),
             )
         finally:
             _stop_within(verifier, self.settings.cleanup_timeout_seconds)
 
+    def _run_separate_verifier(
+        self, verifier: Sandbox, turn: Turn, transcript: bytes, fresh: SandboxSurvey
+    ) -> VerifierRun:
+        assert self._verifier_image is not None
+        environment = self.task.config.verifier.environment or self.task.config.environment
+        # A verifier image of its own ([verifier.environment] or tests/Dockerfile) may
+        # ship its tests; the agent's image never counts as shipping them.
+        own_image = self.task.verifier_dockerfile is not None or bool(
+            self.task.config.verifier.environment
+            and self.task.config.verifier.environment.docker_image
+        )
+        ships_tests = (
+            own_image and verifier.exec(trusted('[ -f "$1" ]', "/tests/test.sh")).exit_code == 0
+        )
+        return run_verifier(
+            verifier,
+            turn,
+            workdir=environment.workdir,
+            grace_s=self.settings.verifier_grace_s,
+            budget_s=self._verifier_budget(turn),
+            trajectory=transcript,
+            seed=fresh,
+            into=self._verifier_dir(turn),
+            redactor=self.redactor,
+            upload_tests=not ships_tests,
+        )
+
     def _copy_artifacts(self, source: Sandbox, target: Sandbox) -> None:
-        """`/logs/artifacts` and each declared artifact, at the same path in `target`."""
+        """`/logs/artifacts` and each declared artifact, at the same path in `target`,
+        streamed from one engine call to the other (never held whole: the agent decides
+        how large they are). A stream that breaks (a file changing as it is read) fails
+        the copy: SandboxError."""
         declared = [
             (artifact.source, artifact.exclude, artifact.service)
             for artifact in self.task.config.artifacts
@@ -961,12 +1061,15 @@ class Episode:
         for path, exclude, service in [(ARTIFACTS_DIR, [], None), *declared]:
             absolute = path if path.startswith("/") else f"{self.workdir or '/'}/{path}"
             origin = source if service in (None, "main") else _service(source, service)
-            archive = origin.read_archive(absolute)
-            if archive is None:
+            chunks = origin.iter_archive(absolute)
+            if chunks is None:
                 continue
             parent = absolute.rstrip("/").rsplit("/", 1)[0] or "/"
-            target.exec(trusted('$B mkdir -p "$1"', parent), user="root")
-            target.write_archive(filter_archive(archive, exclude), parent)
+            target.exec(trusted('$B mkdir -p "$1"', parent), user=ROOT_USER)
+            try:
+                target.write_archive(filter_archive(chunks, exclude), parent)
+            except (tarfile.TarError, OSError, ValueError) as error:
+                raise SandboxError(f"copying {absolute} broke off: {error}") from None
 
     # ------------------------------------------------------------------------ results
 

@@ -14,6 +14,9 @@ class FailureKind:
     VERIFIER_ERROR = "harbor:verifier_error"
     #: The agent changed what the verifier needs (its folders, the image's bash): scored 0.
     VERIFIER_TAMPERED = "harbor:verifier_tampered"
+    #: Something in the sandbox ran out of memory (killed by the kernel) or of processes
+    #: (the pids cap) and a step of the engine failed for it: scored 0.
+    SANDBOX_EXHAUSTED = "harbor:sandbox_exhausted"
     ENTRYPOINT_FAILED = "harbor:entrypoint_failed"
     SANDBOX_LOST = "harbor:sandbox_lost"
     SOLUTION_FAILED = "harbor:solution_failed"

@@ -8,14 +8,14 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
 from pytest_harbor.harnesses.base import Deadline, ModelGateSlot
 from pytest_harbor.redaction import Redactor
-from pytest_harbor.sandboxes.base import ExecResult, Sandbox, SandboxError, Spawned
+from pytest_harbor.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxStatus, Spawned
 from pytest_harbor.threads import join
 
 __all__ = ["HARNESS_GRACE_S", "CallOutcome", "InProcessGate", "SandboxWindow", "call_harness"]
@@ -82,7 +82,7 @@ class SandboxWindow:
         self._may_change()
         self._sandbox.upload(source, target)
 
-    def write_archive(self, data: bytes, into: str) -> None:
+    def write_archive(self, data: bytes | Iterable[bytes], into: str) -> None:
         self._may_change()
         self._sandbox.write_archive(data, into)
 
@@ -97,6 +97,10 @@ class SandboxWindow:
     def iter_archive(self, source: str) -> Iterator[bytes] | None:
         self._may_read()
         return self._sandbox.iter_archive(source)
+
+    def status(self) -> SandboxStatus:
+        self._may_read()
+        return self._sandbox.status()
 
     def snapshot(self, labels: Mapping[str, str]) -> str:
         raise SandboxError("a harness cannot snapshot the sandbox")

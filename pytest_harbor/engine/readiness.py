@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
+from pytest_harbor.redaction import clip_tail
 from pytest_harbor.sandboxes.base import ImageConfig, Sandbox, Spawned
 from pytest_harbor.tasks.config import HealthcheckConfig
 
@@ -29,7 +30,7 @@ def entrypoint_failure(entrypoint: Spawned | None) -> str | None:
     code = None if entrypoint is None else entrypoint.exit_code()
     if entrypoint is None or code in (None, 0):
         return None
-    tail = entrypoint.output_tail().strip()[-300:]
+    tail = clip_tail(entrypoint.output_tail().strip(), 300)
     return f"the image's ENTRYPOINT exited with code {code}" + (f": {tail}" if tail else "")
 
 
@@ -56,7 +57,7 @@ def wait_healthy(
         if probe.exit_code == 0 and not probe.timed_out:
             return
         why = "timed out" if probe.timed_out else f"exited {probe.exit_code}"
-        detail = (probe.stderr or probe.stdout).strip()[-300:]
+        detail = clip_tail((probe.stderr or probe.stdout).strip(), 300)
         if time.monotonic() - started < check.start_period_sec:
             failures, pause = 0, check.start_interval_sec
         else:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pytest_harbor.engine.failures import FailureKind
+from pytest_harbor.strict_json import as_float
 
 __all__ = ["REWARD_FILES", "RewardReading", "read_reward"]
 
@@ -46,9 +47,10 @@ def read_reward(
 ) -> RewardReading:
     """Read `reward.json`, else `reward.txt`, from the files of /logs/verifier.
 
-    - reward.json must be a JSON object whose values are all finite numbers (not booleans);
-      the episode reward is its `reward` key when present, else the mean of its values.
-    - reward.txt must hold one finite number.
+    - reward.json must be a JSON object whose values are all numbers (not booleans) that
+      are finite as floats (an integer too large for one is not); the episode reward is
+      its `reward` key when present, else the mean of its values, which must not overflow.
+    - reward.txt must hold one number, finite as a float.
     - A missing, empty or invalid file gives reward 0 and a failure kind; so does one in
       `unusable` (a reward file there but not read: a link, a FIFO, too large), with the
       reason given there.
@@ -87,11 +89,18 @@ def _read_json(data: bytes) -> RewardReading:
     rewards: dict[str, float] = {}
     for key, number in value.items():
         if isinstance(number, bool) or not isinstance(number, int | float):
-            return _invalid(source, f"key {key!r} is not a number: {number!r}")
-        if not math.isfinite(number):
-            return _invalid(source, f"key {key!r} is not a finite number: {number!r}")
-        rewards[key] = float(number)
-    reward = rewards["reward"] if "reward" in rewards else sum(rewards.values()) / len(rewards)
+            return _invalid(source, f"key {key!r} is not a number: {_shown(number)}")
+        finite = as_float(number)
+        if finite is None:
+            return _invalid(source, f"key {key!r} is not a finite number: {_shown(number)}")
+        rewards[key] = finite
+    if "reward" in rewards:
+        reward = rewards["reward"]
+    else:
+        total = sum(rewards.values())
+        if not math.isfinite(total):
+            return _invalid(source, "the mean of its values overflows (their sum is not finite)")
+        reward = total / len(rewards)
     return RewardReading(reward=reward, rewards=rewards, source=source)
 
 
@@ -101,9 +110,17 @@ def _read_text(data: bytes) -> RewardReading:
     if not text:
         return _invalid(source, "is empty")
     try:
-        reward = float(text)
+        number = float(text)
     except ValueError:
-        return _invalid(source, f"does not hold a number: {text[:80]!r}")
-    if not math.isfinite(reward):
-        return _invalid(source, f"does not hold a finite number: {text!r}")
+        return _invalid(source, f"does not hold a number: {_shown(text)}")
+    reward = as_float(number)
+    if reward is None:
+        return _invalid(source, f"does not hold a finite number: {_shown(text)}")
     return RewardReading(reward=reward, rewards={"reward": reward}, source=source)
+
+
+def _shown(value: object) -> str:
+    """A value for a message: its repr, cut to 80 characters (a number may have
+    thousands of digits)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"

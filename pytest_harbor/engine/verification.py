@@ -1,17 +1,16 @@
 """Running tests/test.sh in a sandbox the agent had, so that the agent cannot change the
-grade, and the folders and scripts that takes.
+grade, and copying out what the verifier left.
 
 Everything the engine runs in the sandbox to drive a verification comes from the trusted
-tools (a static busybox mounted read-only, TRUSTED_BUSYBOX): the shell, `timeout`, `tar`,
-`rm`, `kill`. Only test.sh runs with the image's own bash, at the path the seed found it.
-What the verifier left is read through the engine's archive API, not by a tool inside the
-sandbox. Before test.sh starts, every process a non-root agent started is killed, and
-/tests and /logs/verifier belong to the verifier alone.
+tools (engine/scripts.py); only test.sh runs with the image's own bash, at the path the
+seed found it. What the verifier left is read through the engine's archive API, not by a
+tool inside the sandbox, and copied so that nothing the sandbox holds can fail the run on
+this machine. Before test.sh starts, no process of a non-root agent's user is left, and
+/tests and /logs/verifier are fresh folders belonging to the verifier alone.
 """
 
 from __future__ import annotations
 
-import logging
 import shutil
 import tarfile
 import time
@@ -21,31 +20,34 @@ from pathlib import Path
 from typing import IO
 
 from pytest_harbor.engine.failures import FailureKind
+from pytest_harbor.engine.processes import SandboxSurvey
 from pytest_harbor.engine.rewards import REWARD_FILES, RewardReading, read_reward
+from pytest_harbor.engine.scripts import (
+    CLEAR,
+    PREPARE,
+    RUN_TEST,
+    TESTS_DIR,
+    TRAJECTORY,
+    VERIFIER_LOGS,
+    Tampered,
+    check,
+    trusted,
+)
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.archives import ChunkReader, pack_tree
-from pytest_harbor.sandboxes.base import TRUSTED_BUSYBOX, Sandbox, SandboxError
+from pytest_harbor.sandboxes.base import ROOT_USER, Sandbox, SandboxError
 from pytest_harbor.tasks import Turn
 
 __all__ = [
     "REWARD_CAP_BYTES",
     "SANDBOX_DIRECTORIES",
     "TRAJECTORY",
-    "SandboxSurvey",
     "VerifierRun",
     "clear_for_next_turn",
-    "kill_processes_since",
+    "copy_verifier_folder",
     "run_verifier",
-    "survey",
-    "trusted",
 ]
 
-log = logging.getLogger("pytest_harbor")
-
-TESTS_DIR = "/tests"
-#: Where the verifier finds the agent's transcript (ATIF), written just before it runs.
-TRAJECTORY = "/logs/agent/trajectory.json"
-VERIFIER_LOGS = "/logs/verifier"
 #: A reward file larger than this is not read: it is invalid.
 REWARD_CAP_BYTES = 64 * 1024
 #: Of any other file the verifier leaves, at most this much is kept ...
@@ -53,6 +55,9 @@ FILE_CAP_BYTES = 64 * 1024 * 1024
 #: ... and of all of them together this much, in at most this many files.
 TOTAL_CAP_BYTES = 256 * 1024 * 1024
 FILE_COUNT_CAP = 20_000
+#: The files cut or left out are named in the row up to this many; once one more would
+#: be, the copy stops reading the folder.
+CUT_NAMES_CAP = 1000
 _CHUNK = 64 * 1024
 
 #: Made before the sandbox starts. The agent's folder is writable by any user; the
@@ -66,199 +71,12 @@ SANDBOX_DIRECTORIES = {
     "/solution": 0o755,
 }
 
-_TAMPERED = "pytest-harbor-tampered:"
-_BROKEN = "pytest-harbor-error:"
-
-#: Shell functions every engine script starts with ($B is the trusted busybox).
-_PRELUDE = f"""
-B={TRUSTED_BUSYBOX}
-tampered() {{ echo "{_TAMPERED} $*" >&2; exit 0; }}
-broken() {{ echo "{_BROKEN} $*" >&2; exit 1; }}
-empty() {{
-  for dir in "$@"; do
-    $B rm -rf "$dir"/* "$dir"/.[!.]* "$dir"/..?* || broken "cannot empty $dir"
-  done
-}}
-"""
-
-# What the sandbox is at the end of the seed, before any agent: the image's bash and
-# timeout on its PATH (else in the usual folders), and every process with its start time
-# (which no later process can have: the kernel sets it).
-_SURVEY = """
-echo "path:$PATH"
-locate() {
-  found=""
-  old_ifs=$IFS; IFS=:
-  for dir in $PATH:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; do
-    if [ -f "$dir/$1" ] && [ -x "$dir/$1" ]; then found="$dir/$1"; break; fi
-  done
-  IFS=$old_ifs
-  echo "$1:$found"
-}
-locate bash
-locate timeout
-for p in /proc/[0-9]*; do
-  read -r stat 2>/dev/null < "$p/stat" || continue
-  rest=${stat##*) }
-  set -- $rest
-  echo "proc:${p#/proc/}:${20}"
-done
-"""
-
-# Kills, as root, every process of user $1 (a name or a uid; "" for every user) that is
-# not in $2, the seed's "pid:start" list; again until none is left (one may fork while
-# its parent dies).
-_KILL = """
-kill_user=$1 keep=" $2 "
-case $kill_user in
-  *[!0-9]*) uid=$($B id -u "$kill_user") || broken "no user $kill_user" ;;
-  *) uid=$kill_user ;;
-esac
-round=0
-while [ $round -lt 20 ]; do
-  round=$((round + 1)) killed=""
-  for p in /proc/[0-9]*; do
-    pid=${p#/proc/}
-    [ "$pid" = "$$" ] && continue
-    read -r stat 2>/dev/null < "$p/stat" || continue
-    rest=${stat##*) }
-    set -- $rest
-    # A zombie is dead already (nothing reaps orphans in a sandbox); kill cannot end it.
-    [ "$1" = Z ] && continue
-    case "$keep" in *" $pid:${20} "*) continue ;; esac
-    owner=""
-    { while read -r key real rest; do
-        if [ "$key" = "Uid:" ]; then owner=$real; break; fi
-      done < "$p/status"; } 2>/dev/null
-    if [ -z "$uid" ] || [ "$owner" = "$uid" ]; then kill -9 "$pid" 2>/dev/null && killed=1; fi
-  done
-  [ -z "$killed" ] && break
-done
-"""
-
-# As root: the folders must still be folders and the image's bash still there; the
-# agent's processes go; /tests and /logs/verifier are emptied and handed to the verifier;
-# the tests and the transcript are unpacked from stdin. Arguments: bash, whether to empty
-# /tests, the verifier's user (or ""), the user to kill (or ""), the seed's processes.
-_PREPARE = (
-    """
-bash=$1 upload=$2 verifier_user=$3 kill_user=$4 keep=$5
-for dir in /logs /tests /logs/verifier; do
-  if [ -L "$dir" ] || [ ! -d "$dir" ]; then tampered "$dir is no longer a folder"; fi
-done
-if [ ! -f "$bash" ] || [ ! -x "$bash" ]; then
-  tampered "$bash, which runs the verifier, is gone"
-fi
-if [ -n "$kill_user" ]; then
-  ( set -- "$kill_user" "$keep"
-"""
-    + _KILL
-    + f"""
-  ) || exit $?
-fi
-if [ "$upload" = 1 ]; then empty {TESTS_DIR} {VERIFIER_LOGS}; else empty {VERIFIER_LOGS}; fi
-$B chown 0:0 {TESTS_DIR} && $B chmod 755 {TESTS_DIR} || broken "cannot take {TESTS_DIR}"
-$B chown "${{verifier_user:-0}}" {VERIFIER_LOGS} && $B chmod 755 {VERIFIER_LOGS} \\
-  || broken "cannot hand {VERIFIER_LOGS} to ${{verifier_user:-root}}"
-if [ -L /logs/agent ] || [ ! -d /logs/agent ]; then
-  $B rm -rf /logs/agent && $B mkdir -p /logs/agent && $B chmod 777 /logs/agent \\
-    || broken "cannot make /logs/agent"
-fi
-$B rm -f {TRAJECTORY} || broken "cannot replace {TRAJECTORY}"
-$B tar -x -f - -C / || broken "cannot unpack the tests"
-"""
-)
-
-# Runs test.sh with the image's bash under the trusted timeout, from the working
-# directory (`exec`: the shell would add its own word on a killed test.sh to the output).
-# Arguments: bash, budget, grace.
-_RUN = f"""
-exec $B timeout -s TERM -k "$3" "$2" "$1" {TESTS_DIR}/test.sh \
-  > {VERIFIER_LOGS}/test-stdout.txt 2>&1
-"""
-
-# Before a later turn, as root: the previous turn's tests, reward files and transcript go.
-_CLEAR = f"""
-for dir in {TESTS_DIR} {VERIFIER_LOGS}; do
-  if [ -d "$dir" ] && [ ! -L "$dir" ]; then empty "$dir"; fi
-done
-$B rm -f {TRAJECTORY}
-"""
-
-
-def trusted(script: str, *arguments: str) -> list[str]:
-    """The command that runs `script` with the trusted shell (and its helper functions)."""
-    return [TRUSTED_BUSYBOX, "sh", "-c", _PRELUDE + script, "sh", *arguments]
-
-
-@dataclass(frozen=True)
-class SandboxSurvey:
-    """What a sandbox was before any agent had it."""
-
-    #: The image's bash and timeout, as found on its PATH (None: it has none).
-    bash: str | None
-    timeout: str | None
-    #: `pid:start` of every process then.
-    processes: frozenset[str] = frozenset()
-
-    @property
-    def lacking(self) -> list[str]:
-        return [tool for tool, path in (("bash", self.bash), ("timeout", self.timeout)) if not path]
-
-
-def survey(sandbox: Sandbox) -> SandboxSurvey:
-    """Look at a sandbox before the agent has it (the end of the seed). An answer that
-    lists no process (there is always one: the keep-alive) was lost on its way: it is
-    asked again, once, rather than taken to say that the image lacks its tools."""
-    for _ in range(2):
-        done = sandbox.exec(trusted(_SURVEY), user="root", timeout=60.0)
-        if done.exit_code != 0:
-            raise SandboxError(f"cannot survey the sandbox: {done.stderr.strip()[-300:]}")
-        tools: dict[str, str | None] = {}
-        processes = set()
-        for line in done.stdout.splitlines():
-            kind, _, value = line.partition(":")
-            if kind == "proc":
-                processes.add(value)
-            elif kind in ("bash", "timeout"):
-                tools[kind] = value or None
-        if processes and len(tools) == 2:
-            found = SandboxSurvey(tools["bash"], tools["timeout"], frozenset(processes))
-            if found.lacking:
-                log.warning(
-                    "sandbox %s: no %s on its PATH (%s) or in the usual folders",
-                    sandbox.id[:12],
-                    " or ".join(found.lacking),
-                    next(
-                        (line[5:] for line in done.stdout.splitlines() if line.startswith("path:")),
-                        "",
-                    ),
-                )
-            return found
-        log.warning(
-            "the survey of sandbox %s gave an incomplete answer (stdout %r, stderr %r)",
-            sandbox.id[:12],
-            done.stdout[-300:],
-            done.stderr[-300:],
-        )
-    raise SandboxError(f"the survey of sandbox {sandbox.id[:12]} gave no complete answer")
-
-
-def kill_processes_since(sandbox: Sandbox, before: frozenset[str]) -> None:
-    """Kill, as root, every process of any user that is not in `before` (`pid:start` of
-    the processes there when the agent's turn began): all the agent started, however it
-    detached. An agent's turn that ran out of time ends this way."""
-    done = sandbox.exec(trusted(_KILL, "", " ".join(sorted(before))), user="root", timeout=60.0)
-    if done.exit_code != 0:
-        raise SandboxError(f"cannot end the agent's processes: {done.stderr.strip()[-300:]}")
-
 
 def clear_for_next_turn(sandbox: Sandbox) -> None:
     """Before a later turn: the previous turn's tests, reward and transcript go; the
-    agent's own files under /logs/agent stay."""
-    cleared = sandbox.exec(trusted(_CLEAR), user="root", timeout=60.0)
-    if cleared.exit_code != 0:
-        raise SandboxError(f"cannot clear the previous turn's files: {cleared.stderr.strip()}")
+    agent's own files under /logs/agent stay. Raises SandboxError when that failed."""
+    cleared = sandbox.exec(trusted(CLEAR), user=ROOT_USER, timeout=60.0)
+    check(cleared, "clearing the previous turn's files")
 
 
 @dataclass(frozen=True)
@@ -282,20 +100,23 @@ def run_verifier(
     trajectory: bytes,
     seed: SandboxSurvey,
     into: Path,
-    redactor: Redactor | None = None,
-    kill_user: str | None = None,
+    redactor: Redactor,
+    verifier_user: str | None = None,
+    agent_uid: str | None = None,
     upload_tests: bool = True,
 ) -> VerifierRun:
-    """Verify `turn` in `sandbox`: check what the agent may have broken, kill the
-    processes of `kill_user` the seed did not have, empty /tests and /logs/verifier, upload
-    the tests (unless the image ships them) and the transcript, run test.sh, read the
-    reward through the engine.
+    """Verify `turn` in `sandbox`: check what the agent may have broken, end every process
+    of the user `agent_uid` (a non-root agent's), make /tests and /logs/verifier anew,
+    upload the tests (unless the image ships them) and the transcript, run test.sh, read
+    the reward through the engine. `verifier_user` is the turn's verifier user as numbers
+    (resolved at the seed); the turn's own when not given.
 
     An image that lacked bash or timeout at the seed masks the sample (nothing the agent
-    did); a folder or a bash the agent replaced or removed scores 0
-    (`harbor:verifier_tampered`). As root this is one exec; a verifier user needs a second.
-    What the verifier left is copied into the folder `into`, file by file (with the
-    transcript, as `trajectory.json`), with secrets masked.
+    did); a folder or a bash the agent replaced or removed, or an agent's process that
+    would not end, scores 0 (`harbor:verifier_tampered`). Any other failure of the engine's
+    steps raises SandboxError, for the caller to blame (engine/faults.py). As root this is
+    one exec; a verifier user needs a second. What the verifier left is copied into the
+    folder `into` (with the transcript, as `trajectory.json`), with secrets masked.
     """
     if seed.lacking:
         tools = " and ".join(seed.lacking)
@@ -312,60 +133,60 @@ def run_verifier(
         {"tests": turn.tests_dirs if upload_tests else ()},
         {TRAJECTORY.lstrip("/"): trajectory},
     )
-    user = turn.verifier_user
-    as_root = user in (None, "root", "0")
-    verifier_owner = "" if as_root else (user or "").split(":")[0]
+    user = verifier_user or turn.verifier_user
+    as_root = (user or "root").split(":")[0] in ("root", "0")
     arguments = (
         seed.bash,
         "1" if upload_tests else "0",
-        verifier_owner,
-        kill_user or "",
-        " ".join(sorted(seed.processes)),
+        "" if as_root else user or "",
+        agent_uid or "",
     )
     run_arguments = (seed.bash, f"{budget:g}", f"{grace_s:g}")
     started = time.monotonic()
     if as_root:
         # One exec: the run's arguments follow the preparation's.
-        script = _PREPARE + 'set -- "$6" "$7" "$8"\n' + _RUN
+        script = PREPARE + 'set -- "$5" "$6" "$7"\n' + RUN_TEST
         first = sandbox.exec(
             trusted(script, *arguments, *run_arguments),
-            user="root",
+            user=ROOT_USER,
             workdir=workdir,
             env=turn.verifier_env,
-            timeout=budget + grace_s + 30.0,
+            timeout=budget + grace_s + 60.0,
             stdin=payload,
         )
     else:
         first = sandbox.exec(
-            trusted(_PREPARE, *arguments), user="root", workdir=workdir, timeout=60.0, stdin=payload
+            trusted(PREPARE, *arguments),
+            user=ROOT_USER,
+            workdir=workdir,
+            timeout=60.0,
+            stdin=payload,
         )
-    tampered = _marked(first.stderr, _TAMPERED)
-    if tampered is not None:
+    try:
+        check(first, "the verifier's preparation", then_ran=as_root)
+    except Tampered as tampered:
         return VerifierRun(
             RewardReading.failed(
                 FailureKind.VERIFIER_TAMPERED,
                 f"the sandbox was changed where the verifier needs it: {tampered}",
             )
         )
-    problem = _marked(first.stderr, _BROKEN)
-    if problem is not None:
-        raise SandboxError(problem)
     result = first
     if not as_root:
         started = time.monotonic()
         result = sandbox.exec(
-            trusted(_RUN, *run_arguments),
+            trusted(RUN_TEST, *run_arguments),
             user=user,
             workdir=workdir,
             env=turn.verifier_env,
-            timeout=budget + grace_s + 30.0,
+            timeout=budget + grace_s + 60.0,
         )
     elapsed = time.monotonic() - started
     # busybox timeout: 143 after SIGTERM worked, 137 when SIGKILL was needed.
     timed_out = result.timed_out or (result.exit_code in (124, 137, 143) and elapsed >= budget)
-    copied = copy_verifier_folder(sandbox, into, redactor or Redactor())
+    copied = copy_verifier_folder(sandbox, into, redactor)
     if not (into / "trajectory.json").exists():
-        (into / "trajectory.json").write_bytes((redactor or Redactor()).bytes(trajectory))
+        (into / "trajectory.json").write_bytes(redactor.bytes(trajectory))
     if timed_out:
         reading = RewardReading.failed(
             FailureKind.VERIFIER_TIMEOUT,
@@ -384,6 +205,19 @@ class _Copied:
     rewards: dict[str, bytes] = field(default_factory=dict)
     unusable: dict[str, str] = field(default_factory=dict)
     cut: list[str] = field(default_factory=list)
+    #: How many more were cut or left out than `cut` names.
+    unnamed: int = 0
+
+    def note(self, name: str) -> None:
+        if len(self.cut) < CUT_NAMES_CAP:
+            self.cut.append(name)
+        else:
+            self.unnamed += 1
+
+    @property
+    def full(self) -> bool:
+        """As many names noted as are kept: the rest of the folder is not read."""
+        return self.unnamed > 0
 
 
 def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _Copied:
@@ -391,7 +225,14 @@ def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _C
     API as a stream and written file by file with secrets masked: nothing of it is held
     whole. A file is cut at FILE_CAP_BYTES; past TOTAL_CAP_BYTES or FILE_COUNT_CAP, files
     are left out. A reward file that is not a regular file, or is larger than
-    REWARD_CAP_BYTES, is not read (`unusable` says why)."""
+    REWARD_CAP_BYTES, is not read (`unusable` says why).
+
+    Nothing the folder holds or does while it is read can fail the copy: a file this
+    machine cannot write (a path too long for it, say) is left out and named; a stream
+    that breaks off (a file growing or shrinking as it is read) ends the copy, and the
+    reward files it did not reach are read on their own. Raises SandboxError only when the
+    engine could not be asked for the folder at all.
+    """
     shutil.rmtree(into, ignore_errors=True)
     into.mkdir(parents=True, exist_ok=True)
     copied = _Copied()
@@ -399,49 +240,110 @@ def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _C
     if chunks is None:
         return copied
     total = files = 0
-    with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as archive:
-        for member in archive:
-            parts = member.name.split("/")[1:]
-            if not parts or any(part in ("", ".", "..") for part in parts):
-                continue
-            name = "/".join(parts)
-            if name in REWARD_FILES:
+    seen: set[str] = set()
+    try:
+        with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as archive:
+            for member in archive:
+                if copied.full:
+                    break
+                parts = member.name.split("/")[1:]
+                if not parts or any(part in ("", ".", "..") for part in parts):
+                    continue
+                name = _shown("/".join(parts))
+                if name in REWARD_FILES:
+                    seen.add(name)
+                    reason = _unreadable_reward(member)
+                    if reason is not None:
+                        copied.unusable[name] = reason
+                        if member.isreg():
+                            copied.note(name)
+                        continue
                 if not member.isreg():
-                    copied.unusable[name] = f"is not a regular file ({_kind(member)})"
                     continue
-                if member.size > REWARD_CAP_BYTES:
-                    copied.unusable[name] = (
-                        f"is larger than {REWARD_CAP_BYTES} bytes ({member.size} bytes)"
-                    )
-                    copied.cut.append(name)
+                # The reward files (small, by the check above) are never left out.
+                if name not in REWARD_FILES and (
+                    files >= FILE_COUNT_CAP or total >= TOTAL_CAP_BYTES
+                ):
+                    copied.note(name)
                     continue
-            if not member.isreg():
-                continue
-            # The reward files (small, by the check above) are never left out.
-            if name not in REWARD_FILES and (files >= FILE_COUNT_CAP or total >= TOTAL_CAP_BYTES):
-                copied.cut.append(name)
-                continue
-            source = archive.extractfile(member)
-            if source is None:
-                continue
-            room = min(FILE_CAP_BYTES, TOTAL_CAP_BYTES - total)
-            target = into.joinpath(*parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if name in REWARD_FILES:
-                # Read as written (a masked copy could no longer be a number).
-                copied.rewards[name] = source.read()
-                target.write_bytes(redactor.bytes(copied.rewards[name]))
-            else:
-                with target.open("wb") as handle:
-                    for chunk in redactor.stream(_read_up_to(source, room)):
-                        handle.write(chunk)
-                    if member.size > room:
-                        cut = member.size - room
-                        handle.write(f"\n[... cut: {cut} more bytes ...]\n".encode())
-                        copied.cut.append(name)
-            total += min(member.size, room)
-            files += 1
+                source = archive.extractfile(member)
+                if source is None:
+                    continue
+                room = min(FILE_CAP_BYTES, TOTAL_CAP_BYTES - total)
+                if name in REWARD_FILES:
+                    # Read as written (a masked copy could no longer be a number).
+                    copied.rewards[name] = source.read()
+                    _write(into, parts, [redactor.bytes(copied.rewards[name])], copied, name)
+                else:
+                    cut = member.size > room
+                    body = redactor.stream(_read_up_to(source, room), cut=cut)
+                    tail = [f"\n[... cut: {member.size - room} more bytes ...]\n".encode()]
+                    _write(into, parts, _chain(body, tail if cut else []), copied, name)
+                    if cut:
+                        copied.note(name)
+                total += min(member.size, room)
+                files += 1
+    except (tarfile.TarError, OSError, SandboxError, ValueError) as error:
+        copied.note(f"(the rest of the folder: reading it broke off: {_shown(str(error))})")
+    if copied.full:
+        copied.cut.append(f"(and {copied.unnamed} more, not read)")
+    for name in REWARD_FILES:
+        if name not in seen and name not in copied.rewards:
+            _read_reward_alone(sandbox, name, into, redactor, copied)
     return copied
+
+
+def _unreadable_reward(member: tarfile.TarInfo) -> str | None:
+    if not member.isreg():
+        return f"is not a regular file ({_kind(member)})"
+    if member.size > REWARD_CAP_BYTES:
+        return f"is larger than {REWARD_CAP_BYTES} bytes ({member.size} bytes)"
+    return None
+
+
+def _read_reward_alone(
+    sandbox: Sandbox, name: str, into: Path, redactor: Redactor, copied: _Copied
+) -> None:
+    """A reward file the folder's stream did not reach (it broke off, or stopped at the
+    caps): read on its own, with the same checks. Not there: nothing to add."""
+    try:
+        chunks = sandbox.iter_archive(f"{VERIFIER_LOGS}/{name}")
+        if chunks is None:
+            return
+        with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as archive:
+            for member in archive:
+                reason = _unreadable_reward(member)
+                if reason is not None:
+                    copied.unusable[name] = reason
+                    return
+                source = archive.extractfile(member)
+                if source is not None:
+                    copied.rewards[name] = source.read(REWARD_CAP_BYTES + 1)
+                    _write(into, [name], [redactor.bytes(copied.rewards[name])], copied, name)
+                return
+    except (tarfile.TarError, OSError, SandboxError, ValueError) as error:
+        copied.unusable[name] = f"could not be read ({_shown(str(error))})"
+
+
+def _write(
+    into: Path, parts: list[str], chunks: Iterator[bytes] | list[bytes], copied: _Copied, name: str
+) -> None:
+    """Write one file below `into`; one this machine refuses (a path too long for it, a
+    name it cannot hold, a file where a folder was) is left out and named instead."""
+    try:
+        target = into.joinpath(*parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("wb") as handle:
+            for chunk in chunks:
+                handle.write(chunk)
+    except (OSError, ValueError) as error:
+        copied.note(f"{name} (not written here: {type(error).__name__})")
+        # The rest of the member is skipped by the archive itself.
+
+
+def _chain(*parts: Iterator[bytes] | list[bytes]) -> Iterator[bytes]:
+    for part in parts:
+        yield from part
 
 
 def _read_up_to(source: IO[bytes], limit: int) -> Iterator[bytes]:
@@ -453,11 +355,18 @@ def _read_up_to(source: IO[bytes], limit: int) -> Iterator[bytes]:
         yield chunk
 
 
+def _shown(name: str) -> str:
+    """A name from the sandbox as text a results file can hold: bytes that are not UTF-8
+    as U+FFFD, at most 500 characters."""
+    text = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return text if len(text) <= 500 else text[:480] + "[...]"
+
+
 def _kind(member: tarfile.TarInfo) -> str:
     if member.issym():
-        return f"a symbolic link to {member.linkname}"
+        return f"a symbolic link to {_shown(member.linkname)}"
     if member.islnk():
-        return f"a hard link to {member.linkname}"
+        return f"a hard link to {_shown(member.linkname)}"
     if member.isfifo():
         return "a FIFO"
     if member.isdev():
@@ -465,11 +374,3 @@ def _kind(member: tarfile.TarInfo) -> str:
     if member.isdir():
         return "a folder"
     return "not a file"
-
-
-def _marked(stderr: str, marker: str) -> str | None:
-    """The text after `marker` on the first stderr line that carries it."""
-    for line in stderr.splitlines():
-        if line.startswith(marker):
-            return line[len(marker) :].strip()
-    return None

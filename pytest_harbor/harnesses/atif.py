@@ -6,10 +6,11 @@ call of its own step, and fields that only an agent step may carry stay off the 
 
 from __future__ import annotations
 
-import json
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pytest_harbor import strict_json
 
 __all__ = [
     "ATIF_VERSION",
@@ -140,4 +141,4 @@ class Trajectory(_Atif):
     def to_bytes(self) -> bytes:
         """The document as /logs/agent/trajectory.json holds it."""
         data = self.model_dump(mode="json", exclude_none=True)
-        return (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode()
+        return (strict_json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode()

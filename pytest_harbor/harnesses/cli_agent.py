@@ -36,6 +36,7 @@ from pytest_harbor.harnesses.base import (
 )
 from pytest_harbor.harnesses.converters import ConverterInput, convert
 from pytest_harbor.harnesses.recipes import Recipe, render
+from pytest_harbor.redaction import clip_head, clip_tail
 from pytest_harbor.sandboxes.archives import ChunkReader
 from pytest_harbor.sandboxes.base import (
     RUN_LABEL,
@@ -239,14 +240,14 @@ def _last_line(result: ExecResult) -> str:
     for text in (result.stderr, result.stdout):
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         if lines:
-            return lines[-1][:500]
+            return clip_head(lines[-1], 500)
     return "(no output)"
 
 
 def _tail(result: ExecResult) -> str:
-    text = result.stdout[-_LOG_TAIL_CHARS:]
+    text = clip_tail(result.stdout, _LOG_TAIL_CHARS)
     if result.stderr.strip():
-        text += "\n--- stderr ---\n" + result.stderr[-_LOG_TAIL_CHARS:]
+        text += "\n--- stderr ---\n" + clip_tail(result.stderr, _LOG_TAIL_CHARS)
     return text.strip()
 
 

@@ -14,7 +14,7 @@ from pytest_harbor.harnesses.base import (
     no_options,
 )
 from pytest_harbor.sandboxes.archives import pack_folder
-from pytest_harbor.sandboxes.base import TRUSTED_BUSYBOX, ExecResult, Sandbox
+from pytest_harbor.sandboxes.base import ROOT_USER, TRUSTED_BUSYBOX, ExecResult, Sandbox
 from pytest_harbor.tasks.task import Task
 
 __all__ = ["OracleHarness"]
@@ -79,7 +79,7 @@ class _OracleSession:
                 return _ran(sandbox, result)
             # An image without tar: upload the solution through the engine instead.
         elif later:
-            sandbox.exec(["/bin/sh", "-c", _NEXT_TURN], user="root")
+            sandbox.exec(["/bin/sh", "-c", _NEXT_TURN], user=ROOT_USER)
         sandbox.upload(solution, SOLUTION_DIR)
         return _ran(sandbox, execute(run))
 
@@ -92,7 +92,7 @@ def _ran(sandbox: Sandbox, result: ExecResult) -> AgentRun:
     if result.exit_code != 0 or result.timed_out:
         # Its end only (the log may be huge), with the engine's own `tail`.
         tail = sandbox.exec(
-            [TRUSTED_BUSYBOX, "tail", "-c", str(_LOG_TAIL_BYTES), ORACLE_LOG], user="root"
+            [TRUSTED_BUSYBOX, "tail", "-c", str(_LOG_TAIL_BYTES), ORACLE_LOG], user=ROOT_USER
         )
         log_tail = tail.stdout if tail.exit_code == 0 else ""
     return AgentRun(exit_code=result.exit_code, timed_out=result.timed_out, log_tail=log_tail)

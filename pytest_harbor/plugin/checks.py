@@ -3,7 +3,6 @@ each task, gathered on the controller from the test reports, as one list of prob
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from typing import Any, Literal
 
 import pytest
 
+from pytest_harbor import strict_json
 from pytest_harbor.engine import EpisodeResult
 from pytest_harbor.plugin.ledger import trial_of
 from pytest_harbor.plugin.nodes import NOP_TRIAL, task_warnings
@@ -131,7 +131,7 @@ class TaskCheck:
                 "oracle_rewards": [record.oracle[r].reward for r in sorted(record.oracle)],
                 "nop_reward": record.nop.reward if record.nop is not None else None,
             }
-        text = json.dumps(
+        text = strict_json.dumps(
             {"schema_version": SCHEMA_VERSION, "repeats": self.repeats, "tasks": entries},
             indent=2,
         )

@@ -20,6 +20,7 @@ from pytest_harbor.engine.slots import Slot
 from pytest_harbor.harnesses import Harness
 from pytest_harbor.plugin.markers import metadata_markers
 from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun, Target
+from pytest_harbor.redaction import clip_head
 from pytest_harbor.tasks import Task, TaskLoadError, Turn
 
 __all__ = [
@@ -395,10 +396,7 @@ def _details(turn: TurnResult, test_stdout: bytes, *, validation: bool) -> str:
         lines.append(f"solve.sh exit code: {turn.agent_exit_code}")
     if turn.response:
         answer = turn.response.strip().replace("\n", " ")
-        lines.append(
-            f"agent's answer: {answer[:_ANSWER_CHARS]}"
-            + (" ..." if len(answer) > _ANSWER_CHARS else "")
-        )
+        lines.append(f"agent's answer: {clip_head(answer, _ANSWER_CHARS)}")
     lines.append(f"verifier logs: {turn.verifier_logs_dir}")
     tail = test_stdout.decode("utf-8", errors="replace").splitlines()[-_TAIL_LINES:]
     lines.append("---- last lines of test-stdout.txt ----")

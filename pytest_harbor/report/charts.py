@@ -55,17 +55,19 @@ class Bin:
 
 
 def histogram(rewards: Iterable[float], bins: int = 10) -> list[Bin]:
-    """Equal-width bins over [0, 1], widened to take in rewards outside it."""
-    values = list(rewards)
-    low = min([0.0, *values])
-    high = max([1.0, *values])
+    """Equal-width bins over [0, 1], widened to take in rewards outside it (any finite
+    float: the arithmetic is on halves, so that even +-1e308 do not overflow). A value
+    that is not finite is left out."""
+    values = [value for value in rewards if math.isfinite(value)]
+    low = min([0.0, *values]) / 2
+    high = max([1.0, *values]) / 2
     width = (high - low) / bins
     counts = [0] * bins
     for value in values:
         # The small nudge keeps 0.3 in [0.3, 0.4): (0.3 - 0) / 0.1 is 2.9999999999999996.
-        counts[min(int((value - low) / width + 1e-9), bins - 1)] += 1
+        counts[min(int((value / 2 - low) / width + 1e-9), bins - 1)] += 1
     return [
-        Bin(low=low + width * index, high=low + width * (index + 1), count=count)
+        Bin(low=2 * (low + width * index), high=2 * (low + width * (index + 1)), count=count)
         for index, count in enumerate(counts)
     ]
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from pytest_harbor.redaction import clip_head
 from pytest_harbor.report.charts import (
     histogram,
     histogram_svg,
@@ -467,7 +468,7 @@ def _status(status: str) -> str:
 
 
 def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return clip_head(text, limit)
 
 
 _CSS = """

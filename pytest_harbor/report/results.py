@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_harbor.strict_json import as_float
 from pytest_harbor.writers.rollouts import CHECK, FAILURES, ROLLOUTS, SUMMARY
 
 __all__ = [
@@ -127,7 +128,7 @@ def load_taskset(summary_file: Path) -> TasksetResults:
     folder = summary_file.parent
     notes: list[str] = []
     try:
-        summary = json.loads(summary_file.read_text(encoding="utf-8"))
+        summary = _loads(summary_file.read_text(encoding="utf-8"))
         if not isinstance(summary, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as error:
@@ -148,7 +149,7 @@ def load_taskset(summary_file: Path) -> TasksetResults:
                 task_id=key[0],
                 repeat=key[1],
                 status=str(entry.get("status") or "unknown"),
-                reward=_float(entry.get("reward")),
+                reward=as_float(entry.get("reward")),
                 failure_kind=entry.get("failure_kind"),
                 failure_reason=entry.get("failure_reason"),
                 stage=entry.get("stage"),
@@ -187,7 +188,7 @@ def _json_lines(path: Path, notes: list[str]) -> Iterator[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
+            data = _loads(line)
         except ValueError:
             bad += 1
             continue
@@ -203,7 +204,7 @@ def _check(path: Path, notes: list[str]) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = _loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         notes.append(f"{CHECK}: cannot read it ({error})")
         return None
@@ -269,8 +270,10 @@ def _int(value: object) -> int:
     return value if isinstance(value, int) else 0
 
 
-def _float(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+def _loads(text: str) -> Any:
+    """JSON as a run writes it; NaN and Infinity (which older versions wrote, and which
+    are not JSON) read as null."""
+    return json.loads(text, parse_constant=lambda _: None)
 
 
 def _timings(row: Mapping[str, Any] | None) -> Mapping[str, Any]:

@@ -10,6 +10,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from pytest_harbor.redaction import CUT
+
 __all__ = ["TOTAL_LIMIT", "TRAJECTORY_LIMIT", "Budget", "text_tail_html", "transcript_html"]
 
 #: Characters of one trajectory's text the page embeds; the rest is a link to the file.
@@ -92,7 +94,8 @@ def text_tail_html(path: Path, limit: int, budget: Budget) -> str:
     except OSError as error:
         return _note(f"Cannot read {escape(path.name)}: {escape(str(error))}")
     text = text[len(text) - budget.take(len(text)) :]
-    cut = "…" if size > len(text.encode()) else ""
+    # The cut marked as every cut is (a secret's piece beside it is masked).
+    cut = CUT if size > len(text.encode()) else ""
     return f'<pre class="log">{cut}{escape(text)}</pre>'
 
 
@@ -175,7 +178,7 @@ def _raw_start(path: Path, link: str, size: int, budget: Budget) -> str:
     )
     return (
         _note(f"Not a trajectory the report can lay out as steps.{more}")
-        + f'<pre class="log">{escape(text)}</pre>'
+        + f'<pre class="log">{escape(text)}{CUT if allowance < size else ""}</pre>'
     )
 
 

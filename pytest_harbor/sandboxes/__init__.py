@@ -22,6 +22,7 @@ from pytest_harbor.sandboxes.base import (
     SandboxProvider,
     SandboxSpec,
     SandboxStartError,
+    SandboxStatus,
 )
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "SandboxProvider",
     "SandboxSpec",
     "SandboxStartError",
+    "SandboxStatus",
     "UnknownProvider",
     "make_provider",
     "provider_names",

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_harbor.settings import DEFAULT_PIDS_LIMIT
+
 __all__ = [
+    "KEEPALIVE_USER",
+    "ROOT_USER",
     "RUN_LABEL",
+    "SEALED_BUSYBOX",
     "TRUSTED_BUSYBOX",
     "TRUSTED_TOOLS",
     "ExecResult",
@@ -27,6 +32,7 @@ __all__ = [
     "SandboxProvider",
     "SandboxSpec",
     "SandboxStartError",
+    "SandboxStatus",
     "Spawned",
 ]
 
@@ -39,6 +45,15 @@ RUN_LABEL = "pytest-harbor.run"
 #: sandbox, root included, can change it, and it needs nothing from the image.
 TRUSTED_TOOLS = "/.pytest-harbor"
 TRUSTED_BUSYBOX = f"{TRUSTED_TOOLS}/busybox"
+#: The same busybox, readable by nobody (mode 0111): a process started from it cannot be
+#: traced or have its memory read by another process without CAP_SYS_PTRACE, root in the
+#: sandbox included. The sandbox's first process (its keep-alive) runs from it.
+SEALED_BUSYBOX = f"{TRUSTED_TOOLS}/busybox-sealed"
+#: Root, as the engine's own commands run: by number, so that no passwd file (an agent
+#: running as root can empty it) can keep them from starting.
+ROOT_USER = "0:0"
+#: The user the keep-alive runs as: none of the image's own, so that no agent shares it.
+KEEPALIVE_USER = "65533:65533"
 
 
 class SandboxError(Exception):
@@ -139,6 +154,22 @@ class SandboxSpec:
     #: Start the sandbox as the `main` service of this Compose project, its other
     #: services first.
     group: SandboxGroup | None = None
+    #: The most processes (threads included) the sandbox may hold at once; None: no cap.
+    pids_limit: int | None = DEFAULT_PIDS_LIMIT
+
+
+@dataclass(frozen=True)
+class SandboxStatus:
+    """What the provider's engine says of a sandbox (not anything inside it, which an
+    agent could change): whether it is still there and running, and whether something in
+    it ran out of memory (killed by the kernel) or of processes (its pids cap reached)."""
+
+    present: bool
+    running: bool = False
+    out_of_memory: bool = False
+    out_of_processes: bool = False
+    #: The exit code of its first process, once it has ended.
+    exit_code: int | None = None
 
 
 @dataclass(frozen=True)
@@ -207,8 +238,9 @@ class Sandbox(Protocol):
         None when it does not exist."""
         ...
 
-    def write_archive(self, data: bytes, into: str) -> None:
-        """Unpack a tar stream (as read_archive gives it) into the existing folder `into`."""
+    def write_archive(self, data: bytes | Iterable[bytes], into: str) -> None:
+        """Unpack a tar stream (as read_archive gives it, or in chunks as iter_archive
+        does) into the existing folder `into`."""
         ...
 
     def download(self, source: str) -> dict[str, bytes]:
@@ -229,6 +261,12 @@ class Sandbox(Protocol):
     def snapshot(self, labels: Mapping[str, str]) -> str:
         """An image of the sandbox's file system as it is now (its processes are not part
         of it), carrying `labels`; remove it with the provider's remove_image()."""
+        ...
+
+    def status(self) -> SandboxStatus:
+        """The sandbox as its engine sees it; raises SandboxError when the engine cannot
+        be asked. The engine decides from it whether a failed step was the sandbox's
+        doing (scored) or its own (masked)."""
         ...
 
     def stop(self) -> None:

@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,10 @@ from pytest_harbor.sandboxes.archives import (
     unpack_files,
 )
 from pytest_harbor.sandboxes.base import (
+    KEEPALIVE_USER,
+    ROOT_USER,
     RUN_LABEL,
+    SEALED_BUSYBOX,
     TRUSTED_BUSYBOX,
     TRUSTED_TOOLS,
     ExecResult,
@@ -55,6 +58,7 @@ from pytest_harbor.sandboxes.base import (
     SandboxProvider,
     SandboxSpec,
     SandboxStartError,
+    SandboxStatus,
 )
 from pytest_harbor.sandboxes.compose import episode_project, project_name
 from pytest_harbor.sandboxes.images import build_lock, image_tag_for
@@ -97,6 +101,28 @@ _ENGINE_ERRORS = (docker.errors.APIError, *_TRANSPORT_ERRORS)
 #: The keep-alive sleep of a sandbox with no lifetime; removal is forceful, so the sleep
 #: never needs a signal.
 _FOREVER_S = 2147483647
+#: The sandbox's first process, run by the sealed busybox as KEEPALIVE_USER; $1 is its
+#: lifetime in seconds. Nothing inside a sandbox, root included, can end it: it ignores
+#: every signal it could be sent (the kernel drops the others for a first process), and
+#: no agent can trace it (the sealed busybox). It reaps the orphans every sandbox gathers
+#: (they become its children; unreaped, each would hold a place under the pids cap) by
+#: waiting on the sleep it starts. It forks only then, at its start: a fork refused later
+#: (the cap reached) would end the shell, and the sandbox with it. When that sleep ends
+#: early (only root can kill it), it sleeps on in its own place, without reaping.
+_KEEPALIVE = """trap '' 1 2 3 4 5 6 7 8 10 11 12 13 14 15 16 18 20 21 22 23 24 25 26 27 28 29 30 31
+read -r up _ < /proc/uptime
+end=$(( ${up%.*} + $1 ))
+{busybox} sleep "$1" &
+while :; do
+  wait
+  read -r up _ < /proc/uptime
+  left=$(( end - ${up%.*} ))
+  [ "$left" -gt 0 ] || exit 0
+  exec {busybox} sleep "$left"
+done
+""".replace("{busybox}", SEALED_BUSYBOX)
+#: The keep-alive as an entrypoint; the lifetime is the container's command.
+_KEEPALIVE_ENTRYPOINT = [SEALED_BUSYBOX, "sh", "-c", _KEEPALIVE, "sh"]
 #: First pause between image pulls; it doubles each try.
 _PULL_BACKOFF_S = 0.5
 #: Run by the trusted busybox shell: prints its pid (the command exec'd keeps it and leads
@@ -378,10 +404,15 @@ class DockerProvider:
                 ) from None
             try:
                 try:
-                    api.get_archive(helper["Id"], "/fill/busybox")
+                    api.get_archive(helper["Id"], "/fill/busybox-sealed")
                 except docker.errors.NotFound:
                     chunks, _ = api.get_archive(helper["Id"], "/bin/busybox")
-                    api.put_archive(helper["Id"], "/fill", b"".join(chunks))
+                    binary = unpack_files(b"".join(chunks), strip_components=0)["busybox"]
+                    api.put_archive(helper["Id"], "/fill", pack_files({"busybox": binary}, 0o755))
+                    # Written last: its presence says the volume is complete.
+                    api.put_archive(
+                        helper["Id"], "/fill", pack_files({"busybox-sealed": binary}, 0o111)
+                    )
             except _ENGINE_ERRORS as error:
                 raise SandboxStartError(
                     f"cannot copy /bin/busybox of {image} into the tools volume: {_explain(error)}"
@@ -655,23 +686,22 @@ class DockerProvider:
             limits["nano_cpus"] = int(min(spec.cpus, engine.cpus) * 1e9)
         if spec.memory_mb is not None:
             limits["mem_limit"] = limits["memswap_limit"] = f"{spec.memory_mb}m"
-        # The keep-alive sleep is the sandbox's lifetime; a leaked one ends and is removed.
+        # The keep-alive is the sandbox's lifetime: a leaked one ends by itself, and the
+        # reaper removes it. It is not removed by the engine as it ends: a sandbox that
+        # stopped must still be there to say why (status()).
         lifetime = _FOREVER_S if spec.ttl_s is None else max(1, math.ceil(spec.ttl_s))
         try:
             host_config = api.create_host_config(
-                auto_remove=spec.ttl_s is not None,
                 network_mode=self.network if spec.network else "none",
                 binds={self.tools_volume(): {"bind": TRUSTED_TOOLS, "mode": "ro"}},
+                pids_limit=spec.pids_limit,
                 **limits,
             )
             created = api.create_container(
                 spec.image,
-                # The keep-alive is the sandbox's first process, the trusted busybox's
-                # `sleep`: nothing inside the sandbox, root included, can signal it, so no
-                # agent can end its own sandbox. (Orphans it does not reap stay zombies
-                # until the sandbox goes.)
-                entrypoint=[TRUSTED_BUSYBOX, "sleep"],
+                entrypoint=_KEEPALIVE_ENTRYPOINT,
                 command=[str(lifetime)],
+                user=KEEPALIVE_USER,
                 labels=dict(spec.labels),
                 environment=[f"{key}={value}" for key, value in spec.env.items()],
                 working_dir=spec.workdir,
@@ -683,7 +713,11 @@ class DockerProvider:
                 f"cannot create a sandbox from {spec.image}: {_explain(error)}"
             ) from None
         sandbox = DockerSandbox(
-            created["Id"], online=spec.network, network=self.network, endpoint=self.endpoint
+            created["Id"],
+            online=spec.network,
+            network=self.network,
+            endpoint=self.endpoint,
+            user=self.image_config(spec.image).user,
         )
         try:
             if spec.directories:
@@ -705,8 +739,10 @@ class DockerProvider:
         lifetime = _FOREVER_S if spec.ttl_s is None else max(1, math.ceil(spec.ttl_s))
         tools = self.tools_volume()
         main: dict[str, Any] = {
-            "entrypoint": [TRUSTED_BUSYBOX, "sleep"],
+            # Compose reads `$` as its own variables': `$$` is a `$` for the shell.
+            "entrypoint": [part.replace("$", "$$") for part in _KEEPALIVE_ENTRYPOINT],
             "command": [str(lifetime)],
+            "user": KEEPALIVE_USER,
             "environment": dict(spec.env),
             "volumes": [
                 {"type": "volume", "source": tools, "target": TRUSTED_TOOLS, "read_only": True}
@@ -718,6 +754,8 @@ class DockerProvider:
             main["cpus"] = min(spec.cpus, engine.cpus)
         if spec.memory_mb is not None:
             main["mem_limit"] = main["memswap_limit"] = f"{spec.memory_mb}m"
+        if spec.pids_limit is not None:
+            main["pids_limit"] = spec.pids_limit
         name = project_name(group.episode, uuid.uuid4().hex[:8])
         config = episode_project(
             group.config,
@@ -765,7 +803,13 @@ class DockerProvider:
         if not found:
             _remove_project(name, self.endpoint)
             raise SandboxStartError(f"the Compose project {name} came up without its main")
-        sandbox = ComposeSandbox(found[0]["Id"], name, online=spec.network, endpoint=self.endpoint)
+        sandbox = ComposeSandbox(
+            found[0]["Id"],
+            name,
+            online=spec.network,
+            endpoint=self.endpoint,
+            user=self.image_config(spec.image).user,
+        )
         try:
             if spec.directories:
                 engine.api.put_archive(found[0]["Id"], "/", pack_directories(spec.directories))
@@ -828,7 +872,12 @@ class DockerProvider:
 
 
 class DockerSandbox:
-    """One container; every call goes through the Docker engine API."""
+    """One container; every call goes through the Docker engine API.
+
+    `user` is who a command runs as when it names no one: the image's user (root when
+    the image names none). None: the container's own user (a Compose sidecar's); a
+    sandbox the provider started runs its keep-alive as KEEPALIVE_USER, never a command.
+    """
 
     def __init__(
         self,
@@ -836,12 +885,14 @@ class DockerSandbox:
         online: bool = True,
         network: str = _NETWORK,
         endpoint: Endpoint | None = None,
+        user: str | None = None,
     ) -> None:
         self._id = container_id
         self._endpoint = endpoint
         self._stopped = False
         self._online = online
         self._network = network
+        self._user = None if user is None else (user or "0")
 
     @property
     def id(self) -> str:
@@ -879,7 +930,7 @@ class DockerSandbox:
                 stdout=True,
                 stderr=True,
                 stdin=stdin is not None,
-                user=user or "",
+                user=user or self._user or "",
                 workdir=workdir,
                 environment=[f"{key}={value}" for key, value in (env or {}).items()],
             )["Id"]
@@ -925,7 +976,12 @@ class DockerSandbox:
         engine = _engine(self._endpoint)
         try:
             exec_id = engine.api.exec_create(
-                self._id, list(command), stdout=True, stderr=True, user=user or "", workdir=workdir
+                self._id,
+                list(command),
+                stdout=True,
+                stderr=True,
+                user=user or self._user or "",
+                workdir=workdir,
             )["Id"]
             connection = _Connection(engine.api.exec_start(exec_id, socket=True))
         except _ENGINE_ERRORS as error:
@@ -938,7 +994,7 @@ class DockerSandbox:
         # Negative pid: the whole process group the command leads.
         script = f"kill -9 -{pid} 2>/dev/null; kill -9 {pid} 2>/dev/null; true"
         with contextlib.suppress(SandboxError):
-            self.exec([TRUSTED_BUSYBOX, "sh", "-c", script], user="root")
+            self.exec([TRUSTED_BUSYBOX, "sh", "-c", script], user=ROOT_USER)
 
     def upload(self, source: Path | Mapping[str, bytes], target: str) -> None:
         data = pack_folder(source) if isinstance(source, Path) else pack_files(source)
@@ -967,7 +1023,7 @@ class DockerSandbox:
                 f"sandbox {self._id[:12]}: reading {source} failed: {_explain(error)}"
             ) from None
 
-    def write_archive(self, data: bytes, into: str) -> None:
+    def write_archive(self, data: bytes | Iterable[bytes], into: str) -> None:
         try:
             _engine(self._endpoint).api.put_archive(self._id, into, data)
         except _ENGINE_ERRORS as error:
@@ -1029,13 +1085,46 @@ class DockerSandbox:
                 self._id,
                 repository="pytest-harbor-snapshot",
                 tag=uuid.uuid4().hex[:12],
-                conf={"Labels": dict(labels)},
+                # The container runs its keep-alive as KEEPALIVE_USER; the snapshot runs
+                # as the image did.
+                conf={"Labels": dict(labels), "User": self._user or ""},
             )
         except _ENGINE_ERRORS as error:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: snapshot failed: {_explain(error)}"
             ) from None
         return str(made["Id"])
+
+    def status(self) -> SandboxStatus:
+        api = _engine(self._endpoint).api
+        try:
+            state = api.inspect_container(self._id).get("State") or {}
+        except docker.errors.NotFound:
+            return SandboxStatus(present=False)
+        except _ENGINE_ERRORS as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: the engine does not say how it is: {_explain(error)}"
+            ) from None
+        running = bool(state.get("Running"))
+        return SandboxStatus(
+            present=True,
+            running=running,
+            out_of_memory=bool(state.get("OOMKilled")),
+            out_of_processes=running and self._at_pids_cap(),
+            exit_code=None if running else _int_or_none(state.get("ExitCode")),
+        )
+
+    def _at_pids_cap(self) -> bool:
+        """Whether the sandbox holds as many processes as its cap allows (or nearly)."""
+        try:
+            stats = _engine(self._endpoint).api.stats(self._id, stream=False, one_shot=True)
+        except (docker.errors.DockerException, *_TRANSPORT_ERRORS, TypeError):
+            return False
+        pids = stats.get("pids_stats") or {}
+        current, limit = pids.get("current"), pids.get("limit")
+        if not isinstance(current, int) or not isinstance(limit, int) or limit <= 0:
+            return False
+        return current >= limit - 2
 
     def stop(self) -> None:
         if self._stopped:
@@ -1062,9 +1151,14 @@ class ComposeSandbox(DockerSandbox):
         project: str,
         online: bool = True,
         endpoint: Endpoint | None = None,
+        user: str | None = None,
     ) -> None:
         super().__init__(
-            container_id, online=online, network=f"{project}_default", endpoint=endpoint
+            container_id,
+            online=online,
+            network=f"{project}_default",
+            endpoint=endpoint,
+            user=user,
         )
         self.project = project
 
@@ -1464,6 +1558,10 @@ def _guarded(chunks: Iterator[bytes], what: str) -> Iterator[bytes]:
         yield from chunks
     except _TRANSPORT_ERRORS as error:
         raise SandboxError(f"{what}: {error}") from None
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _explain(error: BaseException) -> str:

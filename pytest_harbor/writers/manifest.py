@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
@@ -14,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pytest_harbor import strict_json
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.writers.files import write_atomically
@@ -184,7 +184,7 @@ class RunManifest(BaseModel):
         data = self.model_dump(mode="json")
         if redactor is not None:
             data = redactor.data(data)
-        write_atomically(path, json.dumps(data, indent=2) + "\n")
+        write_atomically(path, strict_json.dumps(data, indent=2) + "\n")
 
 
 def _version() -> str | None:
@@ -202,7 +202,7 @@ def _short(value: str | None) -> str:
 
 
 def _show(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
+    return strict_json.dumps(value, sort_keys=True)
 
 
 def read_manifest(path: Path) -> RunManifest | None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from pytest_harbor import strict_json
 from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.tasks import SINGLE_STEP_TURN, Task
 from pytest_harbor.writers.files import write_atomically
@@ -38,7 +38,7 @@ def _inputs(task: Task) -> dict[str, Any]:
 def write_task_rows(layout: ResultsLayout, agent: str, plan: TasksetPlan) -> None:
     path = layout.tasks_file(plan.taskset, agent)
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = "".join(json.dumps(row, sort_keys=True) + "\n" for row in task_rows(plan))
+    lines = "".join(strict_json.dumps(row, sort_keys=True) + "\n" for row in task_rows(plan))
     write_atomically(path, lines)
 
 
@@ -63,5 +63,5 @@ class SkippedLog:
     def _write(self, taskset: str) -> None:
         path = self.layout.skipped_file(taskset)
         path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(dict(sorted(self._entries[taskset].items())), indent=2) + "\n"
+        text = strict_json.dumps(dict(sorted(self._entries[taskset].items())), indent=2) + "\n"
         write_atomically(path, text)

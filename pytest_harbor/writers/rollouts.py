@@ -3,12 +3,12 @@ folder per verification."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_harbor import strict_json
 from pytest_harbor.engine.results import EpisodeResult
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.tasks.task import SINGLE_STEP_TURN
@@ -154,7 +154,7 @@ class RolloutsWriter:
         self._append(self.layout.failures_file(failure.taskset), failure.model_dump(mode="json"))
 
     def _line(self, data: Mapping[str, object]) -> str:
-        return json.dumps(self.redactor.data(data), sort_keys=True) + "\n"
+        return strict_json.dumps(self.redactor.data(data), sort_keys=True) + "\n"
 
     def _append(self, path: Path, data: Mapping[str, object]) -> None:
         with path.open("a", encoding="utf-8") as handle:

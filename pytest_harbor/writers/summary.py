@@ -4,13 +4,13 @@ results folder moved as a whole still resolves (rows name their log folders abso
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_harbor import strict_json
 from pytest_harbor.engine.metrics import EpisodeStatus, TasksetScore
 from pytest_harbor.engine.results import EpisodeResult
 from pytest_harbor.redaction import Redactor
@@ -177,5 +177,5 @@ def write_run_summary(
     path = layout.summary_file(taskset)
     if redactor is not None:
         summary = redactor.data(summary)
-    write_atomically(path, json.dumps(summary, indent=2, sort_keys=False) + "\n")
+    write_atomically(path, strict_json.dumps(summary, indent=2, sort_keys=False) + "\n")
     return path

@@ -10,7 +10,13 @@ from pathlib import Path
 import docker
 import pytest
 
-from pytest_harbor.sandboxes import ImageSource, SandboxError, SandboxSpec, SandboxStartError
+from pytest_harbor.sandboxes import (
+    ImageSource,
+    SandboxError,
+    SandboxSpec,
+    SandboxStartError,
+    SandboxStatus,
+)
 from pytest_harbor.sandboxes.docker import DockerProvider, DockerSandbox
 from pytest_harbor.sandboxes.images import image_tag_for
 from tests.fixtures import BASE_IMAGE
@@ -119,8 +125,33 @@ def test_limits_labels_and_keepalive(
     # More CPUs than the engine has: the sandbox gets them all.
     assert attrs["HostConfig"]["NanoCpus"] == engine_cpus * 10**9
     assert attrs["HostConfig"]["Memory"] == 256 * 1024 * 1024
+    assert attrs["HostConfig"]["PidsLimit"] == 4096  # the spec's default
+    assert attrs["HostConfig"]["AutoRemove"] is False
     assert attrs["Config"]["Labels"].items() >= labels.items()
     assert attrs["State"]["Running"]
+
+
+def test_a_pids_limit_caps_the_processes(start: StartSandbox) -> None:
+    sandbox = start(pids_limit=64)
+    flood = sandbox.exec(
+        [
+            "bash",
+            "-c",
+            "sh -c 'for i in $(seq 200); do sleep 60 & done' 2>/dev/null; "
+            "n=0; for p in /proc/[0-9]*; do n=$((n + 1)); done; echo $n",
+        ],
+        user="root",
+        timeout=60,
+    )
+    assert 0 < int(flood.stdout.split()[-1]) <= 64
+    assert sandbox.status().running
+
+
+def test_status_is_the_engines_view(start: StartSandbox) -> None:
+    sandbox = start()
+    assert sandbox.status() == SandboxStatus(present=True, running=True)
+    sandbox.stop()
+    assert sandbox.status() == SandboxStatus(present=False)
 
 
 def test_no_network_leaves_only_loopback(start: StartSandbox) -> None:
@@ -250,6 +281,34 @@ def test_nothing_inside_can_end_the_sandbox(start: StartSandbox) -> None:
     sandbox = start()
     sandbox.exec(["bash", "-c", "kill -9 1; kill -9 -1"], user="root")
     assert sandbox.exec(["true"], user="root").exit_code == 0
+
+
+def test_the_first_process_ignores_signals_resists_tracing_and_reaps_orphans(
+    start: StartSandbox,
+) -> None:
+    sandbox = start()
+    first = sandbox.exec(["bash", "-c", "grep -E '^(Uid|SigIgn)' /proc/1/status"], user="root")
+    assert "65533" in first.stdout.splitlines()[0]
+    attempts = sandbox.exec(
+        [
+            "bash",
+            "-c",
+            "for s in $(seq 1 31); do kill -$s 1 2>/dev/null; done\n"
+            # Trace it as root, then as its own user (root may become any user).
+            "perl -e 'print syscall(101, 16, 1, 0, 0), \" $!\\n\"'\n"
+            "perl -e '$) = $( = 65533; $> = $< = 65533; print syscall(101, 16, 1, 0, 0), "
+            '" $!\\n"\'\n'
+            # Orphans: each subshell exits at once, leaving its sleep to the first process.
+            "for i in $(seq 20); do (sleep 0.1 &); done; sleep 1\n"
+            "for p in /proc/[0-9]*; do read -r s < $p/stat; case $s in *') Z '*) echo zombie;; "
+            "esac; done\n",
+        ],
+        user="root",
+    )
+    assert attempts.stdout.splitlines()[:2] == ["-1 Operation not permitted"] * 2
+    assert "zombie" not in attempts.stdout
+    assert sandbox.status().running
+    assert sandbox.exec(["id", "-u"]).stdout.strip() == "0"  # commands: the image's user
 
 
 def test_a_command_with_a_deadline_is_the_images_own(start: StartSandbox) -> None:

@@ -67,7 +67,9 @@ def test_metadata_labels_resources_and_lifetime_reach_the_engine(
     host = attrs["HostConfig"]  # type: ignore[index]
     assert host["Memory"] == 256 * 2**20  # the override replaces memory_mb ...
     assert host["NanoCpus"] == 10**9  # ... and leaves cpus alone
-    assert host["AutoRemove"] is True
+    # Not removed by the engine when it ends: a sandbox that stopped must say why.
+    assert host["AutoRemove"] is False
+    assert host["PidsLimit"] == 4096
     # Lifetime: the episode's worst-case deadline + cleanup + slack.
     turns = 300 + 60 + 30 + 30
     worst = turns + (900 + 7) * 3

@@ -487,3 +487,26 @@ def test_a_missing_number_is_a_dash(tmp_path: Path) -> None:
     html = render_report([summary], tmp_path / "ts" / "report.html")
     assert '<span class="value">\u2013</span><span class="label">mean reward' in html
     assert "&amp;" not in html
+
+
+def test_odd_rows_do_not_keep_the_report_from_being_written(tmp_path: Path) -> None:
+    """Rows an older version or a hand may have written: Infinity and NaN (not JSON, but
+    Python writes them), numbers as strings, fields of the wrong shape."""
+    folder = tmp_path / "ts"
+    rows = [
+        row("t1", 0, folder=folder, reward=float("inf")),
+        row("t2", 0, folder=folder, reward=float("nan")),
+        row("t3", 0, folder=folder, reward=1e308),
+        row("t4", 0, folder=folder, reward=-1e308),
+    ]
+    summary = write_results(folder, rows, pass_at_k={"1": float("nan")})
+    odd = [
+        {"task_id": "shapes", "repeat": 0, "reward": "1", "turns": "x", "timings": 5},
+        {"task_id": "more", "repeat": "0", "reward": None, "turns": [5, None], "usage": []},
+    ]
+    with (folder / "rollouts.jsonl").open("a") as handle:
+        handle.write("".join(json.dumps(entry) + "\n" for entry in odd))
+    out = write_report([summary], folder / "report.html")
+    page = re.sub(r"<script.*?</script>", "", out.read_text(), flags=re.S)
+    assert page.count("<tr>") > 4
+    assert "Infinity" not in page and "NaN" not in page and ">inf" not in page

@@ -75,3 +75,26 @@ def test_invalid_files_score_zero_with_reason(files: dict[str, bytes], reason: s
     assert reading.failure_kind == FailureKind.REWARD_INVALID
     assert reason in (reading.failure_reason or "")
     assert not reading.masked
+
+
+@pytest.mark.parametrize(
+    ("files", "why"),
+    [
+        ({"reward.json": b'{"reward": 1' + b"0" * 400 + b"}"}, "is not a finite number"),
+        ({"reward.json": b'{"a": 1e308, "b": 1e308}'}, "overflows"),
+        ({"reward.json": b'{"a": -1e308, "b": -1e308, "c": 1}'}, "overflows"),
+        ({"reward.json": b'{"a": 1e999}'}, "is not a finite number"),
+        ({"reward.txt": b"1" + b"0" * 400}, "does not hold a finite number"),
+        ({"reward.txt": b"-inf"}, "does not hold a finite number"),
+    ],
+)
+def test_values_out_of_a_floats_range_are_invalid(files: dict[str, bytes], why: str) -> None:
+    reading = read_reward(files)
+    assert (reading.reward, reading.failure_kind) == (0.0, FailureKind.REWARD_INVALID)
+    assert why in (reading.failure_reason or "")
+    assert len(reading.failure_reason or "") < 300  # a 400-digit number is not repeated whole
+
+
+def test_large_values_whose_mean_fits_are_fine() -> None:
+    reading = read_reward({"reward.json": b'{"a": 1e300, "b": 1e300}'})
+    assert (reading.reward, reading.failure_kind) == (1e300, None)

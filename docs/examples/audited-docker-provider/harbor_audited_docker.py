@@ -12,7 +12,7 @@ import fcntl
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +29,7 @@ from pytest_harbor.sandboxes import (
     Sandbox,
     SandboxProvider,
     SandboxSpec,
+    SandboxStatus,
 )
 from pytest_harbor.sandboxes.base import Spawned
 from pytest_harbor.sandboxes.docker import docker_provider
@@ -234,7 +235,7 @@ class AuditedSandbox:
     def read_archive(self, source: str) -> bytes | None:
         return self.sandbox.read_archive(source)
 
-    def write_archive(self, data: bytes, into: str) -> None:
+    def write_archive(self, data: bytes | Iterable[bytes], into: str) -> None:
         self.sandbox.write_archive(data, into)
 
     def download(self, source: str) -> dict[str, bytes]:
@@ -245,6 +246,11 @@ class AuditedSandbox:
 
     def snapshot(self, labels: Mapping[str, str]) -> str:
         return self.sandbox.snapshot(labels)
+
+    # What the engine says of the sandbox: grading decides by it whether a failed step
+    # was the sandbox's doing or the engine's (write-a-provider.md, What grading relies on).
+    def status(self) -> SandboxStatus:
+        return self.sandbox.status()
 
 
 # Checked by mypy: the factory, its provider and their sandboxes keep the protocols.

@@ -1,0 +1,44 @@
+"""Whose fault a failed step is, once an agent has had the sandbox.
+
+A failure the agent cannot have caused takes the sample out of the score (masked); a
+failure it can have caused scores the episode 0, or a policy learns to cause it. Nothing
+in the sandbox decides which: the engine asks its provider how the sandbox is (status()),
+and only what the provider sees is trusted. An engine that does not answer, or a sandbox
+that is gone or stopped (nothing inside a sandbox can stop or remove it), is the engine's
+fault; a sandbox that still runs is the sandbox's: whatever made the step fail is in it.
+"""
+
+from __future__ import annotations
+
+from pytest_harbor.engine.failures import FailureKind
+from pytest_harbor.engine.rewards import RewardReading
+from pytest_harbor.sandboxes.base import Sandbox, SandboxError
+
+__all__ = ["blame"]
+
+
+def blame(sandbox: Sandbox, error: SandboxError, doing: str) -> RewardReading | None:
+    """`doing` failed with `error` after an agent had `sandbox`: the reading that scores
+    the episode 0 when the sandbox is to blame, or None when the engine is (the caller
+    masks the sample, or ends the episode with no result)."""
+    try:
+        status = sandbox.status()
+    except SandboxError:
+        return None
+    if status.out_of_memory:
+        return RewardReading.failed(
+            FailureKind.SANDBOX_EXHAUSTED,
+            f"{doing} failed ({error}): a process in the sandbox ran out of memory and the "
+            "kernel killed it",
+        )
+    if not status.present or not status.running:
+        return None
+    if status.out_of_processes:
+        return RewardReading.failed(
+            FailureKind.SANDBOX_EXHAUSTED,
+            f"{doing} failed ({error}): the sandbox holds as many processes as its pids cap allows",
+        )
+    return RewardReading.failed(
+        FailureKind.VERIFIER_TAMPERED,
+        f"{doing} failed in a sandbox that still runs, because of what is in it: {error}",
+    )

@@ -1,0 +1,132 @@
+"""What runs in a sandbox, as the engine sees it and ends it: the survey at the end of the
+seed, the users of the task as numbers, and the end of what an agent started."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pytest_harbor.engine.scripts import (
+    END_PROCESSES,
+    RESOLVE_USERS,
+    SURVEY,
+    Tampered,
+    check,
+    trusted,
+)
+from pytest_harbor.sandboxes.base import ROOT_USER, Sandbox, SandboxError
+
+__all__ = [
+    "ProcessesSurvived",
+    "SandboxSurvey",
+    "end_processes_since",
+    "end_user_processes",
+    "resolve_users",
+    "survey",
+]
+
+log = logging.getLogger("pytest_harbor")
+
+#: How long an engine script that walks /proc may take.
+_SCRIPT_TIMEOUT_S = 60.0
+
+
+class ProcessesSurvived(Tampered):
+    """Processes the engine set out to end were still there after every round of kills."""
+
+
+@dataclass(frozen=True)
+class SandboxSurvey:
+    """What a sandbox was before any agent had it."""
+
+    #: The image's bash and timeout, as found on its PATH (None: it has none).
+    bash: str | None
+    timeout: str | None
+    #: `pid:start` of every process then.
+    processes: frozenset[str] = frozenset()
+
+    @property
+    def lacking(self) -> list[str]:
+        return [tool for tool, path in (("bash", self.bash), ("timeout", self.timeout)) if not path]
+
+
+def survey(sandbox: Sandbox) -> SandboxSurvey:
+    """Look at a sandbox before the agent has it (the end of the seed). An answer that
+    lists no process (there is always one: the keep-alive) was lost on its way: it is
+    asked again, once, rather than taken to say that the image lacks its tools."""
+    for _ in range(2):
+        done = sandbox.exec(trusted(SURVEY), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S)
+        if done.exit_code != 0:
+            raise SandboxError(f"cannot survey the sandbox: {done.stderr.strip()[-300:]}")
+        tools: dict[str, str | None] = {}
+        processes = set()
+        for line in done.stdout.splitlines():
+            kind, _, value = line.partition(":")
+            if kind == "proc":
+                processes.add(value)
+            elif kind in ("bash", "timeout"):
+                tools[kind] = value or None
+        if processes and len(tools) == 2:
+            found = SandboxSurvey(tools["bash"], tools["timeout"], frozenset(processes))
+            if found.lacking:
+                log.warning(
+                    "sandbox %s: no %s on its PATH (%s) or in the usual folders",
+                    sandbox.id[:12],
+                    " or ".join(found.lacking),
+                    next(
+                        (line[5:] for line in done.stdout.splitlines() if line.startswith("path:")),
+                        "",
+                    ),
+                )
+            return found
+        log.warning(
+            "the survey of sandbox %s gave an incomplete answer (stdout %r, stderr %r)",
+            sandbox.id[:12],
+            done.stdout[-300:],
+            done.stderr[-300:],
+        )
+    raise SandboxError(f"the survey of sandbox {sandbox.id[:12]} gave no complete answer")
+
+
+def resolve_users(sandbox: Sandbox, users: Iterable[str]) -> dict[str, str]:
+    """Each of `users` (as a task names one: `name`, `uid`, `name:group`, `uid:gid`) as
+    `uid:gid` numbers (`uid` alone when its group is unknown), read from the image's
+    /etc/passwd and /etc/group by the trusted tools before any agent ran. A user the
+    image does not have is left out."""
+    wanted = sorted({user for user in users if user})
+    if not wanted:
+        return {}
+    done = sandbox.exec(trusted(RESOLVE_USERS, *wanted), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S)
+    found: dict[str, str] = {}
+    for line in done.stdout.splitlines():
+        if not line.startswith("user:"):
+            continue
+        spec, uid, gid = line[5:].rsplit(":", 2)
+        if uid.isdigit():
+            found[spec] = f"{uid}:{gid}" if gid.isdigit() else uid
+    return found
+
+
+def end_user_processes(sandbox: Sandbox, uid: str) -> None:
+    """End every process of the user `uid` (a number), atomically with respect to fork
+    (see END_PROCESSES); raises ProcessesSurvived when some could not be ended."""
+    _end(sandbox, uid, frozenset(), f"processes of the agent's user (uid {uid})")
+
+
+def end_processes_since(sandbox: Sandbox, before: frozenset[str]) -> None:
+    """End, as root, every process of any user that is not in `before` (`pid:start` of
+    the processes there when the agent's turn began): all the agent started, however it
+    detached. An agent's turn that ran out of time ends this way."""
+    _end(sandbox, "", before, "processes the agent's turn started")
+
+
+def _end(sandbox: Sandbox, uid: str, keep: frozenset[str], what: str) -> None:
+    script = END_PROCESSES + f'end_processes "$1" "$2" || tampered "{what} survived"\ndone_\n'
+    done = sandbox.exec(
+        trusted(script, uid, " ".join(sorted(keep))), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S
+    )
+    try:
+        check(done, f"ending the {what}")
+    except Tampered as survived:
+        raise ProcessesSurvived(f"{survived} 20 rounds of kills") from None
