@@ -28,7 +28,6 @@ from pytest_harbor.engine.processes import (
     SandboxSurvey,
     end_processes_since,
     end_user_processes,
-    resolve_users,
     survey,
 )
 from pytest_harbor.engine.readiness import entrypoint_failure, start_entrypoint, wait_healthy
@@ -400,8 +399,8 @@ class Episode:
         self._entrypoint_masks()
         try:
             if self._survey is None:
-                self._survey = survey(self._sandbox)
-            self._ids = resolve_users(self._sandbox, self._named_users())
+                self._survey = survey(self._sandbox, self._named_users())
+            self._ids = dict(self._survey.ids)
         except SandboxError as error:
             raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
         self._timings["seed_s"] = time.monotonic() - started
@@ -1207,7 +1206,7 @@ class _EarlyStart:
         try:
             self.sandbox = episode._start_agent_sandbox()
             if episode._nothing_starts_at_seed:
-                episode._survey = survey(self.sandbox)
+                episode._survey = survey(self.sandbox, episode._named_users())
         except EpisodeError as error:
             self.start_error = error
         except SandboxError as error:

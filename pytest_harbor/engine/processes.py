@@ -4,8 +4,8 @@ seed, the users of the task as numbers, and the end of what an agent started."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from pytest_harbor.engine.scripts import (
     END_PROCESSES,
@@ -22,7 +22,6 @@ __all__ = [
     "SandboxSurvey",
     "end_processes_since",
     "end_user_processes",
-    "resolve_users",
     "survey",
 ]
 
@@ -45,18 +44,26 @@ class SandboxSurvey:
     timeout: str | None
     #: `pid:start` of every process then.
     processes: frozenset[str] = frozenset()
+    #: The users asked about (as a task names one), as `uid:gid` (`uid` when its group is
+    #: unknown); a user the image does not have is left out.
+    ids: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def lacking(self) -> list[str]:
         return [tool for tool, path in (("bash", self.bash), ("timeout", self.timeout)) if not path]
 
 
-def survey(sandbox: Sandbox) -> SandboxSurvey:
-    """Look at a sandbox before the agent has it (the end of the seed). An answer that
-    lists no process (there is always one: the keep-alive) was lost on its way: it is
-    asked again, once, rather than taken to say that the image lacks its tools."""
+def survey(sandbox: Sandbox, users: Iterable[str] = ()) -> SandboxSurvey:
+    """Look at a sandbox before the agent has it (the end of the seed), and read `users`
+    (as a task names one: `name`, `uid`, `name:group`, `uid:gid`) as numbers from the
+    image's /etc/passwd and /etc/group. An answer that lists no process (there is always
+    one: the keep-alive) was lost on its way: it is asked again, once, rather than taken
+    to say that the image lacks its tools."""
+    wanted = sorted({user for user in users if user})
     for _ in range(2):
-        done = sandbox.exec(trusted(SURVEY), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S)
+        done = sandbox.exec(
+            trusted(SURVEY + RESOLVE_USERS, *wanted), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S
+        )
         if done.exit_code != 0:
             raise SandboxError(f"cannot survey the sandbox: {done.stderr.strip()[-300:]}")
         tools: dict[str, str | None] = {}
@@ -68,7 +75,9 @@ def survey(sandbox: Sandbox) -> SandboxSurvey:
             elif kind in ("bash", "timeout"):
                 tools[kind] = value or None
         if processes and len(tools) == 2:
-            found = SandboxSurvey(tools["bash"], tools["timeout"], frozenset(processes))
+            found = SandboxSurvey(
+                tools["bash"], tools["timeout"], frozenset(processes), _ids(done.stdout)
+            )
             if found.lacking:
                 log.warning(
                     "sandbox %s: no %s on its PATH (%s) or in the usual folders",
@@ -89,17 +98,9 @@ def survey(sandbox: Sandbox) -> SandboxSurvey:
     raise SandboxError(f"the survey of sandbox {sandbox.id[:12]} gave no complete answer")
 
 
-def resolve_users(sandbox: Sandbox, users: Iterable[str]) -> dict[str, str]:
-    """Each of `users` (as a task names one: `name`, `uid`, `name:group`, `uid:gid`) as
-    `uid:gid` numbers (`uid` alone when its group is unknown), read from the image's
-    /etc/passwd and /etc/group by the trusted tools before any agent ran. A user the
-    image does not have is left out."""
-    wanted = sorted({user for user in users if user})
-    if not wanted:
-        return {}
-    done = sandbox.exec(trusted(RESOLVE_USERS, *wanted), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S)
+def _ids(stdout: str) -> dict[str, str]:
     found: dict[str, str] = {}
-    for line in done.stdout.splitlines():
+    for line in stdout.splitlines():
         if not line.startswith("user:"):
             continue
         spec, uid, gid = line[5:].rsplit(":", 2)

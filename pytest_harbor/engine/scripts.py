@@ -69,16 +69,20 @@ locate() {
 }
 locate bash
 locate timeout
-for p in /proc/[0-9]*; do
-  read -r stat 2>/dev/null < "$p/stat" || continue
-  rest=${stat##*) }
-  set -- $rest
-  echo "proc:${p#/proc/}:${20}"
-done
+# (In a function: its `set --` leaves the script's arguments to RESOLVE_USERS.)
+list_processes() {
+  for p in /proc/[0-9]*; do
+    read -r stat 2>/dev/null < "$p/stat" || continue
+    rest=${stat##*) }
+    set -- $rest
+    echo "proc:${p#/proc/}:${20}"
+  done
+}
+list_processes
 """
 
-#: At the end of the seed, as root: each user the task names (a name, a uid, with a group
-#: or not) as numbers, read from the image's own files before any agent could change them.
+#: Follows SURVEY: each user named in its arguments (a name, a uid, with a group or not)
+#: as numbers, read from the image's own files before any agent could change them.
 #: Prints `user:<as named>:<uid>:<gid>`, either number empty when unknown.
 RESOLVE_USERS = """
 for spec in "$@"; do
