@@ -669,7 +669,7 @@ def test_a_flood_of_processes_is_capped_and_the_other_episodes_pass(
 ) -> None:
     """6000 processes asked for in one episode: it gets the cap (4096 by default), its
     agent's processes are ended before the verifier (which then runs as usual), and the
-    other episodes of the run pass. A root agent's flood, left running, scores 0."""
+    other episodes of the run pass. A root agent's flood, left running, is scored too."""
     flood = textwrap.dedent(
         """\
         sh -c 'for i in $(seq 6000); do sleep 300 & done' 2>/dev/null
@@ -691,8 +691,15 @@ def test_a_flood_of_processes_is_capped_and_the_other_episodes_pass(
     assert (rows["calm"]["reward"], rows["flood"]["reward"]) == (1.0, 1.0)
     stdout = (Path(str(rows["flood"]["verifier_logs_dir"])) / "test-stdout.txt").read_text()
     assert 3000 < int(stdout.split("processes:")[1].split()[0]) <= 4096
+    # A root agent's processes live on (documented): the verifier runs if the cap leaves
+    # it room, and scores; if not, the episode scores 0. Either way it is scored.
     root = rows["flood-root"]
-    assert (root["reward"], root["mask_sample"]) == (0.0, False)
+    assert root["mask_sample"] is False
+    assert root["reward"] == 1.0 or root["failure_kind"] in (
+        "harbor:reward_missing",
+        "harbor:sandbox_exhausted",
+        "harbor:verifier_tampered",
+    )
 
 
 def test_orphans_are_reaped_so_they_do_not_fill_the_cap(
@@ -739,3 +746,33 @@ def test_a_working_directory_replaced_by_a_link_is_not_handed_to_the_next_user(
     assert second["failure_kind"] == "harbor:verifier_tampered"
     assert "replaced by a link" in second["failure_reason"]
     assert row["mask_sample"] is False
+
+
+def test_an_agent_that_runs_its_episode_out_of_time_after_its_turn_is_still_scored(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    """A collect hook the agent can slow down (it sleeps as long as a file the agent
+    wrote says) eats the verifier's share of the episode: the verifier still runs, and
+    the episode is scored, not left without a result."""
+    dataset.task(
+        "slow-hook",
+        toml=(
+            "[agent]\ntimeout_sec = 2\n[verifier]\ntimeout_sec = 2\n"
+            '[[verifier.collect]]\ncommand = "sleep $(cat /tmp/delay)"\ntimeout_sec = 600\n'
+            f'[environment]\ndocker_image = "{BASE_IMAGE}"\n'
+        ),
+        solve_sh="echo 1000 > /tmp/delay\n",
+        test_sh=HONEST,
+    )
+    # An episode deadline of about 45 s: 2 + 30 (the hook) + 2 + 1, a 5 s start, 5 s clean-up.
+    row = graded(
+        pytester,
+        dataset,
+        "--harbor-set=harness_setup_allowance_s=0",
+        "--harbor-set=verifier_grace_s=1",
+        "--harbor-set=sandbox_ready_timeout_s=5",
+        "--harbor-set=cleanup_timeout_seconds=5",
+        "--harbor-set=image_pull_retries=0",
+    )
+    assert (row["reward"], row["mask_sample"]) == (0.0, False)
+    assert "past the episode's deadline" in " ".join(row["turns"][0]["notes"])  # type: ignore[index]
