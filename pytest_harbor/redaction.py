@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import builtins
 import json
-import math
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
@@ -19,8 +18,8 @@ CUT = "[...]"
 #: ...]", "[... cut: 12 more bytes ...]"): a secret split by a cut is looked for beside them.
 _CUT_MARKS = re.compile(r"\[\.\.\.[^\]\n]{0,80}\]")
 _CUT_MARKS_BYTES = re.compile(_CUT_MARKS.pattern.encode())
-#: A piece of a secret this long, left at a cut or at either end of a text, is masked (a
-#: secret shorter than twice this: half of it, at least 3 characters).
+#: A piece of a secret this long or longer, left at a cut or at either end of a text, is
+#: masked. Shorter pieces are left: masking them would mask innocent words as often.
 FRAGMENT_MIN = 8
 
 _S = TypeVar("_S", str, bytes)
@@ -34,10 +33,6 @@ def clip_head(text: str, limit: int) -> str:
 def clip_tail(text: str, limit: int) -> str:
     """The last `limit` characters of `text`, the cut marked."""
     return text if len(text) <= limit else CUT + text[-limit:]
-
-
-def _fragment_min(secret_length: int) -> int:
-    return min(FRAGMENT_MIN, max(3, math.ceil(secret_length / 2)))
 
 
 class Redactor:
@@ -164,7 +159,7 @@ def _mask_leading(segment: _S, secrets: list[_S], mask: _S, newline: _S) -> _S:
     skip = len(newline) if segment.startswith(newline) else 0
     body = segment[skip:]
     for secret in secrets:
-        for length in range(len(secret) - 1, _fragment_min(len(secret)) - 1, -1):
+        for length in range(len(secret) - 1, FRAGMENT_MIN - 1, -1):
             if body.startswith(secret[len(secret) - length :]):
                 return segment[:skip] + mask + body[length:]
     return segment
@@ -174,7 +169,7 @@ def _mask_trailing(segment: _S, secrets: list[_S], mask: _S, newline: _S) -> _S:
     skip = len(newline) if segment.endswith(newline) else 0
     body = segment[: len(segment) - skip]
     for secret in secrets:
-        for length in range(len(secret) - 1, _fragment_min(len(secret)) - 1, -1):
+        for length in range(len(secret) - 1, FRAGMENT_MIN - 1, -1):
             if body.endswith(secret[:length]):
                 return body[: len(body) - length] + mask + segment[len(body) :]
     return segment

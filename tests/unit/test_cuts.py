@@ -68,6 +68,8 @@ def test_short_secrets_and_innocent_text_are_left_alone() -> None:
     assert redactor.text("x abc y") == "x abc y"
     assert redactor.text("x abcd y") == f"x {MASK} y"
     assert Redactor().text(clip_head("abc", 1)) == "a" + CUT
+    # A short secret has no piece long enough to be told from an innocent word.
+    assert Redactor(["tests"]).text("notes, tests and estimates") == "notes, *** and estimates"
 
 
 def test_report_caps_mark_their_cuts() -> None:
