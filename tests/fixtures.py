@@ -12,7 +12,7 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,8 @@ import docker
 import docker.errors
 import httpcore  # noqa: F401  (see below)
 import pytest
+
+from tests.model_server import ChatRequest, Reply, ScriptedModel
 
 # httpx imports httpcore when its first client is made. Made inside an in-process pytester
 # run, that import would be undone when the run ends (pytester restores sys.modules), and
@@ -266,3 +268,63 @@ def install_example(package: Path, factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
     )
     return target
+
+
+# ---------------------------------------------------------------- shared by several test modules
+
+
+def multi_step(
+    dataset: Dataset,
+    name: str,
+    steps: dict[str, tuple[str, str | None]],
+    *,
+    toml: str = "",
+    step_toml: dict[str, str] | None = None,
+    shared_test: str | None = None,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """A task whose steps are `name -> (solve.sh, test.sh or None for the shared one)`."""
+    task = dataset.path / name
+    (task / "tests").mkdir(parents=True)
+    (task / "tests" / "test.sh").write_text(shared_test or "echo 1 > /logs/verifier/reward.txt\n")
+    tables = "".join(
+        f'[[steps]]\nname = "{step}"\n{(step_toml or {}).get(step, "")}\n' for step in steps
+    )
+    (task / "task.toml").write_text(
+        textwrap.dedent(toml)
+        + f'\n[environment]\ndocker_image = "{BASE_IMAGE}"\nworkdir = "/work"\n\n'
+        + tables
+    )
+    for step, (solve, test) in steps.items():
+        folder = task / "steps" / step
+        (folder / "solution").mkdir(parents=True)
+        (folder / "instruction.md").write_text(f"Do {step}.\n")
+        (folder / "solution" / "solve.sh").write_text(solve)
+        if test is not None:
+            (folder / "tests").mkdir()
+            (folder / "tests" / "test.sh").write_text(test)
+    for relative, content in (extra_files or {}).items():
+        (task / relative).parent.mkdir(parents=True, exist_ok=True)
+        (task / relative).write_text(content)
+    return task
+
+
+#: Starts a scripted Chat Completions server for a test (see model_server).
+Server = Callable[[Callable[[ChatRequest], Reply]], ScriptedModel]
+
+
+@pytest.fixture
+def model_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    """Starts a scripted server (stopped after the test) and puts its key where
+    shell-agent reads it."""
+    servers: list[ScriptedModel] = []
+
+    def start(script: Callable[[ChatRequest], Reply]) -> ScriptedModel:
+        server = ScriptedModel(script).__enter__()
+        servers.append(server)
+        monkeypatch.setenv("HARBOR_MODEL_API_KEY", server.api_key)
+        return server
+
+    yield start
+    for server in servers:
+        server.__exit__(None, None, None)

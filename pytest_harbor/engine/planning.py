@@ -50,6 +50,8 @@ class TasksetPlan:
     dataset: DatasetConfig
     repeats: int
     tasks: list[Task] = field(default_factory=list)
+    #: Every task id of the taskset, selected or not.
+    task_ids: list[str] = field(default_factory=list)
     #: Selected task folders that did not load or cannot run here, with the reason.
     failures: dict[Path, TaskLoadError] = field(default_factory=dict)
 
@@ -94,6 +96,7 @@ def plan_taskset(
         root=root,
         dataset=dataset,
         repeats=repeats or dataset.defaults.repeats or 1,
+        task_ids=[path.name for path in task_dirs],
     )
     for task_dir in task_dirs:
         if not selection.admits(task_dir.name):

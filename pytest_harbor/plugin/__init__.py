@@ -90,11 +90,14 @@ def pytest_load_initial_conftests(
     early_config: pytest.Config, parser: pytest.Parser, args: list[str]
 ) -> Generator[None, None, None]:
     """pytest imports conftest.py from each argument folder and its `test*` subfolders
-    (a task's `tests/`!); for a task folder argument, look from its parent instead."""
+    (a task's `tests/`!); for a task folder argument, look from its parent instead. With
+    no argument but --harbor-dataset, look from the datasets, not from `testpaths` (a
+    checkout's own tests would load their fixtures for a run of some dataset in it)."""
     namespace = early_config.known_args_namespace
     given = list(namespace.file_or_dir or [])
     invocation_dir = early_config.invocation_params.dir
-    anchors = [_conftest_anchor(invocation_dir, arg) for arg in given]
+    datasets = [str(path) for path in getattr(namespace, "harbor_dataset", None) or []]
+    anchors = [_conftest_anchor(invocation_dir, arg) for arg in given or datasets]
     if not given and is_task_dir(invocation_dir):
         anchors = [str(invocation_dir.parent)]
     namespace.file_or_dir = anchors

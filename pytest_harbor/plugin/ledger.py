@@ -21,9 +21,23 @@ from pytest_harbor.writers.summary import EpisodeEntry
 __all__ = ["EpisodeLedger", "TrialRecord", "trial_id", "trial_of"]
 
 
+def task_node_id(taskset: str, task_id: str) -> str:
+    """A task's node id: `quickstart/hello`; `hello` alone when the taskset has the task's
+    name (a task folder given as the target)."""
+    return taskset if task_id == taskset else f"{taskset}/{task_id}"
+
+
 def trial_id(taskset: str, task_id: str, repeat: int) -> str:
-    """A trial's node id: `quickstart/hello::r0`."""
-    return f"{taskset}/{task_id}::r{repeat}"
+    """A trial's node id: `quickstart/hello::r0` (`hello::r0`, see task_node_id)."""
+    return f"{task_node_id(taskset, task_id)}::r{repeat}"
+
+
+def split_trial(trial: str) -> tuple[str, str, str]:
+    """`quickstart/hello::r0` -> (`quickstart`, `hello`, `r0`); `hello::r0` -> (`hello`,
+    `hello`, `r0`)."""
+    path, _, name = trial.rpartition("::")
+    taskset, slash, task = path.partition("/")
+    return taskset, task if slash else taskset, name
 
 
 def trial_of(nodeid: str) -> str:

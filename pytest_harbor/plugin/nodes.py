@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -18,6 +19,7 @@ from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.engine.results import episode_id
 from pytest_harbor.engine.slots import Slot
 from pytest_harbor.harnesses import Harness
+from pytest_harbor.plugin.ledger import task_node_id
 from pytest_harbor.plugin.markers import metadata_markers
 from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun, Target
 from pytest_harbor.redaction import clip_head
@@ -39,18 +41,26 @@ _ANSWER_CHARS = 300
 
 
 class HarborWarning(pytest.PytestWarning):
-    """Something pytest-harbor ignored or could not do, worth a look."""
+    """Something pytest-harbor ignored or could not do, worth a look; `line` is the line of
+    task.toml it is about, when it is about one."""
+
+    line: int | None = None
 
 
 def task_warnings(task: Task) -> list[HarborWarning]:
-    """What the loader ignored in a task folder (unknown keys, legacy keys)."""
+    """What the loader ignored in a task folder: each unknown key (at its line, with the
+    key it most likely misspells), legacy keys."""
     found = []
-    if task.unknown_keys:
-        found.append(
-            HarborWarning(
-                f"{task.path / 'task.toml'}: unknown keys ignored: " + ", ".join(task.unknown_keys)
-            )
+    for key in task.unknown_keys:
+        line = task.unknown_key_lines.get(key)
+        meant = task.unknown_key_meant.get(key)
+        warning = HarborWarning(
+            f"{task.path / 'task.toml'}: unknown key ignored: {key}"
+            + (f" (line {line})" if line is not None else "")
+            + (f": did you mean {meant}?" if meant else "")
         )
+        warning.line = line
+        found.append(warning)
     found += [HarborWarning(f"{task.path / 'task.toml'}: {note}") for note in task.notes]
     return found
 
@@ -105,7 +115,7 @@ class HarborTaskset(_HarborNode, pytest.Collector):
                 self,
                 name=path.name,
                 path=path,
-                nodeid=f"{self.target.taskset}/{path.name}",
+                nodeid=task_node_id(self.target.taskset, path.name),
                 plan=plan,
                 task=task,
                 load_error=load_error,
@@ -143,7 +153,13 @@ class HarborTask(_HarborNode, pytest.Collector):
         if self.config.option.collectonly and not _run(self).is_worker:
             # A run warns once per task, from its start (not once per worker).
             for warning in task_warnings(task):
-                self.warn(warning)
+                # At the line of task.toml it is about, not at the collector.
+                warnings.warn_explicit(
+                    warning,
+                    type(warning),
+                    filename=str(task.path / "task.toml"),
+                    lineno=warning.line or 1,
+                )
         markers = metadata_markers(task.config.metadata)
         for marker in markers:
             self.config.addinivalue_line("markers", f"{marker}: from [metadata] of task folders")
@@ -252,8 +268,14 @@ class HarborTrial(_HarborNode, pytest.Collector):
                 expected_digest=run.row_digests.get(key, self.task.digest),
                 model=run.model,
                 model_gate=run.model_gate,
-                agent_logs_dir=run.layout.agent_dir(self.taskset, self.episode_name),
-                verifier_logs_dir=run.layout.verifier_dir(self.taskset, self.episode_name),
+                # Staged: the controller moves them into place with the episode's row, so
+                # that an earlier run's folders stay untouched until then.
+                agent_logs_dir=run.layout.staged_agent_dir(
+                    self.taskset, run.run_id, self.episode_name
+                ),
+                verifier_logs_dir=run.layout.staged_verifier_dir(
+                    self.taskset, run.run_id, self.episode_name
+                ),
                 redactor=run.redactor,
             )
         return self.episode
@@ -329,12 +351,13 @@ class HarborTurnItem(_HarborNode, pytest.Item):
             self.trial.lost_in = self.turn.name
             self.trial.abort()
             raise
-        turn = output.result
+        # Paths as they will be once the controller has moved the staged folders in place.
+        turn = self._placed(output.result)
         # The worker wrote the verifier's files itself; the controller gets their folder.
         self.harbor_payload = {
             "episode_id": episode.id,
             "step": self.turn.name,
-            "verifier_dir": str(output.verifier_dir),
+            "verifier_dir": turn.verifier_logs_dir,
         }
         if episode.stopped_after is not None or self is self.trial.selected[-1]:
             self.harbor_payload["result"] = self._row(episode).model_dump(mode="json")
@@ -355,10 +378,19 @@ class HarborTurnItem(_HarborNode, pytest.Item):
         details = _details(turn, stdout, validation=self.trial.harness.validates)
         pytest.fail(f"{outcome.headline}\n{details}", pytrace=False)
 
+    def _placed(self, turn: TurnResult) -> TurnResult:
+        """`turn` with its verifier folder where the controller puts it (see _episode)."""
+        run = _run(self)
+        staged = turn.verifier_logs_dir
+        if staged is None:
+            return turn
+        placed = run.layout.placed(self.trial.taskset, run.run_id, staged)
+        return turn.model_copy(update={"verifier_logs_dir": placed})
+
     def _row(self, episode: Episode) -> EpisodeResult:
         """The episode's result, with (single-step) the episode's verifier folder."""
         result = episode.result()
-        turns = result.turns
+        turns = [self._placed(turn) for turn in result.turns]
         single = not self.trial.task.config.is_multi_step
         left_out = [item.name for item in self.trial.turn_items if item not in self.trial.selected]
         return result.model_copy(

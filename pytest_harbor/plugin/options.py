@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import pytest
 
+from pytest_harbor.harnesses import harness_names
 from pytest_harbor.harnesses.model import DEFAULT_API_KEY_ENV
 from pytest_harbor.settings import (
     HarborSettings,
@@ -110,7 +111,8 @@ _OPTIONS = {
         ),
         _Option(
             "config",
-            "settings file (YAML, Gym's harbor server block; repeatable)",
+            "settings file (YAML, Gym's harbor server block; repeatable; the settings: "
+            "docs/options.md)",
             "list",
             [],
             "FILE",
@@ -130,7 +132,14 @@ _OPTIONS = {
             None,
             "N",
         ),
-        _Option("set", "one setting, KEY=VALUE (repeatable, last wins)", "list", [], "KEY=VALUE"),
+        _Option(
+            "set",
+            "one setting, KEY=VALUE (repeatable, last wins; every setting and its default: "
+            "docs/options.md)",
+            "list",
+            [],
+            "KEY=VALUE",
+        ),
         _Option(
             "agent-option",
             "an option of the harness, KEY=VALUE, the value read as JSON where it parses "
@@ -231,12 +240,19 @@ def add_options(parser: pytest.Parser) -> None:
     for option in _OPTIONS.values():
         action = {"value": "store", "list": "append", "flag": "store_true"}[option.kind]
         extra = {} if option.kind == "flag" else {"metavar": option.metavar}
+        text = option.help
+        if option.name == "agent":
+            # The names there are: built in, shipped recipes, installed plugins.
+            text = (
+                f"harness to run (default: oracle): {', '.join(harness_names())}; or a "
+                "recipe file (.toml), or one a plugin registers"
+            )
         group.addoption(
             option.flag,
             dest=option.dest,
             action=action,
             default=None,
-            help=f"{option.help} (ini: {option.dest})",
+            help=f"{text} (ini: {option.dest})",
             **extra,
         )
         parser.addini(option.dest, option.help, type=option.ini_type, default=option.default)  # type: ignore[arg-type]

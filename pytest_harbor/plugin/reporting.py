@@ -9,7 +9,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,18 +23,21 @@ from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.harnesses.model import ModelEndpointError, check_endpoint
 from pytest_harbor.plugin.builds import BuildsAhead
 from pytest_harbor.plugin.checks import Problem, TaskCheck
-from pytest_harbor.plugin.ledger import EpisodeLedger, TrialRecord, trial_id, trial_of
+from pytest_harbor.plugin.ledger import EpisodeLedger, TrialRecord, split_trial, trial_id, trial_of
 from pytest_harbor.plugin.nodes import HarborTurnItem, HarborWarning, task_warnings
 from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.report import write_report
-from pytest_harbor.sandboxes import SandboxError
+from pytest_harbor.sandboxes import SandboxError, SandboxStartError
+from pytest_harbor.sandboxes.base import ReadinessCheck
 from pytest_harbor.tasks import TaskLoadError
+from pytest_harbor.tasks.loader import matches_any
 from pytest_harbor.writers.failures import FailureRecord
+from pytest_harbor.writers.folder import EarlierRun, earlier_run
 from pytest_harbor.writers.lock import ResultsFolderBusy, ResultsLock
 from pytest_harbor.writers.manifest import ManifestError, RunManifest, secrets_key
 from pytest_harbor.writers.materialized import SkippedLog, write_task_rows
-from pytest_harbor.writers.resume import read_resume_point
+from pytest_harbor.writers.resume import ResumePoint, read_resume_point
 from pytest_harbor.writers.rollouts import REPORT
 from pytest_harbor.writers.summary import run_summary, write_run_summary
 
@@ -143,6 +146,8 @@ class HarborReporter:
             pass_reward=run.options.pass_reward,
         )
         self.manifests: dict[str, RunManifest] = {}
+        #: What each taskset's folder held from an earlier run as this one started.
+        self.earlier: dict[str, EarlierRun | None] = {}
         #: Each taskset's plan, as the run planned it at its start.
         self.plans: dict[str, TasksetPlan] = {}
         self.builds = BuildsAhead(run)
@@ -153,6 +158,10 @@ class HarborReporter:
         self.kept = 0
         self.reaped = 0
         self.interrupted = False
+        #: Of the episodes a resumed run kept: how many failed; whether they were all
+        #: there was to run.
+        self.kept_failed = 0
+        self.all_kept = False
         #: Check mode's findings: fed every report, read at the end of the run.
         self.check = TaskCheck(run.options.repeats or 1) if run.options.check else None
         self.problems: dict[tuple[str, str], list[Problem]] = {}
@@ -187,6 +196,13 @@ class HarborReporter:
                 raise pytest.UsageError(
                     f"--harbor-model {self.run.model.name} at {self.run.model.base_url}: {error}"
                 ) from None
+        if isinstance(self.run.provider, ReadinessCheck):
+            try:
+                self.run.provider.check_ready()
+            except SandboxStartError as error:
+                raise pytest.UsageError(
+                    f"--harbor-sandbox {self.run.provider.name}: {error}"
+                ) from None
         self.reaped = self.run.reap()
         for target in self.run.targets.values():
             try:
@@ -211,22 +227,23 @@ class HarborReporter:
                 dataset_config=None if target.is_task else target.path / "dataset.toml",
             )
             self.run.trial_ids.update(self.ledger.plan(plan.taskset, plan.repeats, digests))
-            if self.run.options.resume:
-                self._resume(manifest)
-            else:
-                self.writer.start([plan.taskset])
-            manifest.write(self.run.layout.manifest_file(plan.taskset), self.run.redactor)
+            point = self._resume(manifest) if self.run.options.resume else None
             self.manifests[plan.taskset] = manifest
-            write_task_rows(self.run.layout, self.run.harness.name, plan)
             skipped = {}
             if self.run.options.skip_unloadable:
                 skipped = {path.name: str(error) for path, error in plan.failures.items()}
             self.skipped.start(plan.taskset, skipped)
+            # Nothing is written to the taskset's folder yet (see RolloutsWriter), unless
+            # it holds no earlier results to keep: then it begins now, as the run starts.
+            self.writer.plan(plan.taskset, resume=point, on_begin=self._beginning(plan))
+            self.earlier[plan.taskset] = earlier_run(self.run.layout.taskset_dir(plan.taskset))
+            if self.earlier[plan.taskset] is None:
+                self.writer.begin(plan.taskset)
             history = read_history(self.run.layout.taskset_dir(plan.taskset))
             self.run.history_tasks.update(f"{plan.taskset}/{name}" for name in history)
             for task in plan.tasks:
                 for warning in task_warnings(task):
-                    _warn_once(config, warning, task.path / "task.toml")
+                    _warn_once(config, warning, task.path / "task.toml", warning.line or 1)
                 self.run.row_digests[f"{plan.taskset}/{task.id}"] = task.digest
                 self.run.expected_s[f"{plan.taskset}/{task.id}"] = expected_seconds(
                     task, self.run.settings, history
@@ -277,7 +294,19 @@ class HarborReporter:
             lock.release()
         self.locks = []
 
-    def _resume(self, manifest: RunManifest) -> None:
+    def _beginning(self, plan: TasksetPlan) -> Callable[[], None]:
+        """What the run writes of its own once the taskset's folder begins: the manifest,
+        the materialized rows and skipped.json."""
+
+        def begin() -> None:
+            taskset = plan.taskset
+            self.manifests[taskset].write(self.run.layout.manifest_file(taskset), self.run.redactor)
+            write_task_rows(self.run.layout, self.run.harness.name, plan)
+            self.skipped.open(taskset)
+
+        return begin
+
+    def _resume(self, manifest: RunManifest) -> ResumePoint:
         layout, taskset = self.run.layout, manifest.taskset
         try:
             point = read_resume_point(
@@ -304,10 +333,10 @@ class HarborReporter:
                     + "\nrun with the same targets, agent and settings, or without "
                     "--harbor-resume to start afresh"
                 )
-        self.writer.resume(point)
         kept = self.ledger.keep(point)
         self.kept += len(kept)
         self.run.done_trials.update(kept)
+        return point
 
     # ------------------------------------------------------------------------ reports
 
@@ -359,6 +388,10 @@ class HarborReporter:
         reporter = self.run.terminal
         if reporter is None:
             return
+        # On a line of its own, never glued to the progress dots.
+        writer = getattr(reporter, "_tw", None)
+        if writer is not None and writer.width_of_current_line:
+            reporter.write("\n")
         reporter.write_line(status_line(self.ledger, self.builds, self.run))
 
     def _build_ahead(self, nodeids: Iterable[str]) -> None:
@@ -370,8 +403,8 @@ class HarborReporter:
         }
         selected = []
         for nodeid in nodeids:
-            taskset, _, rest = trial_of(nodeid).partition("/")
-            task = tasks.get(taskset, {}).get(rest.rsplit("::", 1)[0])
+            taskset, task_name, _ = split_trial(trial_of(nodeid))
+            task = tasks.get(taskset, {}).get(task_name)
             if task is not None:
                 selected.append((taskset, task))
         self.builds.start(selected)
@@ -463,12 +496,18 @@ class HarborReporter:
         interrupted = self.interrupted or session.exitstatus == pytest.ExitCode.INTERRUPTED
         if interrupted:
             for failure in self.ledger.interrupted():
-                self.writer.append_failure(failure)
+                # An interruption alone does not begin a folder: the earlier run stays.
+                self.writer.append_failure(failure, begins=False)
         finished_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         for taskset in self.manifests:
+            self.writer.finish(taskset)
+        begun = {taskset for taskset in self.manifests if self.writer.begun(taskset)}
+        for taskset in begun:
             self._record_durations(taskset)
         summaries = []
         for taskset, manifest in self.manifests.items():
+            if taskset not in begun:
+                continue
             summary = run_summary(
                 self.run.layout,
                 manifest,
@@ -483,6 +522,37 @@ class HarborReporter:
         self._write_reports(session.config, summaries)
         if self.run.harness.validates and self._nothing_validatable:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        self._count_kept(session)
+
+    def _count_kept(self, session: pytest.Session) -> None:
+        """A resumed run's exit status counts the episodes it kept as if they had run now:
+        one that failed (or had no result, or was a masked oracle sample) fails the run;
+        a run with nothing left to run, all it kept fine, passes."""
+        if not self.kept:
+            return
+        kept = [
+            entry
+            for taskset in self.manifests
+            for entry in self.ledger.entries(taskset)
+            if entry.earlier
+        ]
+        bad = (
+            ("failed", "no_result", "masked")
+            if self.run.harness.validates
+            else (
+                "failed",
+                "no_result",
+            )
+        )
+        self.kept_failed = sum(1 for entry in kept if entry.status in bad)
+        if self.kept_failed and session.exitstatus in (
+            pytest.ExitCode.OK,
+            pytest.ExitCode.NO_TESTS_COLLECTED,
+        ):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        elif not self.kept_failed and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+            self.all_kept = True
+            session.exitstatus = pytest.ExitCode.OK
 
     def _finish_check(self, session: pytest.Session) -> None:
         """Check mode: list each task's problems, write them beside the rows, fail the run
@@ -502,6 +572,8 @@ class HarborReporter:
             for key, found in self.check.problems(tasks, refused).items()
         }
         for taskset in self.manifests:
+            if not self.writer.begun(taskset):
+                continue
             try:
                 self.check_files[taskset] = self.check.write(
                     self.run.layout.check_file(taskset), taskset, self.problems
@@ -544,10 +616,13 @@ class HarborReporter:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         left_out = {taskset: plan.failures for taskset, plan in self.plans.items() if plan.failures}
         ran = any(True for taskset in self.manifests for _ in self.ledger.entries(taskset))
-        if not ran and not left_out:
+        unmatched = self._unmatched_filters(terminalreporter.config)
+        if not ran and not left_out and not unmatched:
             return
         write = terminalreporter.write_line
         terminalreporter.section("harbor")
+        for message in unmatched:
+            write(message, yellow=True)
         for taskset, failures in sorted(left_out.items()):
             self._write_left_out(write, taskset, failures)
         for taskset in sorted(self.manifests):
@@ -555,26 +630,48 @@ class HarborReporter:
             if not score.episodes and not score.count("not_run"):
                 continue
             _write_score(write, taskset, score)
+            if not self.writer.begun(taskset):
+                continue
             write(f"  rows: {self.run.layout.rollouts_file(taskset)}")
             write(f"  summary: {self.run.layout.summary_file(taskset)}")
             report = self.run.layout.report_file(taskset)
             if report in self.reports:
                 write(f"  report: {report}")
+        for taskset in sorted(self.manifests):
+            aside = self.writer.set_aside.get(taskset)
+            if aside is not None:
+                write(aside.message(taskset))
+            earlier = self.earlier.get(taskset)
+            if not self.writer.begun(taskset) and earlier is not None:
+                write(earlier.message(taskset, self.run.layout.taskset_dir(taskset)))
         if self.run.options.report_path in self.reports:
             write(f"report: {self.run.options.report_path}")
         for message in self.report_errors:
             write(message, yellow=True)
         if self.check is not None:
             self._write_check(write)
-        if self.kept:
-            write(f"resumed: {self.kept} episode(s) kept from the earlier run, not run again")
+        if self.all_kept:
+            write(
+                f"resumed: all {self.kept} episode(s) were kept from the earlier run and "
+                "passed; nothing was left to run",
+                green=True,
+            )
+        elif self.kept:
+            write(
+                f"resumed: {self.kept} episode(s) kept from the earlier run, not run again"
+                + (
+                    f"; {self.kept_failed} of them failed, which fails this run"
+                    if self.kept_failed
+                    else ""
+                )
+            )
         if self.reaped:
             write(f"removed {self.reaped} sandbox(es) left by runs whose process is gone")
-        if self.builds.started:
+        if self.builds.started and (self.builds.done or self.builds.failed):
             builds = self.builds
             builder = getattr(self.run.provider, "builder", None)
             write(
-                f"images made ahead for {builds.done} task(s)"
+                f"images made ahead for {builds.done} task{'s' if builds.done != 1 else ''}"
                 + (f" ({builds.failed} failed)" if builds.failed else "")
                 + (f", built with {_BUILDERS.get(builder, builder)}" if builder else "")
             )
@@ -588,6 +685,26 @@ class HarborReporter:
                 "--harbor-resume runs them again in full",
                 yellow=True,
             )
+
+    def _unmatched_filters(self, config: pytest.Config) -> list[str]:
+        """The task filters that matched nothing: each `--harbor-only-tasks` name or glob
+        that names no task, and `-k` or `-m` when they left no episode selected."""
+        if not self.plans:
+            return []
+        ids = [task_id for plan in self.plans.values() for task_id in plan.task_ids]
+        shown = ", ".join(sorted(ids)[:8]) + (" ..." if len(ids) > 8 else "")
+        found = [
+            f"--harbor-only-tasks={pattern}: no task matches (the tasks: {shown})"
+            for pattern in self.run.options.only_tasks
+            if not any(matches_any(task_id, (pattern,)) for task_id in ids)
+        ]
+        planned = [record for record in self.ledger.trials.values() if not record.earlier]
+        if planned and not any(record.selected for record in planned):
+            option = config.option
+            for flag, value in (("-k", option.keyword), ("-m", option.markexpr)):
+                if value:
+                    found.append(f"{flag} {value!r}: no episode matches ({len(planned)} planned)")
+        return found
 
     def _write_check(self, write: Any) -> None:
         """One table of problems per taskset: task, problem, detail."""
@@ -634,19 +751,19 @@ def _first_line(text: str, limit: int = 200) -> str:
 STATUS_EVERY_S = 30.0
 
 
-def _warn_once(config: pytest.Config, warning: Warning, where: Path) -> None:
-    """A warning in the run's summary, placed at the file it is about (once per run:
-    workers do not repeat it)."""
+def _warn_once(config: pytest.Config, warning: Warning, where: Path, line: int = 1) -> None:
+    """A warning in the run's summary, placed at the file (and line) it is about (once per
+    run: workers do not repeat it)."""
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always", type(warning))
-        warnings.warn_explicit(warning, type(warning), filename=str(where), lineno=1)
+        warnings.warn_explicit(warning, type(warning), filename=str(where), lineno=line)
     for record in records:
         config.hook.pytest_warning_recorded.call_historic(
             kwargs={
                 "warning_message": record,
                 "when": "config",
                 "nodeid": "",
-                "location": (str(where), 1, "task.toml"),
+                "location": (str(where), line, "task.toml"),
             }
         )
 
@@ -709,8 +826,8 @@ def _write_score(write: Any, taskset: str, score: TasksetScore) -> None:
         if score.count(status)
     ]
     write(
-        f"{taskset}: {score.episodes} episodes, mean reward {mean} ({counts})"
-        + (f"; {', '.join(extra)}" if extra else "")
+        f"{taskset}: {score.episodes} episode{'s' if score.episodes != 1 else ''}, "
+        f"mean reward {mean} ({counts})" + (f"; {', '.join(extra)}" if extra else "")
     )
     if score.usage is not None:
         usage = score.usage

@@ -152,7 +152,7 @@ class HarborRun:
             if self.settings.artifacts_dir
             else None,
         )
-        self.writer = None if is_worker else RolloutsWriter(self.layout, self.redactor)
+        self.writer = None if is_worker else RolloutsWriter(self.layout, self.redactor, run_id)
         #: Digests of the rows as the controller materialized them: `taskset/task` -> digest.
         self.row_digests: dict[str, str] = {}
         #: Node ids of every trial the controller planned: `<taskset>/<task>::r<N>`.

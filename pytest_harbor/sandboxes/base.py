@@ -6,7 +6,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pytest_harbor.settings import DEFAULT_PIDS_LIMIT
 
@@ -25,6 +25,7 @@ __all__ = [
     "ProviderContext",
     "ProviderFactory",
     "ProviderOptionsError",
+    "ReadinessCheck",
     "Sandbox",
     "SandboxCapabilities",
     "SandboxError",
@@ -310,6 +311,16 @@ class SandboxProvider(Protocol):
 
     def remove_image(self, image: str) -> None:
         """Remove an image the run made (a snapshot); no error when it is already gone."""
+        ...
+
+
+@runtime_checkable
+class ReadinessCheck(Protocol):
+    """A provider that can tell, before a run starts anything, that it cannot work at all
+    (its engine does not answer): the run then stops at once with its one message."""
+
+    def check_ready(self) -> None:
+        """Raise SandboxStartError naming what was tried and the fix."""
         ...
 
 

@@ -210,11 +210,7 @@ class _Engine:
                 timeout=_CONTROL_TIMEOUT_S,
             )
         except docker.errors.DockerException as error:
-            where = f" at {endpoint.url}" if endpoint else ""
-            raise SandboxStartError(
-                f"cannot reach the Docker engine{where} ({error}); start it (see the "
-                "README's set-up)"
-            ) from None
+            raise SandboxStartError(_unreachable(endpoint, str(error))) from None
         self._cpus: int | None = None
         #: Reached over TLS or ssh (named in the options or by DOCKER_HOST alike), where
         #: an exec's connection cannot be half-closed to end the command's input.
@@ -225,6 +221,20 @@ class _Engine:
         if self._cpus is None:
             self._cpus = int(self.api.info().get("NCPU") or os.cpu_count() or 1)
         return self._cpus
+
+
+def _unreachable(endpoint: Endpoint | None, why: str) -> str:
+    """Why an engine does not answer: the address tried, where it came from, the fix."""
+    if endpoint is not None:
+        where = f"{endpoint.url} (sandbox_provider_options.hosts)"
+    elif os.environ.get("DOCKER_HOST"):
+        where = f"{os.environ['DOCKER_HOST']} (DOCKER_HOST)"
+    else:
+        where = "unix:///var/run/docker.sock (the default; DOCKER_HOST is not set)"
+    return (
+        f"the Docker engine at {where} does not answer: {why}. Start it (as root, .ci/setup "
+        "does: it installs and starts dockerd), or set DOCKER_HOST to an engine that answers"
+    )
 
 
 def _client_kwargs() -> dict[str, Any]:
@@ -367,6 +377,15 @@ class DockerProvider:
         self._configs: dict[str, ImageConfig] = {}
         self._tools_volume: str | None = None
         self._tools_lock = threading.Lock()
+
+    def check_ready(self) -> None:
+        """The engine answers, or SandboxStartError naming the address tried and the fix."""
+        try:
+            _engine(self.endpoint).api.ping()
+        except SandboxStartError:
+            raise
+        except (docker.errors.DockerException, *_TRANSPORT_ERRORS) as error:
+            raise SandboxStartError(_unreachable(self.endpoint, _explain(error))) from None
 
     def tools_volume(self) -> str:
         """The volume holding the trusted busybox, made once per tools image and engine

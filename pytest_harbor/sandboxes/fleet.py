@@ -252,6 +252,10 @@ class DockerFleet:
         """The engine unplaced work goes to (images made ahead, say): the first answering."""
         return self._answering(required=True)[0].provider
 
+    def check_ready(self) -> None:
+        """At least one engine answers, or SandboxStartError naming every one tried."""
+        self._answering(required=True)
+
     def _answering(self, required: bool = False) -> list[FleetEngine]:
         """The engines that answer now; with `required`, none is an error."""
         alive = [engine for engine in self.engines if self.answers(engine)]

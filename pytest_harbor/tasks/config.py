@@ -17,6 +17,8 @@ from pydantic import (
     model_validator,
 )
 
+from pytest_harbor.tasks.typos import closest
+
 __all__ = [
     "AgentConfig",
     "ArtifactConfig",
@@ -32,6 +34,7 @@ __all__ = [
     "TaskConfig",
     "VerifierCollectConfig",
     "VerifierConfig",
+    "known_instead",
     "unknown_keys",
 ]
 
@@ -496,12 +499,23 @@ class TaskConfig(_Table):
 
 def unknown_keys(model: BaseModel, prefix: str = "") -> list[str]:
     """Dotted paths of every key the models do not know, depth first."""
-    found = [f"{prefix}{key}" for key in (model.model_extra or {})]
-    for name in type(model).model_fields:
+    return list(known_instead(model, prefix))
+
+
+def known_instead(model: BaseModel, prefix: str = "") -> dict[str, str | None]:
+    """Every key the models do not know (a dotted path, depth first), with the known key of
+    the same table it most likely misspells, if one is close."""
+    fields = type(model).model_fields
+    names = [*fields, *(field.alias for field in fields.values() if field.alias)]
+    found: dict[str, str | None] = {}
+    for key in model.model_extra or {}:
+        meant = closest(key, names)
+        found[f"{prefix}{key}"] = f"{prefix}{meant}" if meant else None
+    for name in fields:
         value = getattr(model, name)
         children = value if isinstance(value, list) else [value]
         for index, child in enumerate(children):
             if isinstance(child, _Table):
                 where = f"{name}[{index}]" if isinstance(value, list) else name
-                found.extend(unknown_keys(child, f"{prefix}{where}."))
+                found.update(known_instead(child, f"{prefix}{where}."))
     return found

@@ -19,12 +19,13 @@ from pytest_harbor.tasks.config import (
     StepVerifierConfig,
     TaskConfig,
     VerifierConfig,
-    unknown_keys,
+    known_instead,
 )
 from pytest_harbor.tasks.dataset import DatasetConfig
 from pytest_harbor.tasks.digest import TaskFolderError, task_digest
 from pytest_harbor.tasks.errors import TaskLoadError, describe_validation_error, error_key
 from pytest_harbor.tasks.task import COMPOSE_FILES, SINGLE_STEP_TURN, Task, Turn
+from pytest_harbor.tasks.typos import key_line, near_miss
 
 __all__ = [
     "MAX_TASK_DEPTH",
@@ -141,14 +142,23 @@ def load_task(
         raise TaskLoadError(path, "a task folder must not be a symlink")
     _refuse_links_out(path)
     raw = _read_toml(task_file)
+    text = _text(task_file)
     override = dataset.override_for(path.name) if dataset else None
     if override:
         raw = _merged(raw, override)
-    config = _validate(task_file, raw, from_dataset=bool(override))
-    if dataset is not None:
-        config = dataset.defaults.scale(config)
-    _check_layout(path, config)
-    config = _resolve_env_templates(task_file, config, environ, secrets or {})
+    try:
+        config = _validate(task_file, raw, from_dataset=bool(override))
+        if dataset is not None:
+            config = dataset.defaults.scale(config)
+        _check_layout(path, config)
+        config = _resolve_env_templates(task_file, config, environ, secrets or {})
+    except TaskLoadError as error:
+        # A key that is missing or wrong may be one the file misspells.
+        hint = near_miss(raw, text, error.key) if error.path == task_file and error.key else None
+        if hint is None:
+            raise
+        raise TaskLoadError(error.path, f"{error.message}; {hint}", key=error.key) from None
+    meant = known_instead(config)
     try:
         digest = task_digest(path)
     except TaskFolderError as error:
@@ -158,7 +168,9 @@ def load_task(
         config=config,
         turns=_turns(path, config),
         digest=digest,
-        unknown_keys=tuple(unknown_keys(config)),
+        unknown_keys=tuple(meant),
+        unknown_key_lines={key: key_line(text, key) for key in meant},
+        unknown_key_meant=meant,
         notes=_notes(config),
     )
 
@@ -185,6 +197,11 @@ def _refuse_links_out(task_dir: Path) -> None:
                 )
             if not target.is_file():
                 raise TaskLoadError(link, f"is a symlink to {target}, which is not a file")
+
+
+def _text(task_file: Path) -> str:
+    """The file's text (read already as TOML: it can be read)."""
+    return task_file.read_text(encoding="utf-8")
 
 
 def _read_toml(task_file: Path) -> dict[str, Any]:

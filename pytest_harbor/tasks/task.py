@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,10 @@ class Task:
     turns: tuple[Turn, ...]
     digest: str = ""
     unknown_keys: tuple[str, ...] = ()
+    #: Each unknown key's line in task.toml (None: not on one of its own) and the known
+    #: key it most likely misspells (None: none close).
+    unknown_key_lines: Mapping[str, int | None] = field(default_factory=dict)
+    unknown_key_meant: Mapping[str, str | None] = field(default_factory=dict)
     #: Other things the loader read but did not use, worth a warning.
     notes: tuple[str, ...] = ()
 

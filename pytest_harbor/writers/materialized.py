@@ -43,19 +43,27 @@ def write_task_rows(layout: ResultsLayout, agent: str, plan: TasksetPlan) -> Non
 
 
 class SkippedLog:
-    """`skipped.json` per taskset: task id -> why it was left out; `{}` when none was."""
+    """`skipped.json` per taskset: task id -> why it was left out; `{}` when none was.
+    Written once the taskset's folder has begun (see RolloutsWriter), and on every change
+    after that."""
 
     def __init__(self, layout: ResultsLayout) -> None:
         self.layout = layout
         self._entries: dict[str, dict[str, str]] = {}
+        self._open: set[str] = set()
 
     def start(self, taskset: str, entries: dict[str, str]) -> None:
         self._entries[taskset] = dict(entries)
+
+    def open(self, taskset: str) -> None:
+        """The taskset's folder has begun: write the file, and keep it up to date."""
+        self._open.add(taskset)
         self._write(taskset)
 
     def add(self, taskset: str, task_id: str, reason: str) -> None:
         self._entries.setdefault(taskset, {})[task_id] = reason
-        self._write(taskset)
+        if taskset in self._open:
+            self._write(taskset)
 
     def entries(self, taskset: str) -> dict[str, str]:
         return dict(self._entries.get(taskset, {}))
@@ -63,5 +71,6 @@ class SkippedLog:
     def _write(self, taskset: str) -> None:
         path = self.layout.skipped_file(taskset)
         path.parent.mkdir(parents=True, exist_ok=True)
-        text = strict_json.dumps(dict(sorted(self._entries[taskset].items())), indent=2) + "\n"
+        entries = self._entries.get(taskset, {})
+        text = strict_json.dumps(dict(sorted(entries.items())), indent=2) + "\n"
         write_atomically(path, text)

@@ -62,7 +62,8 @@ def test_pointing_pytest_at_a_dataset_or_task_collects_the_same(pytester: pytest
     as_dataset.stdout.fnmatch_lines(["tasks/alpha::r0::episode", "tasks/beta::r0::episode"])
     # A single task folder is its own taskset, named after the folder.
     as_task = pytester.runpytest(str(dataset / "beta"), "--collect-only", "-q")
-    as_task.stdout.fnmatch_lines(["beta/beta::r0::episode", "1 test collected*"])
+    # A task folder is its own taskset: its name once, not `beta/beta`.
+    as_task.stdout.fnmatch_lines(["beta::r0::episode", "1 test collected*"])
 
 
 def test_ini_key_names_datasets_relative_to_the_ini_file(pytester: pytest.Pytester) -> None:
@@ -125,21 +126,46 @@ def test_a_dataset_without_tasks_is_an_error(pytester: pytest.Pytester) -> None:
     assert result.ret == pytest.ExitCode.INTERRUPTED
 
 
-def test_unknown_keys_are_one_warning_naming_file_and_keys(pytester: pytest.Pytester) -> None:
+def test_each_unknown_key_is_a_warning_at_its_line_with_the_key_meant(
+    pytester: pytest.Pytester,
+) -> None:
     dataset = make_dataset(pytester.path, tasks=())
     write_task(
-        dataset, "odd", toml='flavour = "x"\n[environment]\ndocker_image = "img"\nsize = 1\n'
+        dataset,
+        "odd",
+        toml='flavour = "x"\n[environment]\ndocker_image = "img"\nsize = 1\ncpu = 2\n',
     )
     result = pytester.runpytest(
         f"--harbor-dataset={dataset}", "--harbor-repeats=2", "--collect-only", "-q"
     )
+    task_file = dataset / "odd" / "task.toml"
     result.stdout.fnmatch_lines(
         [
-            f"*HarborWarning: {dataset / 'odd' / 'task.toml'}: unknown keys ignored: "
-            "flavour, environment.size"
+            f"*task.toml:1: HarborWarning: {task_file}: unknown key ignored: flavour (line 1)",
+            f"*task.toml:4: HarborWarning: {task_file}: unknown key ignored: "
+            "environment.size (line 4)",
+            f"*task.toml:5: HarborWarning: {task_file}: unknown key ignored: environment.cpu "
+            "(line 5): did you mean environment.cpus?",
         ]
     )
-    assert result.stdout.str().count("unknown keys ignored") == 1
+    # Once each, though two trials (and workers) load the task.
+    assert result.stdout.str().count("unknown key ignored: environment.size") == 1
+
+
+def test_a_misspelt_key_reported_missing_names_the_misspelling_and_its_line(
+    pytester: pytest.Pytester,
+) -> None:
+    dataset = make_dataset(pytester.path, tasks=())
+    write_task(
+        dataset, "typo", toml='[verifier]\ntimeout_sec = 3\n[environment]\ndocker_imgae = "x"\n'
+    )
+    result = pytester.runpytest(f"--harbor-dataset={dataset}", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(
+        [
+            f"*{dataset / 'typo' / 'task.toml'}: environment.docker_image: no environment: *; "
+            "the file has `docker_imgae` (line 4): did you mean `docker_image`?"
+        ]
+    )
 
 
 @pytest.mark.parametrize("how", ["option", "dataset-arg", "task-arg", "walk", "xdist"])

@@ -59,7 +59,8 @@ def test_the_check_finds_each_broken_task_and_lf_runs_them_again(
             "accepts the sandbox as the task leaves it",
             "  no-solution * no-solution * unvalidated: the task has no solution/solve.sh",
             "  slow-solution * slow-oracle * solve.sh took 3.* s of its 5 s timeout",
-            "  unknown-key * load-warning * task.toml: unknown keys ignored: environment.cpu",
+            "  unknown-key * load-warning * task.toml: unknown key ignored: environment.cpu "
+            "(line 14): did you mean environment.cpus?",
             "  wrong-solution * oracle-failed * 2 of 2 runs (r0, r1): reward 0, solve.sh exit 0",
             "  check: *check.json",
         ]

@@ -17,14 +17,11 @@ import pytest
 from tests.anthropic_server import MODEL as CLAUDE_MODEL
 from tests.anthropic_server import MessagesRequest, ScriptedMessages, bash, text
 from tests.fixtures import BASE_IMAGE, REPO_ROOT, Dataset, run_harbor
-from tests.integration.test_shell_agent import model_server
 from tests.model_server import ChatRequest, Reply, ScriptedModel, answer, tool_call
 from tests.responses_server import MODEL as RESPONSES_MODEL
 from tests.responses_server import ResponsesRequest, ScriptedResponses, message, shell_call
 
 pytestmark = pytest.mark.docker
-
-__all__ = ["model_server"]  # the fixture, shared with shell-agent's tests
 
 HOST_NETWORK = "--harbor-set=sandbox_provider_options.network=host"
 ANSWER_TEST = (

@@ -57,6 +57,7 @@ def tls_engine() -> Iterator[SecondEngine]:
 @pytest.fixture
 def ssh_engine(second_engine: SecondEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator[SshServer]:
     """The second engine behind an ssh server, reached as ssh://root@127.0.0.1:<port>."""
+    pytest.importorskip("paramiko", reason="ssh:// engines need the ssh extra (paramiko)")
     server = SshServer(second_engine.url).start()
     monkeypatch.setenv("PATH", f"{server.client_bin}{os.pathsep}{os.environ['PATH']}")
     try:

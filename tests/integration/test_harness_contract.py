@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import BASE_IMAGE, Dataset, containers_of, finish, run_harbor, start_run
-from tests.integration.test_multi_step_runs import multi_step
+from tests.fixtures import (
+    BASE_IMAGE,
+    Dataset,
+    containers_of,
+    finish,
+    multi_step,
+    run_harbor,
+    start_run,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -169,10 +176,13 @@ def test_a_registered_harness_runs_one_session_per_episode(
     assert closed["turns"] == 1
     (row,) = dataset.rows(pytester.path / "out", validation=False)
     assert (row["agent"], row["reward"], row["response"]) == ("scripted", 1.0, "did episode")
-    # The harness's host folder is kept with the results.
-    host_log = Path(str(opened["host_dir"])) / "harness.log"
-    assert host_log == pytester.path / "out/harbor" / dataset.name / "agent/hello__r0/harness.log"
+    # The harness's host folder is a staging folder while the episode runs, kept with the
+    # results once its row is written.
+    staged = Path(str(opened["host_dir"]))
+    assert ".incoming" in staged.parts and staged.name == "hello__r0"
+    host_log = pytester.path / "out/harbor" / dataset.name / "agent/hello__r0/harness.log"
     assert host_log.read_text() == "turn episode\n"
+    assert not staged.exists()
     # Without a trajectory of its own, the verifier gets the engine's two-step transcript.
     trajectory = json.loads((Path(row["verifier_logs_dir"]) / "trajectory.json").read_text())
     assert [step["message"] for step in trajectory["steps"]][1] == "did episode"

@@ -10,7 +10,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.fixtures import BASE_IMAGE, Dataset, SandboxWatcher, run_harbor
+from tests.fixtures import BASE_IMAGE, Dataset, SandboxWatcher, multi_step, run_harbor
 
 pytestmark = pytest.mark.docker
 
@@ -18,42 +18,6 @@ pytestmark = pytest.mark.docker
 @pytest.fixture
 def dataset(harbor_dataset: Dataset) -> Dataset:
     return harbor_dataset
-
-
-def multi_step(
-    dataset: Dataset,
-    name: str,
-    steps: dict[str, tuple[str, str | None]],
-    *,
-    toml: str = "",
-    step_toml: dict[str, str] | None = None,
-    shared_test: str | None = None,
-    extra_files: dict[str, str] | None = None,
-) -> Path:
-    """A task whose steps are `name -> (solve.sh, test.sh or None for the shared one)`."""
-    task = dataset.path / name
-    (task / "tests").mkdir(parents=True)
-    (task / "tests" / "test.sh").write_text(shared_test or "echo 1 > /logs/verifier/reward.txt\n")
-    tables = "".join(
-        f'[[steps]]\nname = "{step}"\n{(step_toml or {}).get(step, "")}\n' for step in steps
-    )
-    (task / "task.toml").write_text(
-        textwrap.dedent(toml)
-        + f'\n[environment]\ndocker_image = "{BASE_IMAGE}"\nworkdir = "/work"\n\n'
-        + tables
-    )
-    for step, (solve, test) in steps.items():
-        folder = task / "steps" / step
-        (folder / "solution").mkdir(parents=True)
-        (folder / "instruction.md").write_text(f"Do {step}.\n")
-        (folder / "solution" / "solve.sh").write_text(solve)
-        if test is not None:
-            (folder / "tests").mkdir()
-            (folder / "tests" / "test.sh").write_text(test)
-    for relative, content in (extra_files or {}).items():
-        (task / relative).parent.mkdir(parents=True, exist_ok=True)
-        (task / relative).write_text(content)
-    return task
 
 
 PASS = "echo 1 > /logs/verifier/reward.txt\n"
@@ -420,7 +384,7 @@ def test_a_partly_selected_episode_writes_a_partial_row_that_resume_runs_in_full
     result.assert_outcomes(passed=1, deselected=1)
     result.stdout.fnmatch_lines(
         [
-            f"{dataset.name}: 1 episodes, mean reward n/a (0 passed, 0 failed, 0 masked, "
+            f"{dataset.name}: 1 episode, mean reward n/a (0 passed, 0 failed, 0 masked, "
             "0 no result); 1 partial",
             "*1 episode(s) ran only some of their steps*marked partial*",
         ]

@@ -108,7 +108,7 @@ def test_either_builder_makes_a_tasks_image_and_the_run_says_which(
     )
     result.assert_outcomes(passed=1)
     name = {"buildkit": "BuildKit (docker buildx)", "classic": "the classic builder"}[builder]
-    result.stdout.fnmatch_lines([f"images made ahead for 1 task(s), built with {name}"])
+    result.stdout.fnmatch_lines([f"images made ahead for 1 task, built with {name}"])
 
 
 @pytest.mark.parametrize("quiet", [False, True])
@@ -131,6 +131,9 @@ def test_a_long_run_says_what_it_is_doing_unless_quiet(
         assert lines == []
     else:
         assert "harbor: 0 episodes running, 2 waiting, about 4 s left" in lines
+        # Each on a line of its own, never after a test's progress mark.
+        glued = [line for line in result.outlines if "harbor: " in line[1:]]
+        assert glued == []
 
 
 def test_even_quiet_the_terminal_names_what_it_left_out(
@@ -167,4 +170,4 @@ def test_a_warning_about_a_task_comes_once_whatever_the_workers(
         pytester, dataset, "-n", "2", "-W", "ignore::pytest.PytestAssertRewriteWarning"
     )
     result.assert_outcomes(passed=1, warnings=1)
-    result.stdout.fnmatch_lines(["*task.toml: unknown keys ignored: extra*"])
+    result.stdout.fnmatch_lines(["*task.toml: unknown key ignored: extra (line *)*"])

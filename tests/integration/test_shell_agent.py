@@ -9,42 +9,22 @@ import shlex
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from pytest_harbor import load_task
 from pytest_harbor.harnesses.atif import Trajectory
-from tests.fixtures import BASE_IMAGE, QUICKSTART, Dataset, run_harbor
-from tests.integration.test_multi_step_runs import multi_step
+from tests.fixtures import BASE_IMAGE, QUICKSTART, Dataset, Server, multi_step, run_harbor
 from tests.model_server import ChatRequest, Reply, ScriptedModel, answer, error, tool_call
 
 pytestmark = pytest.mark.docker
-
-Server = Callable[[Callable[[ChatRequest], Reply]], ScriptedModel]
 
 
 @pytest.fixture
 def dataset(harbor_dataset: Dataset) -> Dataset:
     return harbor_dataset
-
-
-@pytest.fixture
-def model_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    """Starts a scripted server (stopped after the test) and puts its key where
-    shell-agent reads it."""
-    servers: list[ScriptedModel] = []
-
-    def start(script: Callable[[ChatRequest], Reply]) -> ScriptedModel:
-        server = ScriptedModel(script).__enter__()
-        servers.append(server)
-        monkeypatch.setenv("HARBOR_MODEL_API_KEY", server.api_key)
-        return server
-
-    yield start
-    for server in servers:
-        server.__exit__(None, None, None)
 
 
 def solving(commands: dict[str, str], final: str = "Done.") -> Callable[[ChatRequest], Reply]:

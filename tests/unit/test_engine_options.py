@@ -28,6 +28,7 @@ def _tls_folder(tmp_path: Path) -> str:
 
 
 def test_hosts_make_a_fleet_of_engines(tmp_path: Path) -> None:
+    pytest.importorskip("paramiko", reason="ssh:// engines need the ssh extra (paramiko)")
     tls = _tls_folder(tmp_path)
     fleet = _make(
         [

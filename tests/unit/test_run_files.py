@@ -152,7 +152,9 @@ def test_resume_keeps_rows_and_terminal_failures_each_episode_once(tmp_path: Pat
     assert point.finished == {("a", 0), ("b", 0), ("d", 0)}
     assert point.dropped_lines == 4
 
-    RolloutsWriter(layout).resume(point)
+    writer = RolloutsWriter(layout)
+    writer.plan("ts", resume=point)
+    writer.begin("ts")
     kept_rows = [json.loads(line) for line in layout.rollouts_file("ts").read_text().splitlines()]
     assert [(row["task_id"], row["reward"]) for row in kept_rows] == [("a", 1.0), ("b", 0.0)]
     kept_failures = layout.failures_file("ts").read_text().splitlines()
@@ -166,13 +168,17 @@ def test_an_unreadable_manifest_is_an_error_naming_the_file(tmp_path: Path) -> N
         read_resume_point("ts", rollouts=tmp_path / "r", failures=tmp_path / "f", manifest=path)
 
 
-def test_a_fresh_start_empties_rows_failures_and_the_old_summary(tmp_path: Path) -> None:
+def test_a_fresh_start_sets_rows_failures_and_the_old_summary_aside(tmp_path: Path) -> None:
     layout = ResultsLayout(tmp_path, validation=False)
     for path in (layout.rollouts_file("ts"), layout.failures_file("ts")):
         _write_lines(path, ['{"old": 1}'])
     layout.summary_file("ts").write_text("{}")
     writer = RolloutsWriter(layout)
-    writer.start(["ts"])
+    writer.plan("ts")
+    # An interruption alone does not begin the folder.
+    assert not writer.append_failure(_failure("y", FailureKind.INTERRUPTED), begins=False)
+    assert layout.summary_file("ts").exists()
+    writer.begin("ts")
     assert layout.rollouts_file("ts").read_text() == ""
     assert layout.failures_file("ts").read_text() == ""
     assert not layout.summary_file("ts").exists()
@@ -184,7 +190,7 @@ def test_a_fresh_start_empties_rows_failures_and_the_old_summary(tmp_path: Path)
 def test_summary_paths_resolve_after_the_results_folder_moves(tmp_path: Path) -> None:
     layout = ResultsLayout(tmp_path / "results", validation=True)
     writer = RolloutsWriter(layout)
-    writer.start(["ts"])
+    writer.begin("ts")
     # As a worker leaves them: the verifier's files in the episode's folder.
     folder = layout.verifier_dir("ts", "a__r0")
     folder.mkdir(parents=True)

@@ -166,7 +166,11 @@ def test_no_solution_no_result_and_load_warnings(tmp_path: Path) -> None:
     )
     found = check.problems({(SET, "w"): task})[(SET, "w")]
     assert found == [
-        Problem("load-warning", "task.toml: unknown keys ignored: environment.cpu"),
+        Problem(
+            "load-warning",
+            "task.toml: unknown key ignored: environment.cpu (line 3): did you mean "
+            "environment.cpus?",
+        ),
         Problem("no-solution", "unvalidated: the task has no solution/solve.sh"),
         Problem("no-result", "nop: sandbox_error: the engine went away"),
     ]

@@ -20,15 +20,19 @@ def test_layout_for_validation_and_agent_runs(tmp_path: Path) -> None:
     assert agent.verifier_dir("qs", "t__r0", "02-b") == tmp_path / "harbor/qs/verifier/t__r0/02-b"
 
 
-def test_writer_starts_fresh_then_appends_rows_and_files(tmp_path: Path) -> None:
+def test_writer_starts_fresh_at_its_first_row_then_appends(tmp_path: Path) -> None:
     layout = ResultsLayout(tmp_path, validation=True)
     layout.taskset_dir("qs").mkdir(parents=True)
     layout.rollouts_file("qs").write_text('{"old": true}\n')
     (layout.taskset_dir("qs") / "verifier" / "old__r0").mkdir(parents=True)
-    writer = RolloutsWriter(layout)
-    writer.start(["qs"])
-    assert layout.rollouts_file("qs").read_text() == ""
-    assert not (layout.taskset_dir("qs") / "verifier" / "old__r0").exists()
+    writer = RolloutsWriter(layout, run_id="r1")
+    writer.plan("qs")
+    # Planned, not begun: the earlier run is untouched.
+    assert layout.rollouts_file("qs").read_text() == '{"old": true}\n'
+    # A worker stages the episode's verifier folder while it runs.
+    staged = layout.staged_verifier_dir("qs", "r1", "t__r1")
+    staged.mkdir(parents=True)
+    (staged / "test-stdout.txt").write_text("ok\n")
     result = EpisodeResult(
         task_id="t",
         taskset="qs",
@@ -38,6 +42,12 @@ def test_writer_starts_fresh_then_appends_rows_and_files(tmp_path: Path) -> None
         turns=[TurnResult(step="episode", reward=1.0, agent_log_tail="secret tail")],
     )
     writer.append_row(result)
+    assert not (layout.taskset_dir("qs") / "verifier" / "old__r0").exists()
+    assert (layout.verifier_dir("qs", "t__r1") / "test-stdout.txt").read_text() == "ok\n"
+    (previous,) = (tmp_path / "harbor/validation/qs.previous").iterdir()
+    assert (previous / "rollouts.jsonl").read_text() == '{"old": true}\n'
+    assert (previous / "verifier" / "old__r0").is_dir()
+    assert writer.set_aside["qs"].rows == 1
     rows = [json.loads(line) for line in layout.rollouts_file("qs").read_text().splitlines()]
     assert len(rows) == 1
     assert rows[0]["task_id"] == "t" and rows[0]["repeat"] == 1
