@@ -530,12 +530,15 @@ class HarborReporter:
         a run with nothing left to run, all it kept fine, passes."""
         if not self.kept:
             return
+        # Those of the tasks this run selects (--harbor-only-tasks may leave some out).
         kept = [
             entry
             for taskset in self.manifests
             for entry in self.ledger.entries(taskset)
             if entry.earlier
+            and trial_id(taskset, entry.task_id, entry.repeat) in self.run.trial_ids
         ]
+        self.kept = len(kept)
         bad = (
             ("failed", "no_result", "masked")
             if self.run.harness.validates
