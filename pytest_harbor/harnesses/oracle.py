@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import tarfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pytest_harbor.harnesses.base import (
@@ -13,8 +15,14 @@ from pytest_harbor.harnesses.base import (
     TurnContext,
     no_options,
 )
-from pytest_harbor.sandboxes.archives import pack_folder
-from pytest_harbor.sandboxes.base import ROOT_USER, TRUSTED_BUSYBOX, ExecResult, Sandbox
+from pytest_harbor.sandboxes.archives import ChunkReader, pack_folder
+from pytest_harbor.sandboxes.base import (
+    ROOT_USER,
+    TRUSTED_BUSYBOX,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+)
 from pytest_harbor.tasks.task import Task
 
 __all__ = ["OracleHarness"]
@@ -22,6 +30,8 @@ __all__ = ["OracleHarness"]
 SOLUTION_DIR = "/solution"
 ORACLE_LOG = "/logs/agent/oracle.txt"
 _LOG_TAIL_BYTES = 4000
+#: Of solve.sh's output, this much is kept with the results (agent/<episode>/oracle.txt).
+LOG_CAP_BYTES = 8 * 1024 * 1024
 _NEXT_TURN = (
     f"rm -rf {SOLUTION_DIR}/* {SOLUTION_DIR}/.[!.]* {SOLUTION_DIR}/..?*; rm -f {ORACLE_LOG}"
 )
@@ -76,18 +86,20 @@ class _OracleSession:
                 (_NEXT_TURN + "; " if later else "") + _UNPACK + run, pack_folder(solution)
             )
             if _UNPACK_FAILED not in result.stderr:
-                return _ran(sandbox, result)
+                return _ran(context, result)
             # An image without tar: upload the solution through the engine instead.
         elif later:
             sandbox.exec(["/bin/sh", "-c", _NEXT_TURN], user=ROOT_USER)
         sandbox.upload(solution, SOLUTION_DIR)
-        return _ran(sandbox, execute(run))
+        return _ran(context, execute(run))
 
     def close(self, context: SessionContext) -> None:
         pass
 
 
-def _ran(sandbox: Sandbox, result: ExecResult) -> AgentRun:
+def _ran(context: TurnContext, result: ExecResult) -> AgentRun:
+    sandbox = context.sandbox
+    _keep_log(sandbox, context.logs.host_dir / "oracle.txt")
     log_tail = ""
     if result.exit_code != 0 or result.timed_out:
         # Its end only (the log may be huge), with the engine's own `tail`.
@@ -96,3 +108,25 @@ def _ran(sandbox: Sandbox, result: ExecResult) -> AgentRun:
         )
         log_tail = tail.stdout if tail.exit_code == 0 else ""
     return AgentRun(exit_code=result.exit_code, timed_out=result.timed_out, log_tail=log_tail)
+
+
+def _keep_log(sandbox: Sandbox, target: Path) -> None:
+    """solve.sh's output (stdout and stderr), copied to `target` through the engine's
+    archive API: its first LOG_CAP_BYTES, the cut marked; nothing when it is not a
+    regular file (solve.sh may have made it anything) or cannot be read."""
+    try:
+        chunks = sandbox.iter_archive(ORACLE_LOG)
+        if chunks is None:
+            return
+        with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as archive:
+            member = next(iter(archive), None)
+            source = archive.extractfile(member) if member is not None and member.isreg() else None
+            if member is None or source is None:
+                return
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("wb") as handle:
+                handle.write(source.read(LOG_CAP_BYTES))
+                if member.size > LOG_CAP_BYTES:
+                    handle.write(f"\n[... {member.size - LOG_CAP_BYTES} bytes cut ...]\n".encode())
+    except (tarfile.TarError, OSError, SandboxError):
+        return

@@ -379,13 +379,20 @@ class HarborTurnItem(_HarborNode, pytest.Item):
         pytest.fail(f"{outcome.headline}\n{details}", pytrace=False)
 
     def _placed(self, turn: TurnResult) -> TurnResult:
-        """`turn` with its verifier folder where the controller puts it (see _episode)."""
-        run = _run(self)
-        staged = turn.verifier_logs_dir
-        if staged is None:
-            return turn
-        placed = run.layout.placed(self.trial.taskset, run.run_id, staged)
-        return turn.model_copy(update={"verifier_logs_dir": placed})
+        """`turn` with its verifier folder, and the harness's folder of the turn when the
+        harness kept files there, where the controller puts them (see _episode)."""
+        run, trial = _run(self), self.trial
+        update: dict[str, str] = {}
+        if turn.verifier_logs_dir is not None:
+            update["verifier_logs_dir"] = run.layout.placed(
+                trial.taskset, run.run_id, turn.verifier_logs_dir
+            )
+        agent = run.layout.staged_agent_dir(trial.taskset, run.run_id, trial.episode_name)
+        if trial.task.config.is_multi_step:
+            agent = agent / turn.step
+        if agent.is_dir() and any(agent.iterdir()):
+            update["agent_logs_dir"] = run.layout.placed(trial.taskset, run.run_id, str(agent))
+        return turn.model_copy(update=update)
 
     def _row(self, episode: Episode) -> EpisodeResult:
         """The episode's result, with (single-step) the episode's verifier folder."""

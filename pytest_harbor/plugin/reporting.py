@@ -162,6 +162,8 @@ class HarborReporter:
         #: there was to run.
         self.kept_failed = 0
         self.all_kept = False
+        #: Episodes under way or waiting when the run was interrupted.
+        self.cut_short = 0
         #: Check mode's findings: fed every report, read at the end of the run.
         self.check = TaskCheck(run.options.repeats or 1) if run.options.check else None
         self.problems: dict[tuple[str, str], list[Problem]] = {}
@@ -496,6 +498,7 @@ class HarborReporter:
         interrupted = self.interrupted or session.exitstatus == pytest.ExitCode.INTERRUPTED
         if interrupted:
             for failure in self.ledger.interrupted():
+                self.cut_short += 1
                 # An interruption alone does not begin a folder: the earlier run stays.
                 self.writer.append_failure(failure, begins=False)
         finished_at = datetime.now(UTC).isoformat(timespec="milliseconds")
@@ -667,6 +670,12 @@ class HarborReporter:
                     if self.kept_failed
                     else ""
                 )
+            )
+        if self.cut_short and any(self.writer.begun(taskset) for taskset in self.manifests):
+            write(
+                f"interrupted: {self.cut_short} episode(s) did not end; the same command with "
+                "--harbor-resume runs only those, keeping the rest",
+                yellow=True,
             )
         if self.reaped:
             write(f"removed {self.reaped} sandbox(es) left by runs whose process is gone")

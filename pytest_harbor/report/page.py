@@ -82,7 +82,11 @@ def _taskset(index: int, taskset: TasksetResults, base: Path, budget: Budget) ->
     ]
     notes = list(taskset.notes)
     if summary.get("interrupted"):
-        notes.insert(0, "The run was interrupted: some episodes did not run.")
+        notes.insert(
+            0,
+            "The run was interrupted: some episodes did not run. The same command with "
+            "--harbor-resume runs only those, keeping what is here.",
+        )
     parts.extend(f'<p class="note">{escape(note)}</p>' for note in notes)
     parts.append(_summary(summary))
     if not episodes:
@@ -112,7 +116,7 @@ def _taskset(index: int, taskset: TasksetResults, base: Path, budget: Budget) ->
 def _run_line(summary: Mapping[str, Any]) -> str:
     fields = [
         ("agent", summary.get("agent")),
-        ("model", summary.get("model")),
+        ("model", _model(summary.get("model"))),
         ("sandbox", summary.get("sandbox")),
         ("repeats", summary.get("repeats")),
         ("run", summary.get("run_id")),
@@ -124,6 +128,17 @@ def _run_line(summary: Mapping[str, Any]) -> str:
         + " · ".join(f"{name} {escape(str(value))}" for name, value in fields if value is not None)
         + "</p>"
     )
+
+
+def _model(model: object) -> str | None:
+    """`name at url` from the summary's model (an identity: name, base URL, parameters)."""
+    if not isinstance(model, Mapping):
+        return None if model is None else str(model)
+    name = model.get("name")
+    url = model.get("base_url") or model.get("url")
+    if name and url:
+        return f"{name} at {url}"
+    return str(name or url) if (name or url) else None
 
 
 # ---------------------------------------------------------------------------- sections
@@ -308,6 +323,10 @@ def _file_links(logs: TurnLogs, base: Path, compact: bool) -> list[str]:
         links.append(_link(logs.test_stdout, base, "out" if compact else "test-stdout.txt"))
     if logs.trajectory is not None:
         links.append(_link(logs.trajectory, base, "traj" if compact else "trajectory.json"))
+    if logs.agent_log is not None:
+        links.append(_link(logs.agent_log, base, "agent" if compact else logs.agent_log.name))
+    elif logs.agent_dir is not None:
+        links.append(_link(logs.agent_dir, base, "agent" if compact else "agent folder"))
     return links
 
 
@@ -332,7 +351,12 @@ def _failures(anchor: str, taskset: TasksetResults, base: Path) -> str:
         if episode.failure_kind:
             kind = episode.failure_kind
         elif episode.status == "failed":
-            kind = "failed, no failure kind"
+            # Nothing went wrong but the grade: say so, with the verifier's own words.
+            kind = (
+                "the verifier scored 0"
+                if episode.reward == 0
+                else "the verifier scored below a pass"
+            )
         else:
             kind = episode.status.replace("_", " ")
         groups.setdefault(kind, []).append((number, episode))
@@ -344,7 +368,7 @@ def _failures(anchor: str, taskset: TasksetResults, base: Path) -> str:
             f'<tr><td><a href="#{anchor}-ep{number}">{escape(episode.name)}</a></td>'
             f'<td class="s-{escape(episode.status)}">{_status(episode.status)}</td>'
             f"<td>{escape(episode.stage or '')}</td>"
-            f'<td class="reason">{escape(_cut(episode.failure_reason or "", _REASON_LIMIT))}</td>'
+            f'<td class="reason">{_reason(episode)}</td>'
             f"<td>{_links(episode, base, compact=False)}</td></tr>"
             for number, episode in members
         )
@@ -355,6 +379,33 @@ def _failures(anchor: str, taskset: TasksetResults, base: Path) -> str:
             f"<tbody>{rows}</tbody></table></details>"
         )
     return "".join(parts)
+
+
+def _reason(episode: Episode) -> str:
+    """Why an episode failed, on the page without a click: its reason; else (a plain low
+    reward) the last lines of its test-stdout.txt."""
+    if episode.failure_reason:
+        return escape(_cut(episode.failure_reason, _REASON_LIMIT))
+    lines = _last_lines(episode)
+    if not lines:
+        return '<span class="empty">(the verifier printed nothing)</span>'
+    return f'<pre class="log">{escape(chr(10).join(lines))}</pre>'
+
+
+def _last_lines(episode: Episode, count: int = 6) -> list[str]:
+    for logs in reversed(episode.logs):
+        if logs.test_stdout is None:
+            continue
+        try:
+            with logs.test_stdout.open("rb") as stream:
+                size = stream.seek(0, 2)
+                stream.seek(max(0, size - 4000))
+                text = stream.read().decode("utf-8", errors="replace")
+        except OSError:
+            return []
+        lines = [line for line in text.splitlines() if line.strip()][-count:]
+        return [_cut(line, 300) for line in lines]
+    return []
 
 
 def _transcripts(anchor: str, taskset: TasksetResults, base: Path, budget: Budget) -> str:

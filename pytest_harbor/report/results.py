@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_harbor.strict_json import as_float
+from pytest_harbor.writers.folder import INCOMING, PREVIOUS_SUFFIX
 from pytest_harbor.writers.rollouts import CHECK, FAILURES, ROLLOUTS, SUMMARY
 
 __all__ = [
@@ -41,6 +42,9 @@ class TurnLogs:
     test_stdout: Path | None = None
     reward_file: Path | None = None
     trajectory: Path | None = None
+    #: The harness's own folder and log of the turn (the oracle's output), when kept.
+    agent_dir: Path | None = None
+    agent_log: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,17 @@ def find_summaries(root: Path) -> list[Path]:
     """Every run summary at or under `root` (a taskset's results folder, or above one)."""
     if not root.is_dir():
         raise ReportError(f"{root} is not a folder")
-    found = sorted(path for path in root.rglob(SUMMARY) if path.is_file())
+    # Earlier runs kept aside (`<taskset>.previous/`) are not this run's: only when `root`
+    # is one of them (or inside one) are they drawn.
+    found = sorted(
+        path
+        for path in root.rglob(SUMMARY)
+        if path.is_file()
+        and not any(
+            part.endswith(PREVIOUS_SUFFIX) or part == INCOMING
+            for part in path.relative_to(root).parts[:-1]
+        )
+    )
     if not found:
         raise ReportError(
             f"{root} holds no {SUMMARY}: give a taskset's results folder "
@@ -225,7 +239,14 @@ def _logs(
                 step=str(turn.get("step") or ""),
                 **{
                     name: _existing(folder, turn.get(name))
-                    for name in ("verifier_dir", "test_stdout", "reward_file", "trajectory")
+                    for name in (
+                        "verifier_dir",
+                        "test_stdout",
+                        "reward_file",
+                        "trajectory",
+                        "agent_dir",
+                        "agent_log",
+                    )
                 },
             )
             for turn in logs

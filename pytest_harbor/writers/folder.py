@@ -72,8 +72,12 @@ def earlier_run(folder: Path) -> EarlierRun | None:
     or None when it left none (nothing, or only the description of a run that ran
     nothing: replacing that loses nothing)."""
     rows = _count_rows(folder / "rollouts.jsonl")
-    results = rows or _count_rows(folder / "rollouts_failures.jsonl") or any(
-        any(path.iterdir()) for path in (folder / "verifier", folder / "agent") if path.is_dir()
+    results = (
+        rows
+        or _count_rows(folder / "rollouts_failures.jsonl")
+        or any(
+            any(path.iterdir()) for path in (folder / "verifier", folder / "agent") if path.is_dir()
+        )
     )
     if not results:
         return None

@@ -21,6 +21,8 @@ from pytest_harbor.writers.rollouts import SUMMARY, ResultsLayout
 
 __all__ = ["EpisodeEntry", "run_summary", "write_run_summary"]
 
+#: The harness's own log of a turn, when it kept one: the oracle's, a CLI agent's.
+_AGENT_LOGS = ("oracle.txt", "stdout.txt")
 #: The files a verification leaves, under the names the summary gives them.
 _LOG_FILES = {
     "test_stdout": ("test-stdout.txt",),
@@ -128,7 +130,10 @@ def _episode(entry: EpisodeEntry, relative: Any) -> dict[str, Any]:
             failure_cause=result.failure_cause,
             partial=result.partial,
             usage=None if result.usage is None else result.usage.model_dump(mode="json"),
-            logs=[_logs(turn.step, turn.verifier_logs_dir, relative) for turn in result.turns],
+            logs=[
+                _logs(turn.step, turn.verifier_logs_dir, relative, turn.agent_logs_dir)
+                for turn in result.turns
+            ],
         )
     elif entry.failure is not None:
         failure = entry.failure
@@ -144,8 +149,16 @@ def _episode(entry: EpisodeEntry, relative: Any) -> dict[str, Any]:
     return data
 
 
-def _logs(step: str, folder: str | None, relative: Any) -> dict[str, Any]:
+def _logs(
+    step: str, folder: str | None, relative: Any, agent_folder: str | None = None
+) -> dict[str, Any]:
     logs: dict[str, Any] = {"step": step, "verifier_dir": None}
+    if agent_folder is not None and Path(agent_folder).is_dir():
+        logs["agent_dir"] = relative(agent_folder)
+        for name in _AGENT_LOGS:
+            if (Path(agent_folder) / name).is_file():
+                logs["agent_log"] = relative(Path(agent_folder) / name)
+                break
     if folder is None or not Path(folder).is_dir():
         return logs
     logs["verifier_dir"] = relative(folder)

@@ -251,3 +251,13 @@ def test_two_targets_with_one_taskset_name_are_refused(pytester: pytest.Pytester
     result = pytester.runpytest(f"--harbor-dataset={first}", f"--harbor-dataset={second}")
     result.stderr.fnmatch_lines(["*two targets share the taskset name 'same'*"])
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_help_lists_the_harnesses_and_points_to_the_settings(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    text = " ".join(result.stdout.str().split())
+    assert (
+        "harness to run (default: oracle): claude-code, codex, mini-swe-agent, nop, "
+        "opencode, oracle, shell-agent;" in text
+    )
+    assert "every setting and its default: docs/options.md" in text

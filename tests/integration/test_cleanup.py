@@ -81,6 +81,9 @@ def test_interrupted_run_leaves_no_sandbox(
     # The HTML report is written beside it, as for a run that ended.
     report = (dataset.results_folder(results) / "report.html").read_text()
     assert "The run was interrupted" in report and "harbor:interrupted</strong>" in report
+    # Both say how to go on.
+    assert "--harbor-resume runs only those" in report
+    assert "the same command with --harbor-resume runs only those" in output
 
 
 def test_finished_run_leaves_no_sandbox(

@@ -151,6 +151,19 @@ def test_failing_solve_sh_fails_with_its_output(
     )
 
 
+def test_the_oracles_output_is_kept_and_linked(pytester: pytest.Pytester, dataset: Dataset) -> None:
+    dataset.task("talk", solve_sh="echo 'to stdout'\necho 'to stderr' >&2\necho 1 > /tmp/answer\n")
+    run(pytester, dataset).assert_outcomes(passed=1)
+    folder = dataset.results_folder(pytester.path / "out")
+    kept = folder / "agent" / "talk__r0" / "oracle.txt"
+    assert kept.read_text() == "to stdout\nto stderr\n"
+    (row,) = dataset.rows(pytester.path / "out")
+    assert row["turns"][0]["agent_logs_dir"] == str(kept.parent)  # type: ignore[index]
+    (entry,) = dataset.summary(pytester.path / "out")["episodes"]
+    assert entry["logs"][0]["agent_log"] == "agent/talk__r0/oracle.txt"
+    assert 'href="agent/talk__r0/oracle.txt"' in (folder / "report.html").read_text()
+
+
 def test_users_workdir_and_env_reach_solution_and_verifier(
     pytester: pytest.Pytester, dataset: Dataset
 ) -> None:

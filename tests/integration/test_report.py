@@ -179,7 +179,7 @@ def test_the_report_of_real_runs_loads_and_draws_its_charts(
     assert 'data-worker="main"' in dom  # the nop run had no workers
     assert dom.count('class="phase phase-agent"') == 12  # one a single-step episode
     assert dom.count('<details class="episode"') == 12
-    assert "<strong>failed, no failure kind</strong> (4)" in dom
+    assert "<strong>the verifier scored 0</strong> (4)" in dom
     # Every link to a log resolves from where the report is.
     links = re.findall(r'href="([^"#][^"]*)"', dom)
     assert links and all((page.parent / link).exists() for link in links)

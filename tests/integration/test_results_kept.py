@@ -63,6 +63,7 @@ def test_a_filter_that_selects_nothing_leaves_the_results_as_they_were(
     result = run_harbor(pytester, dataset, *args)
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
     assert _snapshot(folder) == before
+    assert "images made ahead" not in result.stdout.str()  # none were
     flag = args[0].split("=")[0]
     result.stdout.fnmatch_lines(
         [

@@ -278,9 +278,12 @@ def test_report_shows_summary_tasks_charts_and_transcripts(tmp_path: Path) -> No
     assert 'href="verifier/hello__r1/test-stdout.txt"' in table
     assert 'href="verifier/hello__r1/trajectory.json"' in table
     assert 'href="verifier/poem__r0/"' in table  # a multi-step episode: its folder
-    # Failures by kind, and the failed episode without a kind in a group of its own.
+    # Failures by kind; a plain low reward in a group of its own, with the verifier's
+    # last words on the page.
     assert "<strong>verifier_failed</strong> (1)" in html
-    assert "<strong>failed, no failure kind</strong> (1)" in html
+    assert "<strong>the verifier scored below a pass</strong> (1)" in html
+    failures = html.split("<h3>Failures</h3>")[1].split("<h3>")[0]
+    assert '<pre class="log">checked poem 02-verse</pre>' in failures
     # Transcripts, per step for the multi-step episode.
     assert html.count('<details class="episode"') == 4
     assert "<h4>02-verse · reward 0.500</h4>" in html
@@ -510,3 +513,22 @@ def test_odd_rows_do_not_keep_the_report_from_being_written(tmp_path: Path) -> N
     page = re.sub(r"<script.*?</script>", "", out.read_text(), flags=re.S)
     assert page.count("<tr>") > 4
     assert "Infinity" not in page and "NaN" not in page and ">inf" not in page
+
+
+def test_the_header_the_interruption_and_the_agents_log(tmp_path: Path) -> None:
+    folder = tmp_path / "ts"
+    rows = [row("hello", 0, folder=folder, reward=0.0)]
+    summary_file = write_results(folder, rows)
+    agent = folder / "agent" / "hello__r0"
+    agent.mkdir(parents=True)
+    (agent / "oracle.txt").write_text("solve.sh said this\n")
+    summary = json.loads(summary_file.read_text())
+    summary["model"] = {"name": "m-1", "base_url": "http://127.0.0.1:9/v1", "params": {}}
+    summary["interrupted"] = True
+    summary["episodes"][0]["logs"][0]["agent_log"] = "agent/hello__r0/oracle.txt"
+    summary_file.write_text(json.dumps(summary))
+    html = render_report([summary_file], folder / "report.html")
+    assert "model m-1 at http://127.0.0.1:9/v1" in html
+    assert "--harbor-resume runs only those" in html
+    assert 'href="agent/hello__r0/oracle.txt">oracle.txt</a>' in html
+    assert "<strong>the verifier scored 0</strong> (1)" in html
