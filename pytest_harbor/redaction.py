@@ -7,9 +7,11 @@ import builtins
 import json
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["CUT", "FRAGMENT_MIN", "MASK", "Redactor", "clip_head", "clip_tail"]
+from pytest_harbor.settings import HarborSettings
+
+__all__ = ["CUT", "FRAGMENT_MIN", "MASK", "Redactor", "clip_head", "clip_tail", "run_redactor"]
 
 MASK = "***"
 #: What a cut of text leaves where the text was cut (clip_head, clip_tail).
@@ -111,9 +113,15 @@ class Redactor:
         if pending:
             yield _at_cuts(pending, self._bytes, mask, _CUT_MARKS_BYTES, start=first, end=cut)
 
-    def extended(self, secrets: Iterable[str]) -> Redactor:
-        """This redactor with more values to hide."""
-        return Redactor([*self._values, *secrets])
+
+class _HoldsSecrets(Protocol):
+    def secret_values(self) -> list[str]: ...
+
+
+def run_redactor(settings: HarborSettings, model: _HoldsSecrets | None) -> Redactor:
+    """The redactor of a run (or of an episode run on its own): the settings' `secrets`
+    and the model's API key."""
+    return Redactor([*settings.secrets.values(), *(model.secret_values() if model else [])])
 
 
 def _whole(value: _S, secrets: list[_S], mask: _S) -> _S:

@@ -1,16 +1,22 @@
-"""What a sandbox provider cannot run is refused at collection, naming the key or file."""
+"""What a sandbox provider cannot run is refused at collection, naming the key or file;
+what the settings, the harness or the provider refuse is refused again at the seed, as the
+episode's `harbor:task_refused`."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
-from pytest_harbor.sandboxes.base import SandboxCapabilities
+from pytest_harbor.engine.failures import EpisodeError, FailureKind
+from pytest_harbor.harnesses.base import Harness
+from pytest_harbor.sandboxes.base import SandboxCapabilities, SandboxProvider
+from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks.config import EnvironmentConfig
+from pytest_harbor.tasks.digest import task_digest
 from pytest_harbor.tasks.errors import TaskLoadError
 from pytest_harbor.tasks.task import Task
 
-__all__ = ["refuse_unrunnable"]
+__all__ = ["check_digest", "refuse_at_seed", "refuse_unrunnable"]
 
 
 def refuse_unrunnable(task: Task, capabilities: SandboxCapabilities, provider: str) -> None:
@@ -95,4 +101,59 @@ def _refuse_environment(
             task_file,
             f'network_mode = "allowlist" cannot be enforced by the {provider} sandbox',
             key=f"{key}.network_mode",
+        )
+
+
+def refuse_at_seed(
+    task: Task, settings: HarborSettings, harness: Harness, provider: SandboxProvider
+) -> None:
+    """Raise EpisodeError (`harbor:task_refused`) for what the settings, the harness or
+    the provider cannot give the task."""
+    config = task.config
+    multi_step = config.is_multi_step
+    if multi_step and settings.turn_sessions == "continue" and not harness.can_continue:
+        raise EpisodeError(
+            FailureKind.TASK_REFUSED,
+            f"turn_sessions = continue needs a harness that can continue a session; "
+            f"{harness.name} cannot (set turn_sessions to fresh)",
+        )
+    if multi_step and settings.separate_verifier_for_artifacts and config.artifacts:
+        raise EpisodeError(
+            FailureKind.TASK_REFUSED,
+            "separate_verifier_for_artifacts cannot send a multi-step task to a separate "
+            "verifier: multi-step tasks verify in their agent's sandbox",
+        )
+    if not provider.capabilities.network_off:
+        offline = config.environment.network_mode == "no-network" or any(
+            not (turn.agent_network and turn.verifier_network) for turn in task.turns
+        )
+        if offline:
+            raise EpisodeError(
+                FailureKind.TASK_REFUSED,
+                "the task has a phase without the network (network_mode = no-network), "
+                f"which the {provider.name} sandboxes cannot go without on this "
+                "network (sandbox_provider_options.network)",
+            )
+    if not provider.capabilities.user_groups:
+        for turn in task.turns:
+            for role, user in (("agent", turn.agent_user), ("verifier", turn.verifier_user)):
+                if user is not None and ":" in user:
+                    raise EpisodeError(
+                        FailureKind.TASK_REFUSED,
+                        f"step {turn.name!r}: the {role} user {user!r} names a group, "
+                        f"which the {provider.name} sandbox cannot apply",
+                    )
+
+
+def check_digest(task: Task, expected: str | None) -> None:
+    """Raise EpisodeError (`harbor:digest_mismatch`) when the task folder is no longer
+    the one whose digest was `expected` (None: nothing to check)."""
+    if expected is None:
+        return
+    now = task_digest(task.path)
+    if now != expected:
+        raise EpisodeError(
+            FailureKind.DIGEST_MISMATCH,
+            f"{task.path} changed since its row was written ({expected} then, {now} now); "
+            "run again to materialize it afresh",
         )

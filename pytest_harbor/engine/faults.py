@@ -10,11 +10,16 @@ fault; a sandbox that still runs is the sandbox's: whatever made the step fail i
 
 from __future__ import annotations
 
+import logging
+
 from pytest_harbor.engine.failures import FailureKind
 from pytest_harbor.engine.rewards import RewardReading
+from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.base import Sandbox, SandboxError
 
-__all__ = ["blame"]
+__all__ = ["blame", "fault"]
+
+log = logging.getLogger("pytest_harbor")
 
 
 def blame(sandbox: Sandbox, error: SandboxError, doing: str) -> RewardReading | None:
@@ -42,3 +47,16 @@ def blame(sandbox: Sandbox, error: SandboxError, doing: str) -> RewardReading | 
         FailureKind.VERIFIER_TAMPERED,
         f"{doing} failed in a sandbox that still runs, because of what is in it: {error}",
     )
+
+
+def fault(
+    sandbox: Sandbox, error: SandboxError, doing: str, *, episode: str, redactor: Redactor
+) -> RewardReading:
+    """The reading of a step of `episode` that failed once an agent had `sandbox`: scored
+    0 when the sandbox is to blame (logged), a masked sample (`harbor:sandbox_lost`) when
+    the engine is."""
+    blamed = blame(sandbox, error, doing)
+    if blamed is not None:
+        log.warning("%s: %s", episode, redactor.text(blamed.failure_reason or ""))
+        return blamed
+    return RewardReading.failed(FailureKind.SANDBOX_LOST, f"{doing}: {error}", masked=True)

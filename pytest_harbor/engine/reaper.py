@@ -14,7 +14,7 @@ import os
 import socket
 from pathlib import Path
 
-from pytest_harbor.sandboxes.base import RUN_LABEL, SandboxError, SandboxProvider
+from pytest_harbor.sandboxes.base import RUN_LABEL, SandboxError, SandboxProvider, SweepsLeftovers
 
 __all__ = ["OWNER_LABEL", "RUN_LABEL", "owner_is_alive", "owner_of_this_process", "reap_orphans"]
 
@@ -113,9 +113,10 @@ def reap_orphans(provider: SandboxProvider) -> int:
             continue
         removed += 1
     # What Compose projects of such runs made beside their containers: networks, volumes.
-    leftovers = getattr(provider, "labelled_leftovers", None)
-    for reference, labels in leftovers(RUN_LABEL) if leftovers else []:
+    if not isinstance(provider, SweepsLeftovers):
+        return removed
+    for reference, labels in provider.labelled_leftovers(RUN_LABEL):
         owner = labels.get(OWNER_LABEL)
         if owner is not None and not owner_is_alive(owner):
-            provider.remove_leftover(reference)  # type: ignore[attr-defined]
+            provider.remove_leftover(reference)
     return removed

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -35,8 +35,8 @@ from pytest_harbor.engine.scripts import (
 )
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.archives import ChunkReader, pack_tree
-from pytest_harbor.sandboxes.base import ROOT_USER, Sandbox, SandboxError
-from pytest_harbor.tasks import Turn
+from pytest_harbor.sandboxes.base import ROOT_USER, Sandbox, SandboxError, service_of
+from pytest_harbor.tasks import Task, Turn
 
 __all__ = [
     "REWARD_CAP_BYTES",
@@ -45,6 +45,7 @@ __all__ = [
     "VerifierRun",
     "clear_for_next_turn",
     "copy_verifier_folder",
+    "run_collect_hooks",
     "run_verifier",
 ]
 
@@ -88,6 +89,32 @@ class VerifierRun:
     exit_code: int | None = None
     timed_out: bool = False
     cut: list[str] = field(default_factory=list)
+
+
+def run_collect_hooks(
+    sandbox: Sandbox, task: Task, workdir: str | None, within: Callable[[float], float]
+) -> list[str]:
+    """`[[verifier.collect]]`, each hook bounded by its timeout `within` what the episode
+    leaves; returns notes of the hooks that failed (a failing hook is not fatal)."""
+    notes = []
+    for hook in task.config.verifier.collect:
+        user = None if hook.user is None else str(hook.user)
+        if hook.service == "main":
+            done = sandbox.exec(
+                ["bash", "-c", hook.command],
+                user=user,
+                workdir=workdir,
+                timeout=within(hook.timeout_sec),
+            )
+        else:
+            # Another service of a Compose task: its own shell, user and folder.
+            done = service_of(sandbox, hook.service).exec(
+                ["sh", "-c", hook.command], user=user, timeout=within(hook.timeout_sec)
+            )
+        if done.timed_out or done.exit_code != 0:
+            why = "timed out" if done.timed_out else f"exited {done.exit_code}"
+            notes.append(f"collect hook `{hook.command}` {why}")
+    return notes
 
 
 def run_verifier(

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -40,7 +40,9 @@ __all__ = [
     "HarnessSession",
     "ModelGate",
     "ModelGateSlot",
+    "PreparesImage",
     "SessionContext",
+    "SpeaksModelApi",
     "TurnContext",
     "Usage",
     "no_options",
@@ -230,6 +232,24 @@ class Harness(Protocol):
         """Set up for an episode (within `harness_setup_allowance_s`, not the agent's
         budget) and return the session that runs its turns."""
         ...
+
+
+@runtime_checkable
+class PreparesImage(Protocol):
+    """A harness that starts its agent's sandbox from an image of its own (every harness
+    subclassing Harness is one; the default keeps the task's image)."""
+
+    def prepare_image(
+        self, image: str, provider: SandboxProvider, labels: Mapping[str, str]
+    ) -> str: ...
+
+
+@runtime_checkable
+class SpeaksModelApi(Protocol):
+    """A harness whose agent talks to the model through an API other than chat
+    completions (`responses`, `anthropic-messages`): the run's model check asks that."""
+
+    model_api: str
 
 
 #: How a harness is made from its name: called with `options`, the `--harbor-agent-option`

@@ -21,7 +21,9 @@ __all__ = [
     "ImageConfig",
     "ImageLayer",
     "ImageSource",
+    "NamesBuilder",
     "Placement",
+    "PlacesEpisodes",
     "ProviderContext",
     "ProviderFactory",
     "ProviderOptionsError",
@@ -34,7 +36,10 @@ __all__ = [
     "SandboxSpec",
     "SandboxStartError",
     "SandboxStatus",
+    "ServiceGroup",
     "Spawned",
+    "SweepsLeftovers",
+    "service_of",
 ]
 
 
@@ -322,6 +327,59 @@ class ReadinessCheck(Protocol):
     def check_ready(self) -> None:
         """Raise SandboxStartError naming what was tried and the fix."""
         ...
+
+
+@runtime_checkable
+class SweepsLeftovers(Protocol):
+    """A provider whose sandboxes leave things beside them (a Compose project's networks
+    and volumes): the reaper removes those of runs whose process is gone too."""
+
+    def labelled_leftovers(self, key: str) -> list[tuple[str, dict[str, str]]]:
+        """Every such thing with a label `key`: a reference for remove_leftover() and its
+        labels."""
+        ...
+
+    def remove_leftover(self, reference: str) -> None:
+        """Remove one; in use or already gone: no error."""
+        ...
+
+
+@runtime_checkable
+class NamesBuilder(Protocol):
+    """A provider that builds images with one of several builders, and says which (the
+    terminal summary names it)."""
+
+    @property
+    def builder(self) -> str: ...
+
+
+@runtime_checkable
+class PlacesEpisodes(Protocol):
+    """A provider of several places (engines, clusters): an episode takes a place before
+    it makes anything, and everything of the episode goes through the placement's
+    provider until the episode gives it back."""
+
+    def place(self) -> Placement:
+        """A place with room (it may wait for one); raises SandboxStartError when there
+        is none to be had."""
+        ...
+
+
+@runtime_checkable
+class ServiceGroup(Protocol):
+    """A sandbox that is the `main` service of a Compose project."""
+
+    def service(self, name: str) -> Sandbox:
+        """Another service of the project, as a sandbox of its own (exec, archives)."""
+        ...
+
+
+def service_of(sandbox: Sandbox, name: str) -> Sandbox:
+    """The service `name` of the Compose project `sandbox` is the main service of; raises
+    SandboxError when `sandbox` is not part of one."""
+    if not isinstance(sandbox, ServiceGroup):
+        raise SandboxError(f"no service {name!r}: the task is not a Compose task")
+    return sandbox.service(name)
 
 
 class ProviderOptionsError(ValueError):

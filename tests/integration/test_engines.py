@@ -260,13 +260,13 @@ def test_an_engine_named_by_docker_host_over_tls(
 ) -> None:
     # Named the docker CLI's way, not in the options: the same TLS handling (its own CA,
     # not the machine's bundle) and the same input handling apply.
-    from pytest_harbor.sandboxes.docker import _Engine
+    from pytest_harbor.sandboxes.docker.engine import Engine
 
     assert tls_engine.tcp_url is not None
     monkeypatch.setenv("DOCKER_HOST", tls_engine.tcp_url)
     monkeypatch.setenv("DOCKER_TLS_VERIFY", "1")
     monkeypatch.setenv("DOCKER_CERT_PATH", str(tls_engine.client_tls))
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
-    engine = _Engine()
+    engine = Engine()
     assert engine.api.ping() and engine.tunnelled
-    assert not _Engine(Endpoint(FIRST_ENGINE)).tunnelled
+    assert not Engine(Endpoint(FIRST_ENGINE)).tunnelled

@@ -339,18 +339,18 @@ def test_any_exception_in_a_turn_ends_the_episode(
     pytester.makeconftest(
         f"""
         import docker
-        from pytest_harbor.engine.episode import Episode
+        from pytest_harbor.engine import episode
 
-        original = Episode._run_collect_hooks
+        original = episode.run_collect_hooks
 
-        def broken(self, sandbox):
+        def broken(*args, **kwargs):
             raise KeyError("a bug in the engine")
 
         def pytest_configure(config):
-            Episode._run_collect_hooks = broken
+            episode.run_collect_hooks = broken
 
         def pytest_unconfigure(config):
-            Episode._run_collect_hooks = original
+            episode.run_collect_hooks = original
 
         def pytest_runtest_setup(item):
             if item.name == "02-b":

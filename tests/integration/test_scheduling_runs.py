@@ -11,6 +11,7 @@ import pytest
 
 from pytest_harbor.sandboxes import ImageSource, SandboxStartError
 from pytest_harbor.sandboxes.docker import DockerProvider
+from pytest_harbor.sandboxes.docker.images import EngineImages
 from pytest_harbor.sandboxes.images import image_tag_for
 from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
 
@@ -58,13 +59,13 @@ def test_a_build_that_failed_is_not_tried_again_in_the_same_run(
     )
     provider = DockerProvider()
     builds: list[str] = []
-    real = DockerProvider._build
+    real = EngineImages._build
 
-    def counted(self: DockerProvider, source: ImageSource, tag: str) -> None:
+    def counted(self: EngineImages, source: ImageSource, tag: str) -> None:
         builds.append(tag)
         real(self, source, tag)
 
-    monkeypatch.setattr(DockerProvider, "_build", counted)
+    monkeypatch.setattr(EngineImages, "_build", counted)
 
     def source(run: str) -> ImageSource:
         return ImageSource(

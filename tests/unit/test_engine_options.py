@@ -9,8 +9,7 @@ import pytest
 
 from pytest_harbor.engine.slots import EpisodeSlots
 from pytest_harbor.sandboxes import ProviderContext, ProviderOptionsError, make_provider
-from pytest_harbor.sandboxes.docker import DockerProvider, Endpoint
-from pytest_harbor.sandboxes.fleet import DockerFleet
+from pytest_harbor.sandboxes.docker import DockerFleet, DockerProvider, Endpoint
 
 
 def _make(hosts: Any, tmp_path: Path) -> Any:
@@ -109,6 +108,6 @@ def test_free_slots_are_counted_without_being_held(tmp_path: Path) -> None:
 def test_an_ssh_engine_without_paramiko_names_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("pytest_harbor.sandboxes.docker._can_ssh", lambda: False)
+    monkeypatch.setattr("pytest_harbor.sandboxes.docker.options._can_ssh", lambda: False)
     with pytest.raises(ProviderOptionsError, match=r"pytest-harbor\[ssh\]"):
         _make(["unix:///a", "ssh://ci@builder"], tmp_path)

@@ -27,10 +27,11 @@ from pytest_harbor.sandboxes.base import (
     SandboxSpec,
     SandboxStartError,
 )
+from pytest_harbor.sandboxes.docker.engine import Endpoint
+from pytest_harbor.sandboxes.docker.provider import DockerProvider
 
 if TYPE_CHECKING:
     from pytest_harbor.engine.slots import EpisodeSlots, Slot
-    from pytest_harbor.sandboxes.docker import DockerProvider, Endpoint
 
 log = logging.getLogger("pytest_harbor")
 

@@ -1,0 +1,352 @@
+"""An episode's images and sandboxes: where they go (a place on one engine of several),
+how they are made (the task's build, a Compose project's services, the verifier's image,
+the harness's install) and how a sandbox is started from them."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Generic, TypeVar
+
+from pytest_harbor.engine.budget import EpisodeBudget
+from pytest_harbor.engine.clock import EpisodeClock
+from pytest_harbor.engine.compose_tasks import compose_spec
+from pytest_harbor.engine.failures import EpisodeError, FailureKind
+from pytest_harbor.engine.verification import SANDBOX_DIRECTORIES
+from pytest_harbor.harnesses.base import AgentFailure, AgentSetupError, Harness, PreparesImage
+from pytest_harbor.redaction import Redactor
+from pytest_harbor.sandboxes.base import (
+    ImageConfig,
+    ImageSource,
+    Placement,
+    PlacesEpisodes,
+    Sandbox,
+    SandboxError,
+    SandboxGroup,
+    SandboxProvider,
+    SandboxSpec,
+    SandboxStartError,
+)
+from pytest_harbor.sandboxes.compose import ComposeSpec
+from pytest_harbor.settings import HarborSettings
+from pytest_harbor.tasks import Task
+from pytest_harbor.tasks.config import EnvironmentConfig
+from pytest_harbor.tasks.errors import TaskLoadError
+from pytest_harbor.threads import join
+
+__all__ = ["Background", "SandboxLauncher", "stop_within"]
+
+log = logging.getLogger("pytest_harbor")
+
+T = TypeVar("T")
+
+
+class SandboxLauncher:
+    """Makes an episode's images and starts its sandboxes.
+
+    On a provider of several places (PlacesEpisodes) the launcher takes a place first and
+    makes everything there; `release()` gives it back. `provider` is the one everything
+    of the episode goes through. Image timings go to `clock.phases` (`build_s`,
+    `agent_install_s`, `start_s`).
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        *,
+        harness: Harness,
+        provider: SandboxProvider,
+        settings: HarborSettings,
+        labels: Mapping[str, str],
+        image_labels: Mapping[str, str],
+        separate_verifier: bool,
+        budget: Callable[[], EpisodeBudget],
+        clock: EpisodeClock,
+        redactor: Redactor,
+        episode: str,
+    ) -> None:
+        self.task = task
+        self.harness = harness
+        self.provider = provider
+        self._home = provider
+        self._placement: Placement | None = None
+        self.settings = settings
+        self.labels = dict(labels)
+        #: Labels of an image the episode builds (images outlive episodes and runs).
+        self.image_labels = dict(image_labels)
+        self.separate_verifier = separate_verifier
+        self._budget = budget
+        self._clock = clock
+        self._redactor = redactor
+        self._episode = episode
+        #: The agent's image, once made.
+        self.image: str | None = None
+        self.verifier_image: str | None = None
+        #: The harness could not make its image (prepare_image): every turn fails so.
+        self.setup_failure: AgentFailure | None = None
+        #: A Compose task's images built for services other than main.
+        self._built: dict[str, str] = {}
+
+    # ---------------------------------------------------------------------- images
+
+    def prepare(self, place: bool = True) -> str:
+        """Make every image the episode needs (once); return the agent's. With `place`,
+        take a place on an engine first. Raises EpisodeError when one cannot be made."""
+        if self.image is not None:
+            return self.image
+        if place:
+            self._place()
+        started = time.monotonic()
+        try:
+            image = self._task_images()
+            if self.separate_verifier:
+                self.verifier_image = self.provider.prepare_image(self._verifier_source())
+        except SandboxStartError as error:
+            raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
+        self._clock.took("build_s", started)
+        started = time.monotonic()
+        self.setup_failure = None
+        try:
+            self.image = (
+                self.harness.prepare_image(image, self.provider, self.image_labels)
+                if isinstance(self.harness, PreparesImage)
+                else image
+            )
+        except AgentSetupError as error:
+            # The agent's turn fails (agent_outcome_policy decides); the sandbox is the
+            # task's own, so that a verification has something to grade.
+            self.setup_failure = AgentFailure(
+                cause=error.cause, message=self._redactor.text(str(error))
+            )
+            self.image = image
+        if self.image != image or self.setup_failure is not None:
+            self._clock.took("agent_install_s", started)
+        return self.image
+
+    def forget_failed_install(self) -> None:
+        """A retry tries the harness's install again when it failed."""
+        if self.setup_failure is not None:
+            self.image = None
+
+    def image_config(self, image: str | None = None) -> ImageConfig:
+        """What `image` (by default the agent's) declares."""
+        return self.provider.image_config(image or self.image or "")
+
+    def image_workdir(self) -> str:
+        return self.image_config().workdir or "/"
+
+    @property
+    def compose(self) -> ComposeSpec | None:
+        try:
+            return compose_spec(self.task, self.settings)
+        except TaskLoadError as error:
+            raise EpisodeError(FailureKind.TASK_REFUSED, str(error)) from None
+
+    def _task_images(self) -> str:
+        """The main image; for a Compose task also every service's (built once per
+        content hash, pulled when missing), kept for the start."""
+        spec = self.compose
+        environment = self.task.config.environment
+        if spec is None:
+            return self.provider.prepare_image(self._image_source(environment))
+        built = {
+            service: self.provider.prepare_image(
+                ImageSource(
+                    docker_image=None,
+                    context_dir=context,
+                    build_timeout_sec=environment.build_timeout_sec,
+                    labels=self.image_labels,
+                )
+            )
+            for service, context in spec.builds.items()
+        }
+        for image in spec.images().values():
+            self.provider.prepare_image(
+                ImageSource(
+                    docker_image=image,
+                    context_dir=None,
+                    build_timeout_sec=environment.build_timeout_sec,
+                    pull_retries=self.settings.image_pull_retries,
+                )
+            )
+        self._built = {service: tag for service, tag in built.items() if service != "main"}
+        return built.get("main") or spec.images()["main"]
+
+    def _image_source(self, environment: EnvironmentConfig) -> ImageSource:
+        dockerfile = self.task.dockerfile
+        return ImageSource(
+            docker_image=environment.docker_image,
+            context_dir=None if dockerfile is None else dockerfile.parent,
+            build_timeout_sec=environment.build_timeout_sec,
+            labels=self.image_labels,
+            pull_retries=self.settings.image_pull_retries,
+        )
+
+    def _verifier_source(self) -> ImageSource:
+        environment = self.task.config.verifier.environment
+        tests_dockerfile = self.task.verifier_dockerfile
+        if environment is not None and environment.docker_image is not None:
+            return ImageSource(
+                docker_image=environment.docker_image,
+                context_dir=None,
+                build_timeout_sec=environment.build_timeout_sec,
+                labels=self.image_labels,
+                pull_retries=self.settings.image_pull_retries,
+            )
+        if tests_dockerfile is not None:
+            return ImageSource(
+                docker_image=None,
+                context_dir=tests_dockerfile.parent,
+                build_timeout_sec=(environment or self.task.config.environment).build_timeout_sec,
+                labels=self.image_labels,
+            )
+        return self._image_source(self.task.config.environment)
+
+    # ---------------------------------------------------------------------- places
+
+    def _place(self) -> None:
+        """On a provider of several engines, take a place on one with room (it may wait
+        for one) and make everything of the episode there."""
+        if not isinstance(self._home, PlacesEpisodes) or self._placement is not None:
+            return
+        try:
+            self._placement = self._home.place()
+        except SandboxStartError as error:
+            raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
+        self.provider = self._placement.provider
+
+    def release(self) -> None:
+        """Give the place back (when one was taken); idempotent."""
+        placement, self._placement = self._placement, None
+        if placement is not None:
+            placement.release()
+
+    # ---------------------------------------------------------------------- sandboxes
+
+    def start(
+        self,
+        image: str,
+        environment: EnvironmentConfig,
+        *,
+        record: bool = True,
+        network: bool | None = None,
+        group: SandboxGroup | None = None,
+    ) -> Sandbox:
+        """A sandbox from `image` with `environment`'s settings; `network` (else the
+        environment's mode) says whether it has the network from its start."""
+        override = self.settings.sandbox_resources_override
+        cpus, memory = environment.cpus, environment.memory_mb
+        if override is not None:
+            cpus = override.cpu if override.cpu is not None else cpus
+            memory = override.memory_mib if override.memory_mib is not None else memory
+        # A leaked sandbox ends itself once the episode and its cleanup are long over.
+        ttl = (
+            self._budget().deadline_s
+            + self.settings.cleanup_timeout_seconds
+            + self.settings.sandbox_ttl_slack_s
+        )
+        started = time.monotonic()
+        sandbox = self.provider.start(
+            SandboxSpec(
+                image=image,
+                workdir=environment.workdir,
+                env=environment.env,
+                cpus=cpus,
+                memory_mb=memory,
+                network=network
+                if network is not None
+                else environment.network_mode != "no-network",
+                labels=self.labels,
+                directories=SANDBOX_DIRECTORIES,
+                ttl_s=ttl,
+                ready_timeout_s=self.settings.sandbox_ready_timeout_s,
+                group=group,
+                pids_limit=self.settings.sandbox_pids_limit,
+            )
+        )
+        if record:
+            self._clock.took("start_s", started)
+        return sandbox
+
+    def start_agent_sandbox(self) -> Sandbox:
+        """The agent's sandbox: with the network when any phase of any turn has it, and
+        without it through the seed when the environment says `no-network`."""
+        assert self.image is not None
+        environment = self.task.config.environment
+        online = environment.network_mode != "no-network"
+        needed = online or any(t.agent_network or t.verifier_network for t in self.task.turns)
+        spec = self.compose
+        if spec is not None:
+            # One network for every phase (checked at planning).
+            group = SandboxGroup(config=spec.config, built=self._built, episode=self._episode)
+            return self.start(self.image, environment, network=needed, group=group)
+        sandbox = self.start(self.image, environment, network=needed)
+        if needed and not online:
+            sandbox.set_network(False)
+        return sandbox
+
+    @property
+    def nothing_starts_at_seed(self) -> bool:
+        """The seed adds no process to the started sandbox (no ENTRYPOINT, no healthcheck):
+        a survey right after the start is as good as one at the end of the seed."""
+        return (
+            not self.image_config().entrypoint and self.task.config.environment.healthcheck is None
+        )
+
+    def stop(self, sandbox: Sandbox) -> None:
+        stop_within(sandbox, self.settings.cleanup_timeout_seconds)
+
+
+class Background(Generic[T]):
+    """Two steps run in a thread of their own: `prepare()`, then `start()` (which gives
+    the result). What each raised is kept for the caller to raise in its own thread."""
+
+    def __init__(self, prepare: Callable[[], object], start: Callable[[], T]) -> None:
+        self.result: T | None = None
+        self.prepare_error: EpisodeError | None = None
+        self.start_error: EpisodeError | None = None
+        self._prepare = prepare
+        self._start = start
+        self._thread = threading.Thread(target=self._run, name="harbor-early", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._prepare()
+        except EpisodeError as error:
+            self.prepare_error = error
+            return
+        try:
+            self.result = self._start()
+        except EpisodeError as error:
+            self.start_error = error
+        except SandboxError as error:
+            self.start_error = EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error))
+
+    def join(self) -> None:
+        join(self._thread)
+
+
+def stop_within(sandbox: Sandbox, seconds: float) -> None:
+    """Remove `sandbox`, waiting at most `seconds`: a removal that takes longer is left to
+    the end-of-run sweep (logged)."""
+
+    def stop() -> None:
+        try:
+            sandbox.stop()
+        except SandboxError as error:
+            # Its engine went away, say: the end-of-run sweep tries again.
+            log.warning("sandbox %s was not removed: %s", sandbox.id[:12], error)
+
+    stopper = threading.Thread(target=stop, name="harbor-stop", daemon=True)
+    stopper.start()
+    join(stopper, seconds)
+    if stopper.is_alive():
+        log.warning(
+            "sandbox %s was not removed within cleanup_timeout_seconds = %g s; the run "
+            "removes it when it ends",
+            sandbox.id[:12],
+            seconds,
+        )

@@ -1,0 +1,146 @@
+"""The separate mode: the verifier runs in a fresh sandbox of its own image
+(`[verifier].mode = "separate"`, a `tests/Dockerfile`, or `separate_verifier_for_artifacts`),
+which gets only the agent's artifacts."""
+
+from __future__ import annotations
+
+import tarfile
+from typing import ClassVar
+
+from pytest_harbor.engine.failures import FailureKind
+from pytest_harbor.engine.processes import SandboxSurvey, survey
+from pytest_harbor.engine.readiness import entrypoint_failure, start_entrypoint
+from pytest_harbor.engine.rewards import RewardReading
+from pytest_harbor.engine.scripts import trusted
+from pytest_harbor.engine.verification import VerifierRun, run_verifier
+from pytest_harbor.engine.verifiers.protocol import ModeContext, Verification
+from pytest_harbor.sandboxes.archives import filter_archive
+from pytest_harbor.sandboxes.base import (
+    ROOT_USER,
+    Sandbox,
+    SandboxError,
+    SandboxStartError,
+    service_of,
+)
+from pytest_harbor.settings import HarborSettings
+from pytest_harbor.tasks import Task
+
+__all__ = ["ARTIFACTS_DIR", "SeparateVerifier", "verifies_separately"]
+
+#: Where the agent publishes what a separate verifier gets, besides declared artifacts.
+ARTIFACTS_DIR = "/logs/artifacts"
+
+
+def verifies_separately(task: Task, settings: HarborSettings) -> bool:
+    """Whether `task` verifies in a sandbox of its own."""
+    if task.config.is_multi_step:
+        return False  # the loader refuses separate verification for multi-step tasks
+    return (
+        task.config.verifier.mode == "separate"
+        or task.verifier_dockerfile is not None
+        or (settings.separate_verifier_for_artifacts and bool(task.config.artifacts))
+    )
+
+
+class SeparateVerifier:
+    name: ClassVar[str] = "separate"
+
+    def __init__(self, context: ModeContext) -> None:
+        self._context = context
+        self._task = context.launcher.task
+
+    def verify(self, sandbox: Sandbox, verification: Verification) -> VerifierRun:
+        context, launcher = self._context, self._context.launcher
+        image = launcher.verifier_image
+        assert image is not None
+        environment = self._task.config.verifier.environment or self._task.config.environment
+        # The verifier's own network_mode, else its environment's.
+        network = (
+            verification.turn.verifier_network
+            if self._task.config.verifier.network_mode is not None
+            else environment.network_mode != "no-network"
+        )
+        try:
+            verifier = launcher.start(image, environment, record=False, network=network)
+        except SandboxStartError as error:
+            # Its image and nothing of the agent's: the engine's (or the task's) failure.
+            return _lost(error)
+        try:
+            try:
+                fresh = survey(verifier)
+                entrypoint = start_entrypoint(
+                    verifier, launcher.image_config(image), environment.workdir
+                )
+            except SandboxError as error:
+                return _lost(error)
+            # Before the agent's artifacts are there, a failed ENTRYPOINT is the image's.
+            failure = entrypoint_failure(entrypoint)
+            if failure is not None:
+                return VerifierRun(
+                    RewardReading.failed(FailureKind.ENTRYPOINT_FAILED, failure, masked=True)
+                )
+            try:
+                self._copy_artifacts(sandbox, verifier)
+            except SandboxError as error:
+                return VerifierRun(context.fault(sandbox, error, "copying the agent's artifacts"))
+            return context.blamed_on(
+                verifier,
+                "the separate verifier",
+                lambda: self._run(verifier, verification, fresh),
+            )
+        finally:
+            launcher.stop(verifier)
+
+    def _run(
+        self, verifier: Sandbox, verification: Verification, fresh: SandboxSurvey
+    ) -> VerifierRun:
+        context, config = self._context, self._task.config
+        environment = config.verifier.environment or config.environment
+        # A verifier image of its own ([verifier.environment] or tests/Dockerfile) may
+        # ship its tests; the agent's image never counts as shipping them.
+        own_image = self._task.verifier_dockerfile is not None or bool(
+            config.verifier.environment and config.verifier.environment.docker_image
+        )
+        ships_tests = (
+            own_image and verifier.exec(trusted('[ -f "$1" ]', "/tests/test.sh")).exit_code == 0
+        )
+        return run_verifier(
+            verifier,
+            verification.turn,
+            workdir=environment.workdir,
+            grace_s=context.launcher.settings.verifier_grace_s,
+            budget_s=context.clock.verifier_budget(verification.turn),
+            trajectory=verification.transcript,
+            seed=fresh,
+            into=verification.into,
+            redactor=context.redactor,
+            upload_tests=not ships_tests,
+        )
+
+    def _copy_artifacts(self, source: Sandbox, target: Sandbox) -> None:
+        """`/logs/artifacts` and each declared artifact, at the same path in `target`,
+        streamed from one engine call to the other (never held whole: the agent decides
+        how large they are). A stream that breaks (a file changing as it is read) fails
+        the copy: SandboxError."""
+        declared = [
+            (artifact.source, artifact.exclude, artifact.service)
+            for artifact in self._task.config.artifacts
+        ]
+        workdir = self._context.workdir or "/"
+        for path, exclude, service in [(ARTIFACTS_DIR, [], None), *declared]:
+            absolute = path if path.startswith("/") else f"{workdir}/{path}"
+            origin = source if service in (None, "main") else service_of(source, service)
+            chunks = origin.iter_archive(absolute)
+            if chunks is None:
+                continue
+            parent = absolute.rstrip("/").rsplit("/", 1)[0] or "/"
+            target.exec(trusted('$B mkdir -p "$1"', parent), user=ROOT_USER)
+            try:
+                target.write_archive(filter_archive(chunks, exclude), parent)
+            except (tarfile.TarError, OSError, ValueError) as error:
+                raise SandboxError(f"copying {absolute} broke off: {error}") from None
+
+
+def _lost(error: SandboxError) -> VerifierRun:
+    lost = f"the separate verifier did not start: {error}"
+    return VerifierRun(RewardReading.failed(FailureKind.SANDBOX_LOST, lost, masked=True))

@@ -1,0 +1,491 @@
+"""The images of one engine: the trusted tools' volume, prebuilt images pulled or copied
+from another engine, builds of task folders (BuildKit or the classic builder) and
+install layers, each made once."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import docker.tls
+
+from pytest_harbor.sandboxes.archives import (
+    pack_files,
+    unpack_files,
+)
+from pytest_harbor.sandboxes.base import (
+    RUN_LABEL,
+    ImageConfig,
+    ImageLayer,
+    ImageSource,
+    SandboxError,
+    SandboxStartError,
+)
+from pytest_harbor.sandboxes.docker.engine import (
+    ENGINE_ERRORS,
+    KILL_GRACE_S,
+    TRANSPORT_ERRORS,
+    Endpoint,
+    engine_for,
+    explain,
+    tail_lines,
+)
+from pytest_harbor.sandboxes.images import build_lock, image_tag_for
+from pytest_harbor.threads import join
+
+log = logging.getLogger("pytest_harbor")
+
+#: The image the trusted tools come from: its /bin/busybox must be statically linked.
+#: Pulled when missing, like a task's image; PYTEST_HARBOR_TOOLS_IMAGE names another.
+TOOLS_IMAGE = os.environ.get("PYTEST_HARBOR_TOOLS_IMAGE", "busybox:musl")
+#: Volumes and images pytest-harbor keeps as a cache (the trusted tools, install layers).
+_CACHE_LABEL = "pytest-harbor.cache"
+#: The content hash an install layer was made for.
+_LAYER_KEY = "pytest-harbor.content-hash"
+#: Where an install script waits in the image while it runs (removed after).
+_INSTALL_SCRIPT = "/tmp/pytest-harbor-install.sh"
+#: First pause between image pulls; it doubles each try.
+_PULL_BACKOFF_S = 0.5
+
+
+def buildkit_build(
+    context: Path,
+    *,
+    tag: str,
+    labels: Mapping[str, str],
+    nocache: bool,
+    what: str,
+    budget: float,
+    budget_name: str,
+    endpoint: Endpoint | None = None,
+) -> None:
+    """A BuildKit build through the buildx CLI plugin (its default builder is the
+    engine's own, so the image lands in the engine). A build past `budget` is stopped: its
+    client goes, and BuildKit cancels what it was doing."""
+    command = ["docker", "buildx", "build", "--progress=plain", "-t", tag]
+    for key, value in labels.items():
+        command += ["--label", f"{key}={value}"]
+    if nocache:
+        command.append("--no-cache")
+    command.append(str(context))
+    try:
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+            env=endpoint.cli_env() if endpoint else None,
+        )
+    except OSError as error:
+        raise SandboxStartError(f"{what}: cannot run docker buildx: {error}") from None
+    try:
+        output, _ = process.communicate(timeout=budget)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise SandboxStartError(
+            f"{what} took longer than {budget_name} = {budget:g} s\n"
+            + tail_lines(output.splitlines())
+        ) from None
+    if process.returncode != 0:
+        raise SandboxStartError(f"{what} failed:\n{tail_lines(output.splitlines())}")
+
+
+def _failure_file(tag: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"pytest-harbor-build-{tag}.failed"
+
+
+def failed_build(tag: str, run: str) -> str | None:
+    """The error of a build of `tag` that failed earlier in the run `run`, if one did."""
+    if not run:
+        return None
+    try:
+        noted = json.loads(_failure_file(tag).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(noted, dict) or noted.get("run") != run:
+        return None
+    return str(noted.get("error"))
+
+
+def note_failed_build(tag: str, run: str, error: str) -> None:
+    if run:
+        with contextlib.suppress(OSError):
+            _failure_file(tag).write_text(json.dumps({"run": run, "error": error}))
+
+
+class ClassicBuild:
+    """One image build, followed event by event (run() in a thread of its own)."""
+
+    _STEP_CONTAINER = re.compile(r"Running in ([0-9a-f]{12,64})")
+    _STEP_IMAGE = re.compile(r"^---> ([0-9a-f]{12,64})$")
+
+    def __init__(self, api: docker.APIClient, **arguments: Any) -> None:
+        self._api = api
+        self._arguments = arguments
+        self.log: list[str] = []
+        self.error: str | None = None
+        self._step_container: str | None = None
+
+    def run(self) -> None:
+        try:
+            for event in self._api.build(**self._arguments):
+                text = str(event.get("stream", ""))
+                self.log.extend(text.splitlines())
+                running = self._STEP_CONTAINER.search(text)
+                if running:
+                    self._step_container = running.group(1)
+                if "error" in event:
+                    self.error = str(event["error"]).strip()
+        except ENGINE_ERRORS as error:
+            self.error = explain(error)
+        except TRANSPORT_ERRORS as error:
+            self.error = str(error)
+
+    def remove_steps(self) -> None:
+        """After a failed build: the untagged images its finished steps left (kept by the
+        builder as a cache) go, latest first; tagged ones and those still used stay."""
+        steps = [m.group(1) for line in self.log if (m := self._STEP_IMAGE.match(line.strip()))]
+        for image in reversed(steps):
+            with contextlib.suppress(docker.errors.APIError):
+                if not self._api.inspect_image(image).get("RepoTags"):
+                    self._api.remove_image(image)
+
+    def stop(self) -> None:
+        if self._step_container is not None:
+            with contextlib.suppress(docker.errors.APIError):
+                self._api.kill(self._step_container)
+
+
+class EngineImages:
+    """The images of one engine (`endpoint`; None: the one the environment names): each
+    made, pulled or copied from a peer engine once, and remembered."""
+
+    def __init__(self, endpoint: Endpoint | None = None, builder: str = "auto") -> None:
+        self.endpoint = endpoint
+        #: The images of the run's other engines, which one missing here may come from.
+        self.peers: list[EngineImages] = []
+        self._builder_option = builder
+        self._builder: str | None = None
+        self._present: set[str] = set()
+        self._tags: dict[Path, str] = {}
+        self._configs: dict[str, ImageConfig] = {}
+        self._tools_volume: str | None = None
+        self._tools_lock = threading.Lock()
+
+    def tools_volume(self) -> str:
+        """The volume holding the trusted busybox, made once per tools image and engine
+        (and kept, as a cache); every sandbox mounts it read-only at TRUSTED_TOOLS."""
+        with self._tools_lock:
+            if self._tools_volume is None:
+                self._tools_volume = self._make_tools_volume()
+            return self._tools_volume
+
+    def _make_tools_volume(self) -> str:
+        api = engine_for(self.endpoint).api
+        try:
+            image = self._prebuilt(TOOLS_IMAGE, retries=2)
+        except SandboxStartError as error:
+            raise SandboxStartError(
+                f"{error}; pytest-harbor runs its verification with the static busybox of "
+                f"{TOOLS_IMAGE} (pull it, or make one: .ci/setup shows how)"
+            ) from None
+        digest = str(api.inspect_image(image)["Id"]).split(":")[-1]
+        name = f"pytest-harbor-tools-{digest[:16]}"
+        with self._lock(name):
+            try:
+                api.create_volume(name, labels={_CACHE_LABEL: "tools"})
+                helper = api.create_container(
+                    image,
+                    command=["true"],
+                    labels={_CACHE_LABEL: "tools-helper"},
+                    host_config=api.create_host_config(
+                        binds={name: {"bind": "/fill", "mode": "rw"}}
+                    ),
+                )
+            except ENGINE_ERRORS as error:
+                raise SandboxStartError(f"cannot make the tools volume: {explain(error)}") from None
+            try:
+                try:
+                    api.get_archive(helper["Id"], "/fill/busybox-sealed")
+                except docker.errors.NotFound:
+                    chunks, _ = api.get_archive(helper["Id"], "/bin/busybox")
+                    binary = unpack_files(b"".join(chunks), strip_components=0)["busybox"]
+                    api.put_archive(helper["Id"], "/fill", pack_files({"busybox": binary}, 0o755))
+                    # Written last: its presence says the volume is complete.
+                    api.put_archive(
+                        helper["Id"], "/fill", pack_files({"busybox-sealed": binary}, 0o111)
+                    )
+            except ENGINE_ERRORS as error:
+                raise SandboxStartError(
+                    f"cannot copy /bin/busybox of {image} into the tools volume: {explain(error)}"
+                ) from None
+            finally:
+                with contextlib.suppress(docker.errors.APIError):
+                    api.remove_container(helper["Id"], force=True)
+        return name
+
+    def prepare_image(self, source: ImageSource) -> str:
+        if source.docker_image is not None:
+            return self._prebuilt(source.docker_image, source.pull_retries)
+        if source.context_dir is None:
+            raise SandboxStartError("the task names neither a docker_image nor a build context")
+        # Hash each build context once per run, not once per trial.
+        tag = self._tags.get(source.context_dir)
+        if tag is None:
+            tag = self._tags[source.context_dir] = image_tag_for(source.context_dir)
+        if self._has_image(tag):
+            return tag
+        run = source.labels.get(RUN_LABEL, "")
+        with self._lock(tag):
+            if not self._has_image(tag) and not self._from_peer(tag):
+                # A build that failed in this run is not tried again: every trial of the
+                # task gets its failure (the builds ahead and the episodes share it).
+                failed = failed_build(tag, run)
+                if failed is not None:
+                    raise SandboxStartError(failed)
+                try:
+                    self._build(source, tag)
+                except SandboxStartError as error:
+                    note_failed_build(tag, run, str(error))
+                    raise
+        return tag
+
+    def prepare_layer(self, layer: ImageLayer) -> str:
+        # One image per (base image, key): the same install on another task's image is
+        # another image.
+        try:
+            base_id = str(engine_for(self.endpoint).api.inspect_image(layer.base)["Id"])
+        except ENGINE_ERRORS as error:
+            raise SandboxStartError(
+                f"cannot inspect image {layer.base}: {explain(error)}"
+            ) from None
+        content_hash = hashlib.sha256(f"{base_id}\n{layer.key}".encode()).hexdigest()
+        tag = f"hb-layer__{content_hash[:32]}"
+        with self._lock(tag):
+            stale: str | None = None
+            if self._has_image(tag) or self._from_peer(tag):
+                if not self._stale(tag, layer):
+                    return tag
+                stale = str(engine_for(self.endpoint).api.inspect_image(tag)["Id"])
+            self._present.discard(tag)
+            config = self.image_config(layer.base)
+            # The base's own user comes back after the install, which runs as root.
+            dockerfile = (
+                f"FROM {layer.base}\nUSER root\nCOPY install.sh {_INSTALL_SCRIPT}\n"
+                f"RUN /bin/sh {_INSTALL_SCRIPT} && rm -f {_INSTALL_SCRIPT}\n"
+                f"USER {config.user or 'root'}\n"
+            )
+            with tempfile.TemporaryDirectory(prefix="harbor-layer-") as scratch:
+                (Path(scratch) / "Dockerfile").write_text(dockerfile)
+                (Path(scratch) / "install.sh").write_text(layer.script)
+                self._run_build(
+                    Path(scratch),
+                    tag=tag,
+                    labels={**layer.labels, _CACHE_LABEL: "layer", _LAYER_KEY: content_hash},
+                    # Made again on request means the install runs again, not the
+                    # builder's cached step.
+                    nocache=stale is not None,
+                    what=layer.what,
+                    budget=layer.timeout_sec,
+                    budget_name="its timeout_sec",
+                )
+            if not self._has_image(tag):
+                raise SandboxStartError(f"{layer.what} produced no image {tag}")
+            if stale is not None:
+                # The one it replaces goes, unless a sandbox still runs from it.
+                with contextlib.suppress(docker.errors.APIError):
+                    engine_for(self.endpoint).api.remove_image(stale)
+        return tag
+
+    def _stale(self, tag: str, layer: ImageLayer) -> bool:
+        """With `rebuild_unless`, an image there counts only when it carries that label."""
+        if layer.rebuild_unless is None:
+            return False
+        key, value = layer.rebuild_unless
+        labels = (engine_for(self.endpoint).api.inspect_image(tag).get("Config") or {}).get(
+            "Labels"
+        ) or {}
+        return bool(labels.get(key) != value)
+
+    def _lock(self, key: str) -> contextlib.AbstractContextManager[None]:
+        """Serialises the making of one image (or volume) on this engine, across the
+        processes of this machine."""
+        return build_lock(key if self.endpoint is None else f"{self.endpoint.key}-{key}")
+
+    def _from_peer(self, name: str) -> bool:
+        """Copy the image `name` from another engine of the run that has it (saved there,
+        loaded here, streamed); False when none has it or the copy failed."""
+        for peer in self.peers:
+            try:
+                if not peer._has_image(name):
+                    continue
+                api = engine_for(self.endpoint).api
+                for message in api.load_image(engine_for(peer.endpoint).api.get_image(name)):
+                    if isinstance(message, dict) and message.get("error"):
+                        raise SandboxError(str(message["error"]))
+            except (SandboxError, *ENGINE_ERRORS) as error:
+                log.warning("copying image %s from another engine failed: %s", name, error)
+                continue
+            self._present.discard(name)
+            if self._has_image(name):
+                return True
+        return False
+
+    def _has_image(self, name: str) -> bool:
+        if name in self._present:
+            return True
+        try:
+            engine_for(self.endpoint).api.inspect_image(name)
+        except docker.errors.ImageNotFound:
+            return False
+        except ENGINE_ERRORS as error:
+            raise SandboxStartError(f"cannot inspect image {name}: {error}") from None
+        self._present.add(name)
+        return True
+
+    def _prebuilt(self, name: str, retries: int) -> str:
+        if self._has_image(name):
+            return name
+        if self.peers:
+            with self._lock(name):
+                if self._has_image(name) or self._from_peer(name):
+                    return name
+        for attempt in range(retries + 1):
+            try:
+                engine_for(self.endpoint).api.pull(name)
+            except ENGINE_ERRORS as error:
+                if attempt == retries:
+                    raise SandboxStartError(
+                        f"image {name} is not on this machine and pulling it failed "
+                        f"({attempt + 1} attempt{'s' if attempt else ''}): {explain(error)}"
+                    ) from None
+                time.sleep(_PULL_BACKOFF_S * 2**attempt)
+            else:
+                break
+        self._present.add(name)
+        return name
+
+    def image_config(self, image: str) -> ImageConfig:
+        if image in self._configs:
+            return self._configs[image]
+        try:
+            config = engine_for(self.endpoint).api.inspect_image(image).get("Config") or {}
+        except ENGINE_ERRORS as error:
+            raise SandboxStartError(f"cannot inspect image {image}: {explain(error)}") from None
+        self._configs[image] = ImageConfig(
+            entrypoint=tuple(config.get("Entrypoint") or ()),
+            cmd=tuple(config.get("Cmd") or ()),
+            workdir=config.get("WorkingDir") or "",
+            user=config.get("User") or "",
+        )
+        return self._configs[image]
+
+    def _build(self, source: ImageSource, tag: str) -> None:
+        assert source.context_dir is not None
+        dockerfile = source.context_dir / "Dockerfile"
+        self._run_build(
+            source.context_dir,
+            tag=tag,
+            labels=dict(source.labels),
+            what=f"building {dockerfile}",
+            budget=source.build_timeout_sec,
+            budget_name="[environment].build_timeout_sec",
+        )
+        if not self._has_image(tag):
+            raise SandboxStartError(f"building {dockerfile} produced no image {tag}")
+
+    @property
+    def builder(self) -> str:
+        """`buildkit` (through the buildx CLI plugin, when it answers) or `classic` (the
+        engine's API); the provider option `builder` may name one."""
+        if self._builder is None:
+            if self._builder_option != "auto":
+                self._builder = self._builder_option
+            else:
+                try:
+                    found = subprocess.run(
+                        ["docker", "buildx", "version"],
+                        capture_output=True,
+                        timeout=30,
+                        check=False,
+                        stdin=subprocess.DEVNULL,
+                    )
+                    self._builder = "buildkit" if found.returncode == 0 else "classic"
+                except (OSError, subprocess.TimeoutExpired):
+                    self._builder = "classic"
+        return self._builder
+
+    def _run_build(
+        self,
+        context: Path,
+        *,
+        tag: str,
+        labels: Mapping[str, str],
+        what: str,
+        budget: float,
+        budget_name: str,
+        nocache: bool = False,
+    ) -> None:
+        if self.builder == "buildkit":
+            buildkit_build(
+                context,
+                tag=tag,
+                labels=labels,
+                nocache=nocache,
+                what=what,
+                budget=budget,
+                budget_name=budget_name,
+                endpoint=self.endpoint,
+            )
+            return
+        build = ClassicBuild(
+            engine_for(self.endpoint).api,
+            path=str(context),
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            labels=dict(labels),
+            nocache=nocache,
+            decode=True,
+        )
+        thread = threading.Thread(target=build.run, name="harbor-build", daemon=True)
+        thread.start()
+        if not join(thread, budget):
+            # The build stream cannot be cut from here; killing the step's container
+            # makes the engine end the build.
+            build.stop()
+            join(thread, KILL_GRACE_S)
+            build.remove_steps()
+            raise SandboxStartError(
+                f"{what} took longer than {budget_name} = {budget:g} s\n{tail_lines(build.log)}"
+            )
+        if build.error is not None:
+            build.remove_steps()
+            raise SandboxStartError(f"{what} failed: {build.error}\n{tail_lines(build.log)}")
+
+    def remove_image(self, image: str) -> None:
+        try:
+            engine_for(self.endpoint).api.remove_image(image, force=True)
+        except docker.errors.NotFound:
+            pass
+        except ENGINE_ERRORS as error:
+            raise SandboxError(f"cannot remove image {image[:19]}: {explain(error)}") from None

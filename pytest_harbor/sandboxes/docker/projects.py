@@ -1,0 +1,105 @@
+"""Compose projects, through the real Docker Compose v2 CLI: one started as a sandbox's
+`main` and its services, and removed whole."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import docker
+import docker.errors
+import docker.tls
+
+from pytest_harbor.sandboxes.base import (
+    SandboxError,
+    SandboxStartError,
+)
+from pytest_harbor.sandboxes.docker.engine import (
+    CONTROL_TIMEOUT_S,
+    ENGINE_ERRORS,
+    Endpoint,
+    engine_for,
+    explain,
+)
+from pytest_harbor.threads import join
+
+log = logging.getLogger("pytest_harbor")
+
+#: The labels Compose puts on what it makes.
+PROJECT_LABEL = "com.docker.compose.project"
+SERVICE_LABEL = "com.docker.compose.service"
+#: How long `up --wait` may take when the spec sets no limit.
+COMPOSE_UP_S = 900.0
+
+
+def compose_cli(
+    arguments: list[str], *, timeout: float, endpoint: Endpoint | None = None
+) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            ["docker", "compose", *arguments],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+            env=endpoint.cli_env() if endpoint else None,
+        )
+    except FileNotFoundError:
+        raise SandboxStartError("the docker CLI is not installed (Compose tasks need it)") from None
+    except subprocess.TimeoutExpired as expired:
+        return subprocess.CompletedProcess(
+            expired.cmd, 124, "", f"docker compose {arguments[-1]} took over {timeout:g} s"
+        )
+
+
+def remove_project(project: str, endpoint: Endpoint | None = None) -> None:
+    """Every container of the project at once (forced, no graceful stop), then its
+    networks and volumes."""
+    api = engine_for(endpoint).api
+    selector = {"label": f"{PROJECT_LABEL}={project}"}
+    try:
+        containers = api.containers(all=True, filters=selector)
+    except ENGINE_ERRORS as error:
+        raise SandboxError(f"cannot list the project {project}: {explain(error)}") from None
+    threads = [
+        threading.Thread(target=remove_container, args=(c["Id"], endpoint), daemon=True)
+        for c in containers
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        join(thread, CONTROL_TIMEOUT_S)
+    remove_networks_and_volumes(selector, endpoint)
+
+
+def remove_container(container: str, endpoint: Endpoint | None = None) -> None:
+    """Remove a container at once (no graceful stop) with its volumes; one already gone
+    or already being removed is no error."""
+    try:
+        engine_for(endpoint).api.remove_container(container, force=True, v=True)
+    except docker.errors.NotFound:
+        pass
+    except ENGINE_ERRORS as error:
+        if "already in progress" not in str(error):
+            raise SandboxError(
+                f"sandbox {container[:12]}: removal failed: {explain(error)}"
+            ) from None
+
+
+def remove_networks_and_volumes(
+    filters: Mapping[str, Any], endpoint: Endpoint | None = None
+) -> None:
+    api = engine_for(endpoint).api
+    with contextlib.suppress(docker.errors.APIError):
+        for network in api.networks(filters=filters):
+            with contextlib.suppress(docker.errors.APIError):
+                api.remove_network(network["Id"])
+    with contextlib.suppress(docker.errors.APIError):
+        for volume in (api.volumes(filters=filters) or {}).get("Volumes") or []:
+            with contextlib.suppress(docker.errors.APIError):
+                api.remove_volume(volume["Name"], force=True)

@@ -1,0 +1,396 @@
+"""The `docker` sandbox provider on one engine: containers kept alive by a first process
+nothing inside can end, labels, limits, forceful removal."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import tempfile
+import threading
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import docker.tls
+
+from pytest_harbor.sandboxes.archives import (
+    pack_directories,
+)
+from pytest_harbor.sandboxes.base import (
+    KEEPALIVE_USER,
+    SEALED_BUSYBOX,
+    TRUSTED_TOOLS,
+    ImageConfig,
+    ImageLayer,
+    ImageSource,
+    SandboxCapabilities,
+    SandboxError,
+    SandboxGroup,
+    SandboxSpec,
+    SandboxStartError,
+)
+from pytest_harbor.sandboxes.compose import episode_project, project_name
+from pytest_harbor.sandboxes.docker.engine import (
+    ENGINE_ERRORS,
+    TRANSPORT_ERRORS,
+    Endpoint,
+    engine_for,
+    explain,
+    tail_lines,
+    unreachable,
+)
+from pytest_harbor.sandboxes.docker.images import EngineImages
+from pytest_harbor.sandboxes.docker.projects import (
+    COMPOSE_UP_S,
+    PROJECT_LABEL,
+    SERVICE_LABEL,
+    compose_cli,
+    remove_networks_and_volumes,
+    remove_project,
+)
+from pytest_harbor.sandboxes.docker.sandbox import DEFAULT_NETWORK, ComposeSandbox, DockerSandbox
+from pytest_harbor.threads import join
+
+log = logging.getLogger("pytest_harbor")
+
+#: The keep-alive sleep of a sandbox with no lifetime; removal is forceful, so the sleep
+#: never needs a signal.
+_FOREVER_S = 2147483647
+#: The sandbox's first process, run by the sealed busybox as KEEPALIVE_USER; $1 is its
+#: lifetime in seconds. Nothing inside a sandbox, root included, can end it: it ignores
+#: every signal it could be sent (the kernel drops the others for a first process), and
+#: no agent can trace it (the sealed busybox). It reaps the orphans every sandbox gathers
+#: (they become its children; unreaped, each would hold a place under the pids cap) by
+#: waiting on the sleep it starts. It forks only then, at its start: a fork refused later
+#: (the cap reached) would end the shell, and the sandbox with it. When that sleep ends
+#: early (only root can kill it), it sleeps on in its own place, without reaping.
+_KEEPALIVE = """trap '' 1 2 3 4 5 6 7 8 10 11 12 13 14 15 16 18 20 21 22 23 24 25 26 27 28 29 30 31
+read -r up _ < /proc/uptime
+end=$(( ${up%.*} + $1 ))
+{busybox} sleep "$1" &
+while :; do
+  wait
+  read -r up _ < /proc/uptime
+  left=$(( end - ${up%.*} ))
+  [ "$left" -gt 0 ] || exit 0
+  exec {busybox} sleep "$left"
+done
+""".replace("{busybox}", SEALED_BUSYBOX)
+#: The keep-alive as an entrypoint; the lifetime is the container's command.
+_KEEPALIVE_ENTRYPOINT = [SEALED_BUSYBOX, "sh", "-c", _KEEPALIVE, "sh"]
+
+
+class DockerProvider:
+    """Starts one container per sandbox: keep-alive sleep, labels, limits, forceful removal."""
+
+    name = "docker"
+    #: Plain containers on one engine: no accelerators or egress filtering; `--user`
+    #: takes a group. (On the host network a phase cannot go without the network.)
+    capabilities = SandboxCapabilities(user_groups=True, compose=True)
+
+    def __init__(
+        self,
+        network: str | None = None,
+        builder: str = "auto",
+        endpoint: Endpoint | None = None,
+    ) -> None:
+        #: The engine (None: the one the environment names, as the docker CLI finds it).
+        self.endpoint = endpoint
+        self._peers: list[DockerProvider] = []
+        #: The network sandboxes with the network are on: the engine's default bridge,
+        #: another network by name, or "host" (this machine's own, loopback included;
+        #: then no phase can go without it).
+        self.network = network or DEFAULT_NETWORK
+        if self.network == "host":
+            self.capabilities = SandboxCapabilities(
+                user_groups=True, compose=True, network_off=False
+            )
+        #: Its images: made, pulled or copied from a peer once each.
+        self.images = EngineImages(endpoint, builder)
+
+    def check_ready(self) -> None:
+        """The engine answers, or SandboxStartError naming the address tried and the fix."""
+        try:
+            engine_for(self.endpoint).api.ping()
+        except SandboxStartError:
+            raise
+        except (docker.errors.DockerException, *TRANSPORT_ERRORS) as error:
+            raise SandboxStartError(unreachable(self.endpoint, explain(error))) from None
+
+    @property
+    def peers(self) -> list[DockerProvider]:
+        """Other engines of the same run, which an image missing here may come from."""
+        return self._peers
+
+    @peers.setter
+    def peers(self, others: list[DockerProvider]) -> None:
+        self._peers = list(others)
+        self.images.peers = [other.images for other in others]
+
+    @property
+    def builder(self) -> str:
+        return self.images.builder
+
+    def tools_volume(self) -> str:
+        return self.images.tools_volume()
+
+    def prepare_image(self, source: ImageSource) -> str:
+        return self.images.prepare_image(source)
+
+    def prepare_layer(self, layer: ImageLayer) -> str:
+        return self.images.prepare_layer(layer)
+
+    def image_config(self, image: str) -> ImageConfig:
+        return self.images.image_config(image)
+
+    def remove_image(self, image: str) -> None:
+        self.images.remove_image(image)
+
+    def start(self, spec: SandboxSpec) -> DockerSandbox:
+        if spec.ready_timeout_s is None:
+            return self._start(spec)
+        attempt = _StartAttempt(self, spec)
+        thread = threading.Thread(target=attempt.run, name="harbor-start", daemon=True)
+        thread.start()
+        if not join(thread, spec.ready_timeout_s):
+            attempt.abandon()
+            raise SandboxStartError(
+                f"the sandbox from {spec.image} did not start within "
+                f"sandbox_ready_timeout_s = {spec.ready_timeout_s:g} s"
+            )
+        return attempt.result()
+
+    def _start(self, spec: SandboxSpec) -> DockerSandbox:
+        if spec.group is not None:
+            return self._start_group(spec, spec.group)
+        engine = engine_for(self.endpoint)
+        api = engine.api
+        limits: dict[str, Any] = {}
+        if spec.cpus is not None:
+            # A task may ask for more CPUs than this engine has; it gets them all.
+            limits["nano_cpus"] = int(min(spec.cpus, engine.cpus) * 1e9)
+        if spec.memory_mb is not None:
+            limits["mem_limit"] = limits["memswap_limit"] = f"{spec.memory_mb}m"
+        # The keep-alive is the sandbox's lifetime: a leaked one ends by itself, and the
+        # reaper removes it. It is not removed by the engine as it ends: a sandbox that
+        # stopped must still be there to say why (status()).
+        lifetime = _FOREVER_S if spec.ttl_s is None else max(1, math.ceil(spec.ttl_s))
+        try:
+            host_config = api.create_host_config(
+                network_mode=self.network if spec.network else "none",
+                binds={self.tools_volume(): {"bind": TRUSTED_TOOLS, "mode": "ro"}},
+                pids_limit=spec.pids_limit,
+                **limits,
+            )
+            created = api.create_container(
+                spec.image,
+                entrypoint=_KEEPALIVE_ENTRYPOINT,
+                command=[str(lifetime)],
+                user=KEEPALIVE_USER,
+                labels=dict(spec.labels),
+                environment=[f"{key}={value}" for key, value in spec.env.items()],
+                working_dir=spec.workdir,
+                host_config=host_config,
+                detach=True,
+            )
+        except ENGINE_ERRORS as error:
+            raise SandboxStartError(
+                f"cannot create a sandbox from {spec.image}: {explain(error)}"
+            ) from None
+        sandbox = DockerSandbox(
+            created["Id"],
+            online=spec.network,
+            network=self.network,
+            endpoint=self.endpoint,
+            user=self.image_config(spec.image).user,
+        )
+        try:
+            if spec.directories:
+                # Before start, so no exec is needed to make them.
+                api.put_archive(created["Id"], "/", pack_directories(spec.directories))
+            api.start(created["Id"])
+        except ENGINE_ERRORS as error:
+            sandbox.stop()
+            raise SandboxStartError(
+                f"the sandbox from {spec.image} did not start: {explain(error)}"
+            ) from None
+        return sandbox
+
+    def _start_group(self, spec: SandboxSpec, group: SandboxGroup) -> DockerSandbox:
+        """The Compose project `group`, `main` kept alive like any sandbox (the trusted
+        sleep as its first process, the trusted tools mounted), its other services first,
+        as their depends_on conditions and health checks say (`up --wait`)."""
+        engine = engine_for(self.endpoint)
+        lifetime = _FOREVER_S if spec.ttl_s is None else max(1, math.ceil(spec.ttl_s))
+        tools = self.tools_volume()
+        main: dict[str, Any] = {
+            # Compose reads `$` as its own variables': `$$` is a `$` for the shell.
+            "entrypoint": [part.replace("$", "$$") for part in _KEEPALIVE_ENTRYPOINT],
+            "command": [str(lifetime)],
+            "user": KEEPALIVE_USER,
+            "environment": dict(spec.env),
+            "volumes": [
+                {"type": "volume", "source": tools, "target": TRUSTED_TOOLS, "read_only": True}
+            ],
+        }
+        if spec.workdir:
+            main["working_dir"] = spec.workdir
+        if spec.cpus is not None:
+            main["cpus"] = min(spec.cpus, engine.cpus)
+        if spec.memory_mb is not None:
+            main["mem_limit"] = main["memswap_limit"] = f"{spec.memory_mb}m"
+        if spec.pids_limit is not None:
+            main["pids_limit"] = spec.pids_limit
+        name = project_name(group.episode, uuid.uuid4().hex[:8])
+        config = episode_project(
+            group.config,
+            name=name,
+            main_image=spec.image,
+            built=group.built,
+            labels=spec.labels,
+            main=main,
+            internal=not spec.network,
+        )
+        config.setdefault("volumes", {})[tools] = {"external": True, "name": tools}
+        with tempfile.TemporaryDirectory(prefix="harbor-compose-") as scratch:
+            file = Path(scratch) / "compose.json"
+            file.write_text(json.dumps(config))
+            up = compose_cli(
+                ["-p", name, "-f", str(file), "--project-directory", scratch, "up", "-d", "--wait"],
+                timeout=spec.ready_timeout_s or COMPOSE_UP_S,
+                endpoint=self.endpoint,
+            )
+            if up.returncode != 0:
+                logs = compose_cli(
+                    [
+                        "-p",
+                        name,
+                        "-f",
+                        str(file),
+                        "--project-directory",
+                        scratch,
+                        "logs",
+                        "--no-color",
+                        "--tail",
+                        "20",
+                    ],
+                    timeout=60,
+                    endpoint=self.endpoint,
+                )
+                remove_project(name, self.endpoint)
+                raise SandboxStartError(
+                    f"the Compose project did not come up: {tail_lines(up.stderr.splitlines(), 8)}"
+                    f"\n{tail_lines(logs.stdout.splitlines(), 40)}"
+                )
+        found = engine.api.containers(
+            filters={"label": [f"{PROJECT_LABEL}={name}", f"{SERVICE_LABEL}=main"]}
+        )
+        if not found:
+            remove_project(name, self.endpoint)
+            raise SandboxStartError(f"the Compose project {name} came up without its main")
+        sandbox = ComposeSandbox(
+            found[0]["Id"],
+            name,
+            online=spec.network,
+            endpoint=self.endpoint,
+            user=self.image_config(spec.image).user,
+        )
+        try:
+            if spec.directories:
+                engine.api.put_archive(found[0]["Id"], "/", pack_directories(spec.directories))
+        except ENGINE_ERRORS as error:
+            sandbox.stop()
+            raise SandboxStartError(
+                f"cannot make the sandbox's folders: {explain(error)}"
+            ) from None
+        return sandbox
+
+    def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:
+        found = engine_for(self.endpoint).api.containers(all=True, filters={"label": key})
+        return [(container["Id"], dict(container.get("Labels") or {})) for container in found]
+
+    def remove(self, sandbox_id: str) -> None:
+        DockerSandbox(sandbox_id, endpoint=self.endpoint).stop()
+
+    def labelled_leftovers(self, key: str) -> list[tuple[str, dict[str, str]]]:
+        """Networks and volumes (of Compose projects) with a label `key`: a reference for
+        remove_leftover() and their labels. Networks first: a volume may outlive them."""
+        api = engine_for(self.endpoint).api
+        found: list[tuple[str, dict[str, str]]] = []
+        try:
+            for network in api.networks(filters={"label": key}):
+                found.append((f"network:{network['Id']}", dict(network.get("Labels") or {})))
+            for volume in (api.volumes(filters={"label": key}) or {}).get("Volumes") or []:
+                found.append((f"volume:{volume['Name']}", dict(volume.get("Labels") or {})))
+        except ENGINE_ERRORS as error:
+            log.warning("cannot list networks and volumes: %s", explain(error))
+        return found
+
+    def remove_leftover(self, reference: str) -> None:
+        """Remove a network or volume labelled_leftovers() gave; in use or gone: no error."""
+        kind, _, name = reference.partition(":")
+        api = engine_for(self.endpoint).api
+        with contextlib.suppress(docker.errors.APIError):
+            if kind == "network":
+                api.remove_network(name)
+            else:
+                api.remove_volume(name, force=True)
+
+    def remove_labelled(self, labels: Mapping[str, str]) -> int:
+        api = engine_for(self.endpoint).api
+        wanted = [f"{key}={value}" for key, value in labels.items()]
+        removed = 0
+        for container in api.containers(all=True, filters={"label": wanted}):
+            DockerSandbox(container["Id"], endpoint=self.endpoint).stop()
+            removed += 1
+        # What Compose projects made beside their containers.
+        remove_networks_and_volumes({"label": wanted}, self.endpoint)
+        return removed
+
+
+class _StartAttempt:
+    """A start that may be given up on: a sandbox it makes after that is removed."""
+
+    def __init__(self, provider: DockerProvider, spec: SandboxSpec) -> None:
+        self._provider = provider
+        self._spec = spec
+        self._lock = threading.Lock()
+        self._sandbox: DockerSandbox | None = None
+        self._error: SandboxStartError | None = None
+        self._abandoned = False
+
+    def run(self) -> None:
+        try:
+            sandbox = self._provider._start(self._spec)
+        except SandboxStartError as error:
+            self._error = error
+            return
+        except (SandboxError, *ENGINE_ERRORS) as error:
+            # The engine went away while the sandbox started (or could not be removed).
+            self._error = SandboxStartError(f"the sandbox did not start: {explain(error)}")
+            return
+        with self._lock:
+            self._sandbox = sandbox
+            abandoned = self._abandoned
+        if abandoned:
+            with contextlib.suppress(SandboxError):
+                sandbox.stop()
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            sandbox = self._sandbox
+        if sandbox is not None:
+            with contextlib.suppress(SandboxError):
+                sandbox.stop()
+
+    def result(self) -> DockerSandbox:
+        if self._error is not None:
+            raise self._error
+        assert self._sandbox is not None
+        return self._sandbox

@@ -1,0 +1,416 @@
+"""A sandbox of the docker provider: one container, every call through the engine's API;
+a Compose project's `main` service."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import docker
+import docker.errors
+import docker.tls
+
+from pytest_harbor.sandboxes.archives import (
+    pack_files,
+    pack_folder,
+    unpack_files,
+)
+from pytest_harbor.sandboxes.base import (
+    ROOT_USER,
+    TRUSTED_BUSYBOX,
+    ExecResult,
+    SandboxError,
+    SandboxStatus,
+)
+from pytest_harbor.sandboxes.docker.engine import (
+    ENGINE_ERRORS,
+    KILL_GRACE_S,
+    TRANSPORT_ERRORS,
+    Endpoint,
+    engine_for,
+    explain,
+)
+from pytest_harbor.sandboxes.docker.projects import (
+    PROJECT_LABEL,
+    SERVICE_LABEL,
+    remove_container,
+    remove_project,
+)
+from pytest_harbor.sandboxes.docker.stream import ExecConnection, OutputReader, guarded
+from pytest_harbor.threads import join
+
+log = logging.getLogger("pytest_harbor")
+
+#: The network a sandbox with network access is on (and that a phase without it leaves).
+DEFAULT_NETWORK = "bridge"
+#: The directory bit of the file mode the engine reports (Go's os.ModeDir).
+_GO_MODE_DIR = 1 << 31
+
+#: Run by the trusted busybox shell: prints its pid (the command exec'd keeps it and leads
+#: its process group) on stderr before anything else, so a deadline can kill the whole
+#: group; then runs the command found on PATH by its full path (a bare name would run the
+#: busybox applet of that name instead of the image's program).
+_PID_WRAPPER = """echo "$$" >&2
+command=$1; shift
+case $command in */*) exec "$command" "$@" ;; esac
+IFS=:
+for dir in $PATH; do
+  if [ -f "$dir/$command" ] && [ -x "$dir/$command" ]; then exec "$dir/$command" "$@"; fi
+done
+echo "$command: command not found" >&2
+exit 127
+"""
+
+
+class DockerSandbox:
+    """One container; every call goes through the Docker engine API.
+
+    `user` is who a command runs as when it names no one: the image's user (root when
+    the image names none). None: the container's own user (a Compose sidecar's); a
+    sandbox the provider started runs its keep-alive as KEEPALIVE_USER, never a command.
+    """
+
+    def __init__(
+        self,
+        container_id: str,
+        online: bool = True,
+        network: str = DEFAULT_NETWORK,
+        endpoint: Endpoint | None = None,
+        user: str | None = None,
+    ) -> None:
+        self._id = container_id
+        self._endpoint = endpoint
+        self._stopped = False
+        self._online = online
+        self._network = network
+        self._user = None if user is None else (user or "0")
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    def exec(
+        self,
+        command: Sequence[str],
+        *,
+        user: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        engine = engine_for(self._endpoint)
+        argv = list(command)
+        if stdin is not None and engine.tunnelled:
+            # Over TLS or ssh the input cannot be ended by closing half of the connection:
+            # the command gets exactly its bytes, then the end of its input, from `head`.
+            argv = [
+                TRUSTED_BUSYBOX,
+                "sh",
+                "-c",
+                f'{TRUSTED_BUSYBOX} head -c {len(stdin)} | "$@"',
+                "sh",
+                *argv,
+            ]
+        if timeout is not None:
+            argv = [TRUSTED_BUSYBOX, "sh", "-c", _PID_WRAPPER, "sh", *argv]
+        try:
+            exec_id = engine.api.exec_create(
+                self._id,
+                argv,
+                stdout=True,
+                stderr=True,
+                stdin=stdin is not None,
+                user=user or self._user or "",
+                workdir=workdir,
+                environment=[f"{key}={value}" for key, value in (env or {}).items()],
+            )["Id"]
+            connection = ExecConnection(engine.api.exec_start(exec_id, socket=True))
+        except ENGINE_ERRORS as error:
+            raise SandboxError(f"sandbox {self._id[:12]}: exec failed: {explain(error)}") from None
+        reader = OutputReader(connection, reads_pid=timeout is not None)
+        threads = [threading.Thread(target=reader.run, name="harbor-exec-out", daemon=True)]
+        if stdin is not None:
+            threads.append(
+                threading.Thread(
+                    target=connection.send_all, args=(stdin,), name="harbor-exec-in", daemon=True
+                )
+            )
+        for thread in threads:
+            thread.start()
+        timed_out = not join(threads[0], timeout)
+        if timed_out:
+            self._kill_group(reader.wait_for_pid(KILL_GRACE_S))
+            if not join(threads[0], KILL_GRACE_S):
+                connection.close()
+                join(threads[0], 1.0)
+        connection.close()
+        try:
+            info = engine.api.exec_inspect(exec_id)
+        except ENGINE_ERRORS as error:
+            raise SandboxError(f"sandbox {self._id[:12]}: exec lost: {explain(error)}") from None
+        exit_code = info.get("ExitCode")
+        if reader.broken is not None and not timed_out:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: the output of {argv[0]} was lost ({reader.broken})"
+            )
+        return ExecResult(
+            exit_code=-1 if exit_code is None or info.get("Running") else int(exit_code),
+            stdout_bytes=reader.out.value(),
+            stderr_bytes=reader.stderr(),
+            timed_out=timed_out,
+        )
+
+    def spawn(
+        self, command: Sequence[str], *, user: str | None = None, workdir: str | None = None
+    ) -> _Spawned:
+        engine = engine_for(self._endpoint)
+        try:
+            exec_id = engine.api.exec_create(
+                self._id,
+                list(command),
+                stdout=True,
+                stderr=True,
+                user=user or self._user or "",
+                workdir=workdir,
+            )["Id"]
+            connection = ExecConnection(engine.api.exec_start(exec_id, socket=True))
+        except ENGINE_ERRORS as error:
+            raise SandboxError(f"sandbox {self._id[:12]}: exec failed: {explain(error)}") from None
+        return _Spawned(exec_id, connection, engine.api)
+
+    def _kill_group(self, pid: int | None) -> None:
+        if pid is None:
+            return
+        # Negative pid: the whole process group the command leads.
+        script = f"kill -9 -{pid} 2>/dev/null; kill -9 {pid} 2>/dev/null; true"
+        with contextlib.suppress(SandboxError):
+            self.exec([TRUSTED_BUSYBOX, "sh", "-c", script], user=ROOT_USER)
+
+    def upload(self, source: Path | Mapping[str, bytes], target: str) -> None:
+        data = pack_folder(source) if isinstance(source, Path) else pack_files(source)
+        try:
+            engine_for(self._endpoint).api.put_archive(self._id, target, data)
+        except ENGINE_ERRORS as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: upload to {target} failed: {explain(error)}"
+            ) from None
+
+    def _path_missing(self, error: docker.errors.NotFound) -> None:
+        """A path that is not there is an answer; a sandbox that is not there (removed
+        under the run) is not, and must not read as a verifier that wrote nothing."""
+        if "no such container" in explain(error).lower():
+            raise SandboxError(f"sandbox {self._id[:12]} is gone: {explain(error)}") from None
+
+    def read_archive(self, source: str) -> bytes | None:
+        try:
+            chunks, _ = engine_for(self._endpoint).api.get_archive(self._id, source)
+            return b"".join(chunks)
+        except docker.errors.NotFound as error:
+            self._path_missing(error)
+            return None
+        except ENGINE_ERRORS as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: reading {source} failed: {explain(error)}"
+            ) from None
+
+    def write_archive(self, data: bytes | Iterable[bytes], into: str) -> None:
+        try:
+            engine_for(self._endpoint).api.put_archive(self._id, into, data)
+        except ENGINE_ERRORS as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: writing into {into} failed: {explain(error)}"
+            ) from None
+
+    def download(self, source: str) -> dict[str, bytes]:
+        try:
+            chunks, stat = engine_for(self._endpoint).api.get_archive(self._id, source)
+            data = b"".join(chunks)
+        except docker.errors.NotFound as error:
+            self._path_missing(error)
+            return {}
+        except ENGINE_ERRORS as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: download of {source} failed: {explain(error)}"
+            ) from None
+        # A folder comes back as `folder/...`: drop that first part. A file as itself.
+        is_folder = bool(stat.get("mode", 0) & _GO_MODE_DIR)
+        return unpack_files(data, strip_components=1 if is_folder else 0)
+
+    def iter_archive(self, source: str) -> Iterator[bytes] | None:
+        try:
+            chunks, _ = engine_for(self._endpoint).api.get_archive(self._id, source)
+        except docker.errors.NotFound as error:
+            self._path_missing(error)
+            return None
+        except ENGINE_ERRORS as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: reading {source} failed: {explain(error)}"
+            ) from None
+        return guarded(chunks, f"sandbox {self._id[:12]}: reading {source} failed")
+
+    def set_network(self, enabled: bool) -> None:
+        if enabled == self._online:
+            return
+        if self._network == "host":
+            raise SandboxError(
+                f"sandbox {self._id[:12]} is on the host network, which cannot be "
+                "taken away or given back"
+            )
+        api = engine_for(self._endpoint).api
+        try:
+            if enabled:
+                api.connect_container_to_network(self._id, self._network)
+            else:
+                api.disconnect_container_from_network(self._id, self._network, force=True)
+        except ENGINE_ERRORS as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: cannot {'connect' if enabled else 'disconnect'} "
+                f"its network: {explain(error)}"
+            ) from None
+        self._online = enabled
+
+    def snapshot(self, labels: Mapping[str, str]) -> str:
+        try:
+            made = engine_for(self._endpoint).api.commit(
+                self._id,
+                repository="pytest-harbor-snapshot",
+                tag=uuid.uuid4().hex[:12],
+                # The container runs its keep-alive as KEEPALIVE_USER; the snapshot runs
+                # as the image did.
+                conf={"Labels": dict(labels), "User": self._user or ""},
+            )
+        except ENGINE_ERRORS as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: snapshot failed: {explain(error)}"
+            ) from None
+        return str(made["Id"])
+
+    def status(self) -> SandboxStatus:
+        api = engine_for(self._endpoint).api
+        try:
+            state = api.inspect_container(self._id).get("State") or {}
+        except docker.errors.NotFound:
+            return SandboxStatus(present=False)
+        except ENGINE_ERRORS as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: the engine does not say how it is: {explain(error)}"
+            ) from None
+        running = bool(state.get("Running"))
+        return SandboxStatus(
+            present=True,
+            running=running,
+            out_of_memory=bool(state.get("OOMKilled")),
+            out_of_processes=running and self._at_pids_cap(),
+            exit_code=None if running else _int_or_none(state.get("ExitCode")),
+        )
+
+    def _at_pids_cap(self) -> bool:
+        """Whether the sandbox holds as many processes as its cap allows (or nearly)."""
+        try:
+            stats = engine_for(self._endpoint).api.stats(self._id, stream=False, one_shot=True)
+        except (docker.errors.DockerException, *TRANSPORT_ERRORS, TypeError):
+            return False
+        pids = stats.get("pids_stats") or {}
+        current, limit = pids.get("current"), pids.get("limit")
+        if not isinstance(current, int) or not isinstance(limit, int) or limit <= 0:
+            return False
+        return current >= limit - 2
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        remove_container(self._id, self._endpoint)
+        self._stopped = True
+
+
+class ComposeSandbox(DockerSandbox):
+    """The `main` service of a Compose project; stopping it removes the whole project
+    (every container, network and volume it made), forcefully."""
+
+    def __init__(
+        self,
+        container_id: str,
+        project: str,
+        online: bool = True,
+        endpoint: Endpoint | None = None,
+        user: str | None = None,
+    ) -> None:
+        super().__init__(
+            container_id,
+            online=online,
+            network=f"{project}_default",
+            endpoint=endpoint,
+            user=user,
+        )
+        self.project = project
+
+    def set_network(self, enabled: bool) -> None:
+        if enabled != self._online:
+            raise SandboxError(
+                "a Compose project keeps one network for all its phases (its services "
+                "must reach each other)"
+            )
+
+    def service(self, name: str) -> DockerSandbox:
+        """Another service's container, to run a command in or copy from."""
+        found = engine_for(self._endpoint).api.containers(
+            filters={"label": [f"{PROJECT_LABEL}={self.project}", f"{SERVICE_LABEL}={name}"]}
+        )
+        if not found:
+            raise SandboxError(f"the Compose project has no running service {name!r}")
+        return DockerSandbox(
+            found[0]["Id"], online=self._online, network=self._network, endpoint=self._endpoint
+        )
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        remove_project(self.project, self._endpoint)
+        self._stopped = True
+
+
+class _Spawned:
+    """A running exec, drained in a thread of its own; its exit code comes from the engine
+    when its output ends."""
+
+    _TAIL_BYTES = 4096
+
+    def __init__(self, exec_id: str, connection: ExecConnection, api: docker.APIClient) -> None:
+        self._exec_id = exec_id
+        self._api = api
+        self._connection = connection
+        self._tail = bytearray()
+        self._code: int | None = None
+        self._thread = threading.Thread(target=self._watch, name="harbor-spawned", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        try:
+            for _, data in self._connection.frames():
+                self._tail += data
+                del self._tail[: -self._TAIL_BYTES]
+        except (OSError, ValueError):
+            pass
+        finally:
+            self._connection.close()
+        try:
+            info = self._api.exec_inspect(self._exec_id)
+        except (docker.errors.APIError, *TRANSPORT_ERRORS):
+            return  # the sandbox went away: nothing to tell
+        if not info.get("Running") and info.get("ExitCode") is not None:
+            self._code = int(info["ExitCode"])
+
+    def exit_code(self) -> int | None:
+        return self._code
+
+    def output_tail(self) -> str:
+        return bytes(self._tail).decode("utf-8", errors="replace")
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
