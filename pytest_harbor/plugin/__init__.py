@@ -19,14 +19,13 @@ from pytest_harbor.engine.reaper import owner_of_this_process
 from pytest_harbor.harnesses import BUILT_IN_HARNESSES, HarnessFactory
 from pytest_harbor.harnesses import ENTRY_POINT_GROUP as HARNESS_ENTRY_POINT_GROUP
 from pytest_harbor.plugin.deadlines import pytest_timeout_cancel_timer, pytest_timeout_set_timer
+from pytest_harbor.plugin.item_reports import pytest_report_teststatus, pytest_runtest_makereport
 from pytest_harbor.plugin.ledger import trial_of
 from pytest_harbor.plugin.nodes import HarborTaskset, HarborTurnItem, HarborWarning
 from pytest_harbor.plugin.options import add_options, read_options
-from pytest_harbor.plugin.reporting import (
-    HarborReporter,
-    pytest_report_teststatus,
-    pytest_runtest_makereport,
-)
+from pytest_harbor.plugin.preflight import PreFlight
+from pytest_harbor.plugin.recording import ResultRecorder
+from pytest_harbor.plugin.reporting import RunReport
 from pytest_harbor.plugin.run import (
     HARBOR_RUN,
     HarborRun,
@@ -39,6 +38,7 @@ from pytest_harbor.plugin.scheduling import (
     keep_turns_together,
     trial_scheduler,
 )
+from pytest_harbor.plugin.summary import TerminalSummary
 from pytest_harbor.sandboxes import (
     BUILT_IN_PROVIDERS,
     PROVIDER_ENTRY_POINT_GROUP,
@@ -193,9 +193,17 @@ def pytest_configure(config: pytest.Config) -> None:
     run.done_trials.update((worker_input or {}).get(_WORKER_DONE) or ())
     config.stash[HARBOR_RUN] = run
     if not run.is_worker:
-        config.pluginmanager.register(HarborReporter(run), "harbor-reporter")
+        _register_reporters(config, run)
     if targets:
         config.add_cleanup(_interrupt_on_sigterm())
+
+
+def _register_reporters(config: pytest.Config, run: HarborRun) -> None:
+    """The controller's reporting plugins, one job each, sharing what they learn."""
+    state = RunReport.of(run)
+    config.pluginmanager.register(PreFlight(state), "harbor-preflight")
+    config.pluginmanager.register(ResultRecorder(state), "harbor-recorder")
+    config.pluginmanager.register(TerminalSummary(state), "harbor-summary")
 
 
 def _registered_harnesses(config: pytest.Config) -> dict[str, HarnessFactory]:

@@ -13,6 +13,7 @@ import pytest
 
 from pytest_harbor import strict_json
 from pytest_harbor.engine import EpisodeResult
+from pytest_harbor.plugin.item_reports import harbor_data
 from pytest_harbor.plugin.ledger import split_trial, trial_of
 from pytest_harbor.plugin.nodes import NOP_TRIAL, task_warnings
 from pytest_harbor.tasks import Task
@@ -70,7 +71,7 @@ class TaskCheck:
         self.records: dict[tuple[str, str], TaskRecord] = {}
 
     def add(self, report: pytest.TestReport) -> None:
-        data = getattr(report, "harbor", None)
+        data = harbor_data(report)
         taskset, task, trial_name = split_trial(trial_of(report.nodeid))
         if not task or not (trial_name == NOP_TRIAL or trial_name[1:].isdigit()):
             return

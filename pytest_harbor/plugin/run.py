@@ -170,6 +170,7 @@ class HarborRun:
         self.workers = 1
         self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self._slots: EpisodeSlots | None = None
+        self._plans: dict[Path, TasksetPlan | TaskLoadError] = {}
         #: Episodes whose sandbox started ahead of their trial (see HarborTrial.start_early).
         self.started_early: list[Episode] = []
         self._cleanups: ThreadPoolExecutor | None = None
@@ -180,7 +181,20 @@ class HarborRun:
         return self._provider
 
     def plan(self, target: Target) -> TasksetPlan:
-        """Plan a target's taskset (raises TaskLoadError when the whole taskset is spoilt)."""
+        """A target's taskset, planned once per process (the pre-flight and collection
+        share it); raises TaskLoadError when the whole taskset is spoilt."""
+        planned = self._plans.get(target.path)
+        if planned is None:
+            try:
+                planned = self._plan(target)
+            except TaskLoadError as error:
+                planned = error
+            self._plans[target.path] = planned
+        if isinstance(planned, TaskLoadError):
+            raise planned
+        return planned
+
+    def _plan(self, target: Target) -> TasksetPlan:
         return plan_taskset(
             target.path,
             harness=self.harness.name,

@@ -116,9 +116,9 @@ def test_either_builder_makes_a_tasks_image_and_the_run_says_which(
 def test_a_long_run_says_what_it_is_doing_unless_quiet(
     pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch, quiet: bool
 ) -> None:
-    from pytest_harbor.plugin import reporting
+    from pytest_harbor.plugin import summary
 
-    monkeypatch.setattr(reporting, "STATUS_EVERY_S", 0.0)
+    monkeypatch.setattr(summary, "STATUS_EVERY_S", 0.0)
     for name in ("first", "second", "third"):
         dataset.task(name)
     folder = dataset.results_folder(pytester.path / "out")
@@ -172,3 +172,24 @@ def test_a_warning_about_a_task_comes_once_whatever_the_workers(
     )
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines(["*task.toml: unknown key ignored: extra (line *)*"])
+
+
+def test_a_taskset_is_planned_once_per_process(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pre-flight and collection share one plan: the tasks are loaded once."""
+    from pytest_harbor.plugin import run as run_module
+
+    planned: list[Path] = []
+    original = run_module.plan_taskset
+
+    def counting(path: Path, **kwargs: object) -> object:
+        planned.append(path)
+        return original(path, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(run_module, "plan_taskset", counting)
+    for name in ("first", "second"):
+        dataset.task(name)
+    result = run_harbor(pytester, dataset)
+    result.assert_outcomes(passed=2)
+    assert planned == [dataset.path]

@@ -1,0 +1,113 @@
+"""What each report of a harbor item carries: the episode's result or failure as plain
+JSON data (xdist carries a report's attributes from the worker to the controller), with
+every secret value masked in what the terminal and the junit XML show."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from pytest_harbor.engine import EpisodeError, FailureKind
+from pytest_harbor.plugin.ledger import trial_of
+from pytest_harbor.plugin.nodes import HarborTurnItem
+from pytest_harbor.plugin.run import HARBOR_RUN
+from pytest_harbor.redaction import Redactor
+from pytest_harbor.sandboxes import SandboxError
+
+__all__ = ["harbor_data", "pytest_report_teststatus", "pytest_runtest_makereport"]
+
+#: The attribute of a report that holds the harbor data.
+_DATA = "harbor"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Each report of a harbor item carries data (see harbor_data) with the episode's
+    result or failure."""
+    report = yield
+    if not isinstance(item, HarborTurnItem):
+        return report
+    data: dict[str, Any] = {"taskset": item.trial.taskset, "task_id": item.trial.task.id}
+    if call.when == "setup":
+        data["unvalidated"] = item.trial.skip_reason is not None
+        if item.trial.unloadable is not None:
+            data["unloadable"] = item.trial.unloadable
+        elif item.trial.skip_reason is not None:
+            data["skip_reason"] = item.trial.skip_reason
+    elif call.when == "call":
+        if item.harbor_payload is not None:
+            data.update(item.harbor_payload)
+        elif call.excinfo is not None and not isinstance(call.excinfo.value, pytest.skip.Exception):
+            # The episode broke down before it had a result: that is an error, not a fail.
+            data["status"] = "error"
+    if report.skipped and isinstance(report.longrepr, tuple):
+        # Skips from inside runtest point at this package; point at the task instead.
+        path, line, _ = item.reportinfo()
+        report.longrepr = (str(path), (line or 0) + 1, report.longrepr[2])
+    excinfo = call.excinfo
+    error = excinfo.value if excinfo is not None else None
+    if isinstance(error, EpisodeError):
+        data["failure"] = {"kind": error.failure_kind, "reason": error.reason}
+        item.user_properties.append(("failure_kind", error.failure_kind))
+        report.user_properties = list(item.user_properties)
+    elif excinfo is not None and (
+        (call.when == "setup" and report.failed) or data.get("status") == "error"
+    ):
+        data["failure"] = {
+            "kind": FailureKind.INTERNAL_ERROR,
+            "reason": excinfo.exconly().strip().splitlines()[-1],
+        }
+    if excinfo is not None and isinstance(error, EpisodeError | SandboxError):
+        # The engine's own words say what broke; our stack frames would not help.
+        report.longrepr = excinfo.getrepr(style="value")
+    _mask_report(report, item.config.stash[HARBOR_RUN].redactor)
+    # Plain JSON data: xdist carries it (the report's __dict__) to the controller.
+    report.__dict__[_DATA] = data
+    return report
+
+
+def _mask_report(report: pytest.TestReport, redactor: Redactor) -> None:
+    """No secret value reaches the terminal or the junit XML: the failure text and the
+    captured output are masked."""
+    if not redactor:
+        return
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple):
+        path, line, message = longrepr
+        report.longrepr = (path, line, redactor.text(message))
+    elif longrepr is not None:
+        text = str(longrepr)
+        masked = redactor.text(text)
+        if masked != text:
+            report.longrepr = masked
+    report.sections = [(title, redactor.text(body)) for title, body in report.sections]
+    report.user_properties = [
+        (name, redactor.text(value) if isinstance(value, str) else value)
+        for name, value in report.user_properties
+    ]
+
+
+def harbor_data(report: pytest.TestReport | pytest.CollectReport) -> dict[str, Any] | None:
+    """The data pytest_runtest_makereport put on a harbor item's report (None for any
+    other report)."""
+    data = report.__dict__.get(_DATA)
+    return data if isinstance(data, dict) else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_teststatus(
+    report: pytest.TestReport | pytest.CollectReport, config: pytest.Config
+) -> tuple[str, str, str] | None:
+    data = harbor_data(report)
+    if report.when == "call" and report.failed and data and data.get("status") == "error":
+        return "error", "E", "ERROR"
+    if report.when not in ("setup", "call", "teardown") and report.failed:
+        # xdist's report for an item whose worker died: the episode has no result.
+        run = config.stash.get(HARBOR_RUN, None)
+        if run is not None and trial_of(report.nodeid) in run.trial_ids:
+            return "error", "E", "ERROR"
+    return None

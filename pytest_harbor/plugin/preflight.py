@@ -1,0 +1,231 @@
+"""Before any episode: the model endpoint and the engine answer, leftovers of dead runs
+go, each taskset is planned, its results folder locked, a resumed run checked, the
+manifest made, and the images of what will run start building."""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pytest_harbor.engine.durations import expected_seconds, read_history
+from pytest_harbor.engine.planning import TasksetPlan
+from pytest_harbor.harnesses.base import SpeaksModelApi
+from pytest_harbor.harnesses.model import ModelEndpointError, check_endpoint
+from pytest_harbor.plugin.ledger import trial_id
+from pytest_harbor.plugin.nodes import task_warnings
+from pytest_harbor.plugin.reporting import RunReport
+from pytest_harbor.plugin.run import Target
+from pytest_harbor.sandboxes import SandboxStartError
+from pytest_harbor.sandboxes.base import ReadinessCheck
+from pytest_harbor.tasks import TaskLoadError
+from pytest_harbor.writers.folder import earlier_run
+from pytest_harbor.writers.lock import ResultsFolderBusy, ResultsLock
+from pytest_harbor.writers.manifest import ManifestError, RunManifest, secrets_key
+from pytest_harbor.writers.materialized import write_task_rows
+from pytest_harbor.writers.resume import ResumePoint, read_resume_point
+
+__all__ = ["PreFlight", "warn_once"]
+
+
+class PreFlight:
+    """Registered on the controller (or the sole process); holds the results folders'
+    locks until the run ends."""
+
+    def __init__(self, state: RunReport) -> None:
+        self.state = state
+        self.run = state.run
+        self.locks: list[ResultsLock] = []
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Before any worker starts: plan every target, check a resumed run, write the
+        manifest, materialized rows and skipped.json; the rows' digests (and, resuming,
+        the finished trials) go to the workers with their start-up data."""
+        config = session.config
+        run = self.run
+        run.terminal = config.pluginmanager.get_plugin("terminalreporter")
+        run.config_verbosity = config.get_verbosity()
+        run.workers = _workers(config)
+        if config.option.collectonly or not run.targets:
+            return
+        self._check_services()
+        self.state.reaped = run.reap()
+        for target in run.targets.values():
+            try:
+                plan = run.plan(target)
+            except TaskLoadError:
+                continue  # collection reports it, as an error of the taskset
+            self._start_taskset(config, target, plan)
+        if not _selects(config):
+            # Every planned trial runs: its images can start now, while workers start.
+            self.state.builds.start(
+                (taskset, task)
+                for taskset, plan in self.state.plans.items()
+                for task in plan.tasks
+                if any(
+                    trial_id(taskset, task.id, repeat) not in run.done_trials
+                    for repeat in range(plan.repeats)
+                )
+            )
+
+    def _check_services(self) -> None:
+        """The model endpoint answers, and the engine is ready (else a usage error)."""
+        run = self.run
+        if run.model is not None:
+            api = run.harness.model_api if isinstance(run.harness, SpeaksModelApi) else None
+            try:
+                check_endpoint(run.model, api=api or "chat-completions")
+            except ModelEndpointError as error:
+                raise pytest.UsageError(
+                    f"--harbor-model {run.model.name} at {run.model.base_url}: {error}"
+                ) from None
+        if isinstance(run.provider, ReadinessCheck):
+            try:
+                run.provider.check_ready()
+            except SandboxStartError as error:
+                raise pytest.UsageError(f"--harbor-sandbox {run.provider.name}: {error}") from None
+
+    def _start_taskset(self, config: pytest.Config, target: Target, plan: TasksetPlan) -> None:
+        run, state, taskset = self.run, self.state, plan.taskset
+        folder = run.layout.taskset_dir(taskset)
+        self._lock(folder)
+        digests = {task.id: task.digest for task in plan.tasks}
+        manifest = RunManifest.describe(
+            run_id=run.run_id,
+            started_at=run.started_at,
+            target=target.path,
+            taskset=taskset,
+            agent=run.harness.name,
+            sandbox=run.provider.name,
+            repeats=plan.repeats,
+            settings=run.settings,
+            task_digests=digests,
+            secrets_key=secrets_key(folder),
+            model=None if run.model is None else run.model.identity(),
+            agent_options=run.options.agent_options,
+            dataset_config=None if target.is_task else target.path / "dataset.toml",
+        )
+        run.trial_ids.update(state.ledger.plan(taskset, plan.repeats, digests))
+        point = self._resume(manifest) if run.options.resume else None
+        state.manifests[taskset] = manifest
+        skipped = {}
+        if run.options.skip_unloadable:
+            skipped = {path.name: str(error) for path, error in plan.failures.items()}
+        state.skipped.start(taskset, skipped)
+        # Nothing is written to the taskset's folder yet (see RolloutsWriter), unless
+        # it holds no earlier results to keep: then it begins now, as the run starts.
+        state.writer.plan(taskset, resume=point, on_begin=self._beginning(plan))
+        state.earlier[taskset] = earlier_run(folder)
+        if state.earlier[taskset] is None:
+            state.writer.begin(taskset)
+        history = read_history(folder)
+        run.history_tasks.update(f"{taskset}/{name}" for name in history)
+        for task in plan.tasks:
+            for warning in task_warnings(task):
+                warn_once(config, warning, task.path / "task.toml", warning.line or 1)
+            run.row_digests[f"{taskset}/{task.id}"] = task.digest
+            run.expected_s[f"{taskset}/{task.id}"] = expected_seconds(task, run.settings, history)
+        state.plans[taskset] = plan
+
+    def _lock(self, folder: Path) -> None:
+        lock = ResultsLock(
+            folder,
+            f"run {self.run.run_id}, pid {os.getpid()} on {socket.gethostname()}, "
+            f"since {self.run.started_at}",
+        )
+        try:
+            lock.acquire()
+        except ResultsFolderBusy as error:
+            raise pytest.UsageError(str(error)) from None
+        self.locks.append(lock)
+
+    def pytest_unconfigure(self) -> None:
+        for lock in self.locks:
+            lock.release()
+        self.locks = []
+
+    def _beginning(self, plan: TasksetPlan) -> Callable[[], None]:
+        """What the run writes of its own once the taskset's folder begins: the manifest,
+        the materialized rows and skipped.json."""
+        run, state = self.run, self.state
+
+        def begin() -> None:
+            taskset = plan.taskset
+            state.manifests[taskset].write(run.layout.manifest_file(taskset), run.redactor)
+            write_task_rows(run.layout, run.harness.name, plan)
+            state.skipped.open(taskset)
+
+        return begin
+
+    def _resume(self, manifest: RunManifest) -> ResumePoint:
+        layout, taskset = self.run.layout, manifest.taskset
+        try:
+            point = read_resume_point(
+                taskset,
+                rollouts=layout.rollouts_file(taskset),
+                failures=layout.failures_file(taskset),
+                manifest=layout.manifest_file(taskset),
+            )
+        except ManifestError as error:
+            raise pytest.UsageError(f"--harbor-resume: {error}") from None
+        if point.manifest is None and point.has_results:
+            raise pytest.UsageError(
+                f"--harbor-resume: {layout.taskset_dir(taskset)} holds results but no "
+                "rollouts_manifest.json, so nothing says which run made them; run without "
+                "--harbor-resume to start afresh"
+            )
+        if point.manifest is not None:
+            differences = point.manifest.differences(manifest)
+            if differences:
+                raise pytest.UsageError(
+                    f"--harbor-resume: this run of {taskset} differs from the one in "
+                    f"{layout.taskset_dir(taskset)}:\n  "
+                    + "\n  ".join(differences)
+                    + "\nrun with the same targets, agent and settings, or without "
+                    "--harbor-resume to start afresh"
+                )
+        kept = self.state.ledger.keep(point)
+        self.state.kept += len(kept)
+        self.run.done_trials.update(kept)
+        return point
+
+
+def _workers(config: pytest.Config) -> int:
+    """How many processes run episodes (`-n`; 1 without xdist)."""
+    try:
+        return max(1, int(getattr(config.option, "numprocesses", 0) or 1))
+    except (TypeError, ValueError):  # `-n auto` not yet turned into a number
+        return os.cpu_count() or 1
+
+
+def _selects(config: pytest.Config) -> bool:
+    """Whether pytest's own selection (-k, -m, --lf, --deselect) may leave trials out."""
+    option = config.option
+    return bool(
+        getattr(option, "keyword", "")
+        or getattr(option, "markexpr", "")
+        or getattr(option, "lf", False)
+        or getattr(option, "deselect", None)
+    )
+
+
+def warn_once(config: pytest.Config, warning: Warning, where: Path, line: int = 1) -> None:
+    """A warning in the run's summary, placed at the file (and line) it is about (once per
+    run: workers do not repeat it)."""
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always", type(warning))
+        warnings.warn_explicit(warning, type(warning), filename=str(where), lineno=line)
+    for record in records:
+        config.hook.pytest_warning_recorded.call_historic(
+            kwargs={
+                "warning_message": record,
+                "when": "config",
+                "nodeid": "",
+                "location": (str(where), line, "task.toml"),
+            }
+        )

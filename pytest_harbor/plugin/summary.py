@@ -1,0 +1,307 @@
+"""What the terminal shows of the run: a status line now and then during a long run, and
+the `harbor` section at its end (scores, files, what was left out, kept or cut short)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pytest_harbor.engine.metrics import TasksetScore
+from pytest_harbor.plugin.reporting import RunReport, first_line
+from pytest_harbor.sandboxes.base import NamesBuilder
+from pytest_harbor.tasks import TaskLoadError
+from pytest_harbor.tasks.loader import matches_any
+
+__all__ = ["STATUS_EVERY_S", "TerminalSummary", "status_line"]
+
+#: A long run says what it is doing at most this often.
+STATUS_EVERY_S = 30.0
+
+#: How many tasks the terminal's pass@k table shows before it says "and N more".
+_PASS_AT_K_ROWS = 20
+
+#: How many refused task folders the summary names (the rest are counted).
+_LEFT_OUT_SHOWN = 3
+
+_BUILDERS = {"buildkit": "BuildKit (docker buildx)", "classic": "the classic builder"}
+
+#: TerminalReporter.write_line: a line, and markup such as red=True.
+Write = Callable[..., None]
+
+
+class TerminalSummary:
+    """Registered on the controller (or the sole process)."""
+
+    def __init__(self, state: RunReport) -> None:
+        self.state = state
+        self.run = state.run
+        self._status_at: float | None = None
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._maybe_status()
+
+    def _maybe_status(self) -> None:
+        """For a long run, a compact line now and then (at most every STATUS_EVERY_S): the
+        images being made, the episodes running and waiting, and the time left once the
+        results folder recorded earlier runs. Not with -q."""
+        if not self.state.manifests:
+            return  # no taskset in this run (pytest-harbor's own tests, say)
+        now = time.monotonic()
+        if self._status_at is None:
+            self._status_at = now
+            return
+        if now - self._status_at < STATUS_EVERY_S or self.run.config_verbosity < 0:
+            return
+        self._status_at = now
+        reporter = self.run.terminal
+        if reporter is None:
+            return
+        # On a line of its own, never glued to the progress dots.
+        writer = getattr(reporter, "_tw", None)
+        if writer is not None and writer.width_of_current_line:
+            reporter.write("\n")
+        reporter.write_line(status_line(self.state))
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        state, layout = self.state, self.run.layout
+        left_out = {
+            taskset: plan.failures for taskset, plan in state.plans.items() if plan.failures
+        }
+        ran = any(True for taskset in state.manifests for _ in state.ledger.entries(taskset))
+        unmatched = self._unmatched_filters(terminalreporter.config)
+        if not ran and not left_out and not unmatched:
+            return
+        write = terminalreporter.write_line
+        terminalreporter.section("harbor")
+        for message in unmatched:
+            write(message, yellow=True)
+        for taskset, failures in sorted(left_out.items()):
+            self._write_left_out(write, taskset, failures)
+        for taskset in sorted(state.manifests):
+            score = state.ledger.score(taskset)
+            if not score.episodes and not score.count("not_run"):
+                continue
+            _write_score(write, taskset, score)
+            if not state.writer.begun(taskset):
+                continue
+            write(f"  rows: {layout.rollouts_file(taskset)}")
+            write(f"  summary: {layout.summary_file(taskset)}")
+            report = layout.report_file(taskset)
+            if report in state.reports:
+                write(f"  report: {report}")
+        for taskset in sorted(state.manifests):
+            aside = state.writer.set_aside.get(taskset)
+            if aside is not None:
+                write(aside.message(taskset))
+            earlier = state.earlier.get(taskset)
+            if not state.writer.begun(taskset) and earlier is not None:
+                write(earlier.message(taskset, layout.taskset_dir(taskset)))
+        if self.run.options.report_path in state.reports:
+            write(f"report: {self.run.options.report_path}")
+        for message in state.report_errors:
+            write(message, yellow=True)
+        if state.check is not None:
+            self._write_check(write)
+        self._write_run_notes(write)
+
+    def _write_run_notes(self, write: Write) -> None:
+        """What the run kept, cut short, removed and built, and what it could not do."""
+        state = self.state
+        if state.all_kept:
+            write(
+                f"resumed: all {state.kept} episode(s) were kept from the earlier run and "
+                "passed; nothing was left to run",
+                green=True,
+            )
+        elif state.kept:
+            write(
+                f"resumed: {state.kept} episode(s) kept from the earlier run, not run again"
+                + (
+                    f"; {state.kept_failed} of them failed, which fails this run"
+                    if state.kept_failed
+                    else ""
+                )
+            )
+        if state.cut_short and any(state.writer.begun(taskset) for taskset in state.manifests):
+            write(
+                f"interrupted: {state.cut_short} episode(s) did not end; the same command with "
+                "--harbor-resume runs only those, keeping the rest",
+                yellow=True,
+            )
+        if state.reaped:
+            write(f"removed {state.reaped} sandbox(es) left by runs whose process is gone")
+        builds = state.builds
+        if builds.started and (builds.done or builds.failed):
+            provider = self.run.provider
+            builder = provider.builder if isinstance(provider, NamesBuilder) else None
+            write(
+                f"images made ahead for {builds.done} task{'s' if builds.done != 1 else ''}"
+                + (f" ({builds.failed} failed)" if builds.failed else "")
+                + (f", built with {_BUILDERS.get(builder, builder)}" if builder else "")
+            )
+        if self.run.harness.validates and state.nothing_validatable:
+            write("no selected task has a solution/solve.sh: nothing was validated", red=True)
+        partial = sum(state.ledger.score(taskset).count("partial") for taskset in state.manifests)
+        if partial:
+            write(
+                f"{partial} episode(s) ran only some of their steps (the others were not "
+                "selected): their rows are marked partial, out of the score, and "
+                "--harbor-resume runs them again in full",
+                yellow=True,
+            )
+
+    def _write_left_out(
+        self, write: Write, taskset: str, failures: dict[Path, TaskLoadError]
+    ) -> None:
+        """Task folders that were refused or did not load (also under -q): how many, the
+        first few reasons, and where the rest are."""
+        count = len(failures)
+        write(
+            f"{taskset}: left out {count} task folder{'s' if count != 1 else ''} "
+            "(refused, or could not load)",
+            yellow=True,
+        )
+        for path, error in sorted(failures.items())[:_LEFT_OUT_SHOWN]:
+            write(f"  {path.name}: {first_line(str(error))}")
+        if count > _LEFT_OUT_SHOWN:
+            write(f"  ... and {count - _LEFT_OUT_SHOWN} more")
+        if self.run.options.skip_unloadable:
+            write(f"  all of them: {self.run.layout.skipped_file(taskset)}")
+        else:
+            write(
+                "  (each is a collection error above; --harbor-skip-unloadable lists them in "
+                "skipped.json and runs the rest)"
+            )
+
+    def _unmatched_filters(self, config: pytest.Config) -> list[str]:
+        """The task filters that matched nothing: each `--harbor-only-tasks` name or glob
+        that names no task, and `-k` or `-m` when they left no episode selected."""
+        plans = self.state.plans
+        if not plans:
+            return []
+        ids = [task_id for plan in plans.values() for task_id in plan.task_ids]
+        shown = ", ".join(sorted(ids)[:8]) + (" ..." if len(ids) > 8 else "")
+        found = [
+            f"--harbor-only-tasks={pattern}: no task matches (the tasks: {shown})"
+            for pattern in self.run.options.only_tasks
+            if not any(matches_any(task_id, (pattern,)) for task_id in ids)
+        ]
+        planned = [record for record in self.state.ledger.trials.values() if not record.earlier]
+        if planned and not any(record.selected for record in planned):
+            option = config.option
+            for flag, value in (("-k", option.keyword), ("-m", option.markexpr)):
+                if value:
+                    found.append(f"{flag} {value!r}: no episode matches ({len(planned)} planned)")
+        return found
+
+    def _write_check(self, write: Write) -> None:
+        """One table of problems per taskset: task, problem, detail."""
+        state = self.state
+        repeats = state.check.repeats if state.check else 1
+        for taskset in sorted(state.manifests):
+            checked = {
+                task: found for (owner, task), found in state.problems.items() if owner == taskset
+            }
+            if not checked:
+                continue
+            bad = {task: found for task, found in checked.items() if found}
+            write(
+                f"{taskset}: task check (oracle x{repeats} and nop per task): "
+                f"{len(checked)} task(s), {len(bad)} with problems",
+                red=bool(bad),
+                green=not bad,
+            )
+            if bad:
+                width = max(len(task) for task in bad)
+                kinds = max(len(problem.kind) for found in bad.values() for problem in found)
+                write(f"  {'task':<{width}}  {'problem':<{kinds}}  detail")
+                for task, found in sorted(bad.items()):
+                    for problem in found:
+                        write(
+                            f"  {task:<{width}}  {problem.kind:<{kinds}}  "
+                            f"{first_line(problem.detail, 160)}"
+                        )
+            if taskset in state.check_files:
+                write(f"  check: {state.check_files[taskset]}")
+
+
+def status_line(state: RunReport) -> str:
+    """`harbor: 2 images being made, 2 episodes running, 14 waiting, about 3 min left`."""
+    run, builds = state.run, state.builds
+    selected = [record for record in state.ledger.trials.values() if record.selected]
+    running = [r for r in selected if r.started and not r.finished]
+    waiting = [r for r in selected if not r.started and not r.finished]
+    parts = []
+    if builds.building:
+        parts.append(f"{builds.building} image{'s' if builds.building != 1 else ''} being made")
+    parts.append(f"{len(running)} episode{'s' if len(running) != 1 else ''} running")
+    parts.append(f"{len(waiting)} waiting")
+    known = [
+        run.expected_s.get(f"{r.taskset}/{r.task_id}")
+        for r in running + waiting
+        if f"{r.taskset}/{r.task_id}" in run.history_tasks
+    ]
+    if known and len(known) == len(running) + len(waiting):
+        left = sum(value or 0.0 for value in known) / max(1, run.workers)
+        parts.append(f"about {_duration(left)} left")
+    return "harbor: " + ", ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _write_score(write: Write, taskset: str, score: TasksetScore) -> None:
+    mean = "n/a" if score.mean_reward is None else f"{score.mean_reward:.3f}"
+    counts = ", ".join(
+        f"{score.count(status)} {status.replace('_', ' ')}"
+        for status in ("passed", "failed", "masked", "no_result")
+    )
+    extra = [
+        f"{score.count(status)} {status.replace('_', ' ')}"
+        for status in ("partial", "skipped", "not_run")
+        if score.count(status)
+    ]
+    write(
+        f"{taskset}: {score.episodes} episode{'s' if score.episodes != 1 else ''}, "
+        f"mean reward {mean} ({counts})" + (f"; {', '.join(extra)}" if extra else "")
+    )
+    if score.usage is not None:
+        usage = score.usage
+        cost = "" if usage.cost_usd is None else f", ${usage.cost_usd:.4f}"
+        write(
+            f"  model usage: {usage.prompt_tokens:,} prompt + {usage.completion_tokens:,} "
+            f"completion tokens in {usage.requests:,} requests{cost}"
+        )
+    if score.failure_kinds:
+        width = max(len(kind) for kind in score.failure_kinds)
+        write("  failure kind" + " " * (width - 10) + "episodes")
+        for kind, count in sorted(
+            score.failure_kinds.items(), key=lambda item: (-item[1], item[0])
+        ):
+            write(f"  {kind:<{width}}  {count}")
+    if score.pass_at_k:
+        _write_pass_at_k(write, score)
+
+
+def _write_pass_at_k(write: Write, score: TasksetScore) -> None:
+    ks = sorted(score.pass_at_k)
+    write("  pass@k: " + "  ".join(f"pass@{k} {score.pass_at_k[k]:.3f}" for k in ks))
+    tasks = sorted({task for per_task in score.pass_at_k_per_task.values() for task in per_task})
+    width = max(len(task) for task in tasks)
+    write("  " + "task".ljust(width) + "".join(f"  pass@{k}".rjust(9) for k in ks))
+    for task in tasks[:_PASS_AT_K_ROWS]:
+        cells = []
+        for k in ks:
+            value = score.pass_at_k_per_task.get(k, {}).get(task)
+            cells.append(("-" if value is None else f"{value:.3f}").rjust(9))
+        write("  " + task.ljust(width) + "".join(cells))
+    if len(tasks) > _PASS_AT_K_ROWS:
+        write(f"  ... and {len(tasks) - _PASS_AT_K_ROWS} more tasks (see the run summary)")
