@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pytest_harbor.agent_outcomes import AgentOutcomePolicy
+from pytest_harbor.labels import LABEL_PREFIX
 from pytest_harbor.tasks.config import MCPServerConfig
 
 __all__ = [
@@ -129,8 +130,8 @@ class HarborSettings(BaseModel):
         if self.max_concurrent_episodes is not None and self.queue_timeout_seconds is None:
             raise ValueError("max_concurrent_episodes requires queue_timeout_seconds")
         for key in self.sandbox_metadata:
-            if key.startswith("pytest-harbor."):
-                raise ValueError(f"sandbox_metadata key {key!r} is reserved (pytest-harbor.*)")
+            if key.startswith(LABEL_PREFIX):
+                raise ValueError(f"sandbox_metadata key {key!r} is reserved ({LABEL_PREFIX}*)")
         return self
 
     def redacted(self) -> dict[str, Any]:

@@ -7,11 +7,14 @@ import dataclasses
 import json
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pytest_harbor.sandboxes.compose import ComposeRefused, ComposeSpec, read_compose
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks.errors import TaskLoadError
 from pytest_harbor.tasks.task import Task
+
+if TYPE_CHECKING:
+    from pytest_harbor.sandboxes.compose import ComposeSpec
 
 __all__ = ["compose_spec", "overlay_files", "refuse_compose", "with_overlay"]
 
@@ -40,6 +43,9 @@ def compose_spec(task: Task, settings: HarborSettings) -> ComposeSpec | None:
         found = _cache.get(key)
     if found is not None:
         return found
+    # Loaded by the first Compose task: a run of single-container tasks never needs it.
+    from pytest_harbor.sandboxes.compose import ComposeRefused, read_compose
+
     for path in overlays:
         if not path.is_file():
             raise TaskLoadError(path, "missing: named by compose_overlay.files")

@@ -142,7 +142,7 @@ def call_harness(
     *,
     grace_s: float = HARNESS_GRACE_S,
     host_dir: Path | None = None,
-    redactor: Redactor | None = None,
+    redactor: Redactor,
 ) -> CallOutcome[T]:
     """Run `work(window, deadline, cancel)` in a thread; at the deadline set `cancel` and
     close the window, give it `grace_s` to return, then go on without it. An interrupt

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from pytest_harbor.engine.budget import EpisodeBudget
 from pytest_harbor.engine.clock import EpisodeClock
@@ -29,12 +29,14 @@ from pytest_harbor.sandboxes.base import (
     SandboxSpec,
     SandboxStartError,
 )
-from pytest_harbor.sandboxes.compose import ComposeSpec
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task
 from pytest_harbor.tasks.config import EnvironmentConfig
 from pytest_harbor.tasks.errors import TaskLoadError
 from pytest_harbor.threads import join
+
+if TYPE_CHECKING:
+    from pytest_harbor.sandboxes.compose import ComposeSpec
 
 __all__ = ["Background", "SandboxLauncher", "stop_within"]
 

@@ -14,11 +14,10 @@ import os
 import socket
 from pathlib import Path
 
-from pytest_harbor.sandboxes.base import RUN_LABEL, SandboxError, SandboxProvider, SweepsLeftovers
+from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL
+from pytest_harbor.sandboxes.base import SandboxError, SandboxProvider, SweepsLeftovers
 
-__all__ = ["OWNER_LABEL", "RUN_LABEL", "owner_is_alive", "owner_of_this_process", "reap_orphans"]
-
-OWNER_LABEL = "pytest-harbor.owner"
+__all__ = ["owner_is_alive", "owner_of_this_process", "reap_orphans"]
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@ harness's own trajectory, or for a harness that gives none, two steps written he
 
 from __future__ import annotations
 
-from pytest_harbor.harnesses.atif import AgentInfo, Step, Trajectory
-from pytest_harbor.harnesses.base import AgentRun
+from pytest_harbor import strict_json
+from pytest_harbor.harnesses.base import ATIF_VERSION, AgentRun
 from pytest_harbor.tasks import Turn
 
 __all__ = ["transcript"]
@@ -22,11 +22,15 @@ def transcript(session_id: str, agent_name: str, turn: Turn, run: AgentRun) -> b
     else:
         ending = "timed out" if run.timed_out else f"exited {run.exit_code}"
         answer = f"ran the reference solution; it {ending}"
-    return Trajectory(
-        session_id=session_id,
-        agent=AgentInfo(name=agent_name, version="1.0.0"),
-        steps=[
-            Step(step_id=1, source="user", message=turn.instruction),
-            Step(step_id=2, source="agent", message=answer),
+    # Written as the Trajectory model would write it (a test holds the two together),
+    # without loading the model: most episodes' harnesses give no trajectory of their own.
+    document = {
+        "schema_version": ATIF_VERSION,
+        "session_id": session_id,
+        "agent": {"name": agent_name, "version": "1.0.0"},
+        "steps": [
+            {"step_id": 1, "source": "user", "message": turn.instruction},
+            {"step_id": 2, "source": "agent", "message": answer},
         ],
-    ).to_bytes()
+    }
+    return (strict_json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode()

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from importlib.metadata import entry_points
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from pytest_harbor.harnesses.atif import ATIF_VERSION, Trajectory
 from pytest_harbor.harnesses.base import (
     AGENT_LOGS,
+    ATIF_VERSION,
     AgentFailure,
     AgentLogs,
     AgentRun,
@@ -20,7 +20,10 @@ from pytest_harbor.harnesses.base import (
     HarnessOptionsError,
     HarnessSession,
     ModelGate,
+    PreparesImage,
+    RecipeError,
     SessionContext,
+    SpeaksModelApi,
     TurnContext,
     Usage,
     parse_options,
@@ -28,12 +31,20 @@ from pytest_harbor.harnesses.base import (
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.harnesses.nop import NopHarness
 from pytest_harbor.harnesses.oracle import OracleHarness
+from pytest_harbor.registry import Registry
+
+if TYPE_CHECKING:
+    from pytest_harbor.harnesses.atif import Trajectory
 
 __all__ = [
     "AGENT_LOGS",
     "ATIF_VERSION",
     "BUILT_IN_HARNESSES",
+    "BUILT_IN_RECIPES",
     "ENTRY_POINT_GROUP",
+    "HARNESSES",
+    "RECIPES",
+    "RECIPE_ENTRY_POINT_GROUP",
     "AgentFailure",
     "AgentLogs",
     "AgentRun",
@@ -47,7 +58,10 @@ __all__ = [
     "ModelGate",
     "NopHarness",
     "OracleHarness",
+    "PreparesImage",
+    "RecipeError",
     "SessionContext",
+    "SpeaksModelApi",
     "Trajectory",
     "TurnContext",
     "UnknownHarness",
@@ -78,11 +92,26 @@ class UnknownHarness(LookupError):
     pass
 
 
-def harness_names(registered: Mapping[str, HarnessFactory] | None = None) -> list[str]:
-    from pytest_harbor.harnesses.recipes import recipe_names
+#: Harnesses by name: built in, from the pytest hook, from installed packages.
+HARNESSES: Registry[HarnessFactory] = Registry("harness", ENTRY_POINT_GROUP, BUILT_IN_HARNESSES)
 
-    names = set(BUILT_IN_HARNESSES) | set(registered or {}) | set(recipe_names())
-    return sorted(names | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+#: CLI agents' recipes: shipped beside recipes.py, or named by an installed package's
+#: entry point (a recipe file's path, a Recipe, or a function returning either).
+RECIPE_ENTRY_POINT_GROUP = "pytest_harbor.recipes"
+BUILT_IN_RECIPES = Path(__file__).parent / "recipes"
+
+
+def _shipped_recipes() -> dict[str, Path]:
+    return {path.stem: path for path in BUILT_IN_RECIPES.glob("*.toml")}
+
+
+#: Recipes by name (listed without loading one: recipes.py reads them).
+RECIPES: Registry[Path] = Registry("recipe", RECIPE_ENTRY_POINT_GROUP, _shipped_recipes)
+
+
+def harness_names(registered: Mapping[str, HarnessFactory] | None = None) -> list[str]:
+    """Every name --harbor-agent takes (CLI agents' recipes included)."""
+    return sorted(set(HARNESSES.names(registered)) | set(RECIPES.names()))
 
 
 def make_harness(
@@ -94,12 +123,7 @@ def make_harness(
     """A harness by name: built in, `registered` (by the pytest hook), an installed entry
     point naming a class or a factory (each called with `options=`), or a CLI agent's
     recipe (by name, or a recipe file's path; RecipeError when it is broken)."""
-    factory = BUILT_IN_HARNESSES.get(name) or (registered or {}).get(name)
-    if factory is None:
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            if ep.name == name:
-                factory = ep.load()
-                break
+    factory = HARNESSES.find(name, registered)
     if factory is None:
         # A CLI agent by its recipe: shipped, from an entry point, or a recipe file.
         from pytest_harbor.harnesses.cli_agent import CliAgentHarness
@@ -112,3 +136,12 @@ def make_harness(
             f"unknown harness {name!r}; available: {', '.join(harness_names(registered))}"
         )
     return factory(options=dict(options or {}))
+
+
+def __getattr__(name: str) -> Any:
+    # The trajectory models load when a harness first needs them, not with the plugin.
+    if name == "Trajectory":
+        from pytest_harbor.harnesses.atif import Trajectory
+
+        return Trajectory
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,11 +6,12 @@ call of its own step, and fields that only an agent step may carry stay off the 
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pytest_harbor import strict_json
+from pytest_harbor.harnesses.base import ATIF_VERSION
 
 __all__ = [
     "ATIF_VERSION",
@@ -23,8 +24,6 @@ __all__ = [
     "ToolCall",
     "Trajectory",
 ]
-
-ATIF_VERSION: Final = "ATIF-v1.7"
 
 
 class _Atif(BaseModel):

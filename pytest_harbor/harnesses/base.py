@@ -17,18 +17,21 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pytest_harbor.agent_outcomes import AgentCause
-from pytest_harbor.harnesses.atif import Trajectory
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.sandboxes.base import Sandbox, SandboxProvider
 from pytest_harbor.tasks.task import Task, Turn
 
+if TYPE_CHECKING:
+    from pytest_harbor.harnesses.atif import Trajectory
+
 __all__ = [
     "AGENT_LOGS",
+    "ATIF_VERSION",
     "AgentFailure",
     "AgentLogs",
     "AgentRun",
@@ -41,6 +44,7 @@ __all__ = [
     "ModelGate",
     "ModelGateSlot",
     "PreparesImage",
+    "RecipeError",
     "SessionContext",
     "SpeaksModelApi",
     "TurnContext",
@@ -48,6 +52,9 @@ __all__ = [
     "no_options",
     "parse_options",
 ]
+
+#: The trajectory format a harness returns and a verifier reads (harnesses/atif.py).
+ATIF_VERSION: Final = "ATIF-v1.7"
 
 #: The agent's own folder in the sandbox (kept across the turns of a multi-step task).
 AGENT_LOGS = "/logs/agent"
@@ -174,6 +181,10 @@ class AgentRun:
     trajectory: Trajectory | None = None
     usage: Usage | None = None
     failure: AgentFailure | None = None
+
+
+class RecipeError(ValueError):
+    """A CLI agent's recipe that cannot be used; names the file and the field."""
 
 
 class AgentSetupError(Exception):

@@ -36,10 +36,10 @@ from pytest_harbor.harnesses.base import (
 )
 from pytest_harbor.harnesses.converters import ConverterInput, convert
 from pytest_harbor.harnesses.recipes import Recipe, render
+from pytest_harbor.labels import AGENT_LABEL, RUN_LABEL
 from pytest_harbor.redaction import clip_head, clip_tail
 from pytest_harbor.sandboxes.archives import ChunkReader
 from pytest_harbor.sandboxes.base import (
-    RUN_LABEL,
     ExecResult,
     ImageLayer,
     SandboxError,
@@ -54,9 +54,6 @@ log = logging.getLogger("pytest_harbor")
 
 #: Where a turn's instruction is written for the agent to read.
 INSTRUCTION_FILE = f"{AGENT_LOGS}/instruction.md"
-#: The agent and version an install image holds (with `rebuild`, an install image counts
-#: only when it carries this run's RUN_LABEL).
-_AGENT_LABEL = "pytest-harbor.agent"
 #: Bumped when the way an install image is made changes (so old ones are not reused).
 _LAYER_FORMAT = "1"
 _LOG_TAIL_CHARS = 4000
@@ -129,7 +126,7 @@ class CliAgentHarness(Harness):
             key=self.install_key,
             what=f"the {recipe.name} {recipe.version} install",
             timeout_sec=self.options.install_timeout_sec or recipe.install.timeout_sec,
-            labels={**labels, _AGENT_LABEL: f"{recipe.name}@{recipe.version}"},
+            labels={**labels, AGENT_LABEL: f"{recipe.name}@{recipe.version}"},
             rebuild_unless=(RUN_LABEL, run_id) if self.options.rebuild and run_id else None,
         )
         try:

@@ -99,6 +99,21 @@ class StepsBuilder:
             self._calls[call_id] = step
         return step
 
+    def extend(
+        self, step: dict[str, Any], texts: list[str], calls: list[tuple[str, str, dict[str, Any]]]
+    ) -> None:
+        """More of an agent step: text joins its message, tool calls join its calls."""
+        if texts:
+            step["message"] = "\n".join([step["message"], *texts]).strip()
+        if calls:
+            step.setdefault("tool_calls", [])
+            step["tool_calls"] += [
+                {"tool_call_id": call_id, "function_name": name, "arguments": arguments}
+                for call_id, name, arguments in calls
+            ]
+            for call_id, _, _ in calls:
+                self._calls[call_id] = step
+
     def result(self, call_id: str | None, content: str) -> None:
         """A tool's output, on the step that called it (else on the latest agent step)."""
         step = self._calls.get(call_id or "")
@@ -251,44 +266,19 @@ def _from_claude_code(source: ConverterInput) -> Trajectory | None:
     tool results, and the final `result` line with the totals and cost."""
     builder = StepsBuilder(source)
     builder.add("user", source.instruction)
-    last_id: str | None = None
     step: dict[str, Any] | None = None
+    last_id: str | None = None
     totals: dict[str, Any] | None = None
     for line in _json_lines(source.stdout):
         kind = line.get("type")
         message = line.get("message") or {}
         if kind == "assistant" and isinstance(message, dict):
-            blocks = message.get("content") or []
-            texts = [b.get("text", "") for b in blocks if b.get("type") == "text"]
-            thinking = [b.get("thinking", "") for b in blocks if b.get("type") == "thinking"]
-            calls = [
-                (str(b.get("id")), str(b.get("name")), _arguments(b.get("input")))
-                for b in blocks
-                if b.get("type") == "tool_use"
-            ]
             if step is not None and message.get("id") and message.get("id") == last_id:
-                if texts:
-                    step["message"] = "\n".join([step["message"], *texts]).strip()
-                if calls:
-                    step.setdefault("tool_calls", [])
-                    step["tool_calls"] += [
-                        {"tool_call_id": i, "function_name": n, "arguments": a} for i, n, a in calls
-                    ]
-                    for call_id, _, _ in calls:
-                        builder._calls[call_id] = step
-                continue
-            usage = message.get("usage") or {}
-            step = builder.agent(
-                "\n".join(texts),
-                calls,
-                prompt_tokens=_int(usage.get("input_tokens"))
-                + _int(usage.get("cache_read_input_tokens"))
-                + _int(usage.get("cache_creation_input_tokens")),
-                completion_tokens=_int(usage.get("output_tokens")),
-                cached_tokens=_int(usage.get("cache_read_input_tokens")) or None,
-                reasoning="\n".join(thinking),
-            )
-            last_id = message.get("id")
+                texts, _, calls = _claude_blocks(message)
+                builder.extend(step, texts, calls)
+            else:
+                step = _claude_step(builder, message)
+                last_id = message.get("id")
         elif kind == "user" and isinstance(message, dict):
             for block in message.get("content") or []:
                 if isinstance(block, dict) and block.get("type") == "tool_result":
@@ -297,19 +287,54 @@ def _from_claude_code(source: ConverterInput) -> Trajectory | None:
             totals = line
     if len(builder.steps) == 1:
         return None
-    if totals is not None:
-        usage = totals.get("usage") or {}
-        builder.prompt_tokens = (
-            _int(usage.get("input_tokens"))
-            + _int(usage.get("cache_read_input_tokens"))
-            + _int(usage.get("cache_creation_input_tokens"))
-        )
-        builder.completion_tokens = _int(usage.get("output_tokens"))
-        builder.cached_tokens = _int(usage.get("cache_read_input_tokens"))
-        cost = totals.get("total_cost_usd")
-        builder.cost_usd = float(cost) if isinstance(cost, (int, float)) else None
+    if totals is None:
+        return builder.trajectory(notes=None)
+    usage = totals.get("usage") or {}
+    builder.prompt_tokens = _claude_prompt_tokens(usage)
+    builder.completion_tokens = _int(usage.get("output_tokens"))
+    builder.cached_tokens = _int(usage.get("cache_read_input_tokens"))
+    cost = totals.get("total_cost_usd")
+    builder.cost_usd = float(cost) if isinstance(cost, (int, float)) else None
     return builder.trajectory(
-        notes=f"ended: {totals.get('terminal_reason') or totals.get('subtype')}" if totals else None
+        notes=f"ended: {totals.get('terminal_reason') or totals.get('subtype')}"
+    )
+
+
+def _claude_blocks(
+    message: dict[str, Any],
+) -> tuple[list[str], list[str], list[tuple[str, str, dict[str, Any]]]]:
+    """An assistant message's texts, thinking and tool calls (id, name, arguments)."""
+    blocks = message.get("content") or []
+    texts = [b.get("text", "") for b in blocks if b.get("type") == "text"]
+    thinking = [b.get("thinking", "") for b in blocks if b.get("type") == "thinking"]
+    calls = [
+        (str(b.get("id")), str(b.get("name")), _arguments(b.get("input")))
+        for b in blocks
+        if b.get("type") == "tool_use"
+    ]
+    return texts, thinking, calls
+
+
+def _claude_step(builder: StepsBuilder, message: dict[str, Any]) -> dict[str, Any]:
+    """A new agent step of an assistant message, with its usage."""
+    texts, thinking, calls = _claude_blocks(message)
+    usage = message.get("usage") or {}
+    return builder.agent(
+        "\n".join(texts),
+        calls,
+        prompt_tokens=_claude_prompt_tokens(usage),
+        completion_tokens=_int(usage.get("output_tokens")),
+        cached_tokens=_int(usage.get("cache_read_input_tokens")) or None,
+        reasoning="\n".join(thinking),
+    )
+
+
+def _claude_prompt_tokens(usage: dict[str, Any]) -> int:
+    """Input tokens, those read from and written to the prompt cache included."""
+    return (
+        _int(usage.get("input_tokens"))
+        + _int(usage.get("cache_read_input_tokens"))
+        + _int(usage.get("cache_creation_input_tokens"))
     )
 
 

@@ -13,16 +13,18 @@ import re
 import shlex
 import tomllib
 from collections.abc import Mapping
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pytest_harbor.agent_outcomes import AGENT_CAUSES
+from pytest_harbor.harnesses import BUILT_IN_RECIPES, RECIPE_ENTRY_POINT_GROUP, RECIPES
+from pytest_harbor.harnesses.base import RecipeError
 
 __all__ = [
     "BUILT_IN_RECIPES",
+    "RECIPES",
     "RECIPE_ENTRY_POINT_GROUP",
     "Recipe",
     "RecipeError",
@@ -32,9 +34,6 @@ __all__ = [
     "render",
 ]
 
-RECIPE_ENTRY_POINT_GROUP = "pytest_harbor.recipes"
-#: The recipes shipped with pytest-harbor.
-BUILT_IN_RECIPES = Path(__file__).parent / "recipes"
 
 #: The APIs a recipe's agent can speak to its model.
 ModelApi = Literal["chat-completions", "responses", "anthropic-messages"]
@@ -46,10 +45,6 @@ COMMAND_PLACEHOLDERS = frozenset(
 )
 ENV_PLACEHOLDERS = COMMAND_PLACEHOLDERS | {"api_key"}
 INSTALL_PLACEHOLDERS = frozenset({"version"})
-
-
-class RecipeError(ValueError):
-    """A recipe that cannot be used; names the file and the field."""
 
 
 class InstallStep(BaseModel):
@@ -189,8 +184,7 @@ def _from_entry_point(value: Any, source: str) -> Recipe:
 
 def recipe_names() -> list[str]:
     """The recipes that can be named with --harbor-agent."""
-    shipped = {path.stem for path in BUILT_IN_RECIPES.glob("*.toml")}
-    return sorted(shipped | {ep.name for ep in entry_points(group=RECIPE_ENTRY_POINT_GROUP)})
+    return RECIPES.names()
 
 
 def find_recipe(name: str) -> Recipe | None:
@@ -198,10 +192,10 @@ def find_recipe(name: str) -> Recipe | None:
     `name` (ending in .toml); None when there is none of that name."""
     if name.endswith(".toml"):
         return load_recipe(Path(name))
-    shipped = BUILT_IN_RECIPES / f"{name}.toml"
-    if shipped.is_file():
+    shipped = RECIPES.built_in.get(name)
+    if shipped is not None:
         return load_recipe(shipped)
-    for ep in entry_points(group=RECIPE_ENTRY_POINT_GROUP):
-        if ep.name == name:
-            return _from_entry_point(ep.load(), f"entry point {ep.name} ({ep.value})")
+    ep = RECIPES.entry_point(name)
+    if ep is not None:
+        return _from_entry_point(ep.load(), f"entry point {ep.name} ({ep.value})")
     return None

@@ -8,7 +8,6 @@ import shutil
 import signal
 import warnings
 from collections.abc import Callable, Generator, Mapping
-from importlib.metadata import entry_points
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -16,8 +15,7 @@ from typing import Any, TypeVar
 import pytest
 
 from pytest_harbor.engine.reaper import owner_of_this_process
-from pytest_harbor.harnesses import BUILT_IN_HARNESSES, HarnessFactory
-from pytest_harbor.harnesses import ENTRY_POINT_GROUP as HARNESS_ENTRY_POINT_GROUP
+from pytest_harbor.harnesses import HARNESSES, HarnessFactory
 from pytest_harbor.plugin.deadlines import pytest_timeout_cancel_timer, pytest_timeout_set_timer
 from pytest_harbor.plugin.item_reports import pytest_report_teststatus, pytest_runtest_makereport
 from pytest_harbor.plugin.ledger import trial_of
@@ -39,12 +37,8 @@ from pytest_harbor.plugin.scheduling import (
     trial_scheduler,
 )
 from pytest_harbor.plugin.summary import TerminalSummary
-from pytest_harbor.sandboxes import (
-    BUILT_IN_PROVIDERS,
-    PROVIDER_ENTRY_POINT_GROUP,
-    ProviderFactory,
-    SandboxError,
-)
+from pytest_harbor.registry import NameTaken, Registry
+from pytest_harbor.sandboxes import PROVIDERS, ProviderFactory, SandboxError
 from pytest_harbor.tasks import is_task_dir
 
 _Factory = TypeVar("_Factory")
@@ -162,6 +156,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 def pytest_configure(config: pytest.Config) -> None:
     options = read_options(config)
+    # What the controller gave this xdist worker (pytest_configure_node); None elsewhere.
     worker_input: dict[str, Any] | None = getattr(config, "workerinput", None)
     if options.datasets:
         # --harbor-dataset replaces the default arguments (testpaths, the current folder)
@@ -208,42 +203,25 @@ def _register_reporters(config: pytest.Config, run: HarborRun) -> None:
 
 def _registered_harnesses(config: pytest.Config) -> dict[str, HarnessFactory]:
     """Harnesses from the `pytest_harbor_harnesses` hook."""
-    return _registered(
-        config.hook.pytest_harbor_harnesses(),
-        what="harness",
-        hook="pytest_harbor_harnesses",
-        built_in=set(BUILT_IN_HARNESSES),
-        group=HARNESS_ENTRY_POINT_GROUP,
-    )
+    return _registered(HARNESSES, config.hook.pytest_harbor_harnesses(), "pytest_harbor_harnesses")
 
 
 def _registered_providers(config: pytest.Config) -> dict[str, ProviderFactory]:
     """Sandbox providers from the `pytest_harbor_sandbox_providers` hook."""
     return _registered(
-        config.hook.pytest_harbor_sandbox_providers(),
-        what="sandbox provider",
-        hook="pytest_harbor_sandbox_providers",
-        built_in=set(BUILT_IN_PROVIDERS),
-        group=PROVIDER_ENTRY_POINT_GROUP,
+        PROVIDERS, config.hook.pytest_harbor_sandbox_providers(), "pytest_harbor_sandbox_providers"
     )
 
 
 def _registered(
-    results: list[Mapping[str, _Factory]], *, what: str, hook: str, built_in: set[str], group: str
+    registry: Registry[_Factory], results: list[Mapping[str, _Factory]], hook: str
 ) -> dict[str, _Factory]:
     """The names a hook's implementations give; a name given twice (by the hook, built in,
-    or by an installed package's entry point) is refused."""
-    taken = built_in | {ep.name for ep in entry_points(group=group)}
-    found: dict[str, _Factory] = {}
-    for names in results:
-        for name, factory in dict(names).items():
-            if name in found or name in taken:
-                raise pytest.UsageError(
-                    f"the {what} name {name!r} is registered twice ({hook}, or an installed "
-                    f"package's {group} entry point)"
-                )
-            found[name] = factory
-    return found
+    or by an installed package's entry point) is a usage error."""
+    try:
+        return registry.admit(results, hook)
+    except NameTaken as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 def _warn_about_options(config: pytest.Config, run: HarborRun) -> None:

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import pluggy
 import pytest
+from xdist import get_xdist_worker_id, is_xdist_worker
 
 from pytest_harbor.engine import Episode, EpisodeResult, TurnResult, decide_outcome
 from pytest_harbor.engine.budget import backstop_seconds
@@ -17,8 +18,8 @@ from pytest_harbor.engine.failures import EpisodeError
 from pytest_harbor.engine.outcomes import nop_check_outcome
 from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.engine.results import episode_id
-from pytest_harbor.engine.slots import Slot
 from pytest_harbor.harnesses import Harness
+from pytest_harbor.locks import FileLock
 from pytest_harbor.plugin.ledger import task_node_id
 from pytest_harbor.plugin.markers import metadata_markers
 from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun, Target
@@ -212,7 +213,7 @@ class HarborTrial(_HarborNode, pytest.Collector):
         self.skip_reason = skip_reason
         self._hook_path = self.parent._hook_path
         self.episode: Episode | None = None
-        self.slot: Slot | None = None
+        self.slot: FileLock | None = None
         #: Why the task could not be built, when --harbor-skip-unloadable skipped it.
         self.unloadable: str | None = None
         #: The turn in which the episode broke down with no result: later turns skip.
@@ -407,7 +408,9 @@ class HarborTurnItem(_HarborNode, pytest.Item):
                 # Stopped early, the episode is whole: the rest would not have run.
                 "partial": bool(left_out) and episode.stopped_after is None,
                 "unselected_steps": left_out if episode.stopped_after is None else [],
-                "worker": getattr(self.config, "workerinput", {}).get("workerid", "main"),
+                "worker": get_xdist_worker_id(self.session)
+                if is_xdist_worker(self.session)
+                else "main",
             }
         )
 

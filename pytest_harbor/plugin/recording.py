@@ -16,7 +16,6 @@ import pytest
 
 from pytest_harbor.engine import EpisodeResult, FailureKind
 from pytest_harbor.engine.durations import record_history
-from pytest_harbor.plugin.checks import Problem
 from pytest_harbor.plugin.item_reports import harbor_data
 from pytest_harbor.plugin.ledger import TrialRecord, split_trial, trial_id, trial_of
 from pytest_harbor.plugin.nodes import HarborWarning
@@ -224,6 +223,8 @@ class ResultRecorder:
     def _finish_check(self, session: pytest.Session) -> None:
         """Check mode: list each task's problems, write them beside the rows, fail the run
         when a task has one, and have `--lf` run such a task again whole."""
+        from pytest_harbor.plugin.checks import Problem
+
         state = self.state
         assert state.check is not None
         tasks = {

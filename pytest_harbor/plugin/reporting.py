@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.plugin.builds import BuildsAhead
-from pytest_harbor.plugin.checks import Problem, TaskCheck
 from pytest_harbor.plugin.ledger import EpisodeLedger
 from pytest_harbor.plugin.run import HarborRun
 from pytest_harbor.writers import RolloutsWriter
 from pytest_harbor.writers.folder import EarlierRun
 from pytest_harbor.writers.manifest import RunManifest
 from pytest_harbor.writers.materialized import SkippedLog
+
+if TYPE_CHECKING:
+    from pytest_harbor.plugin.checks import Problem, TaskCheck
 
 __all__ = [
     "RunReport",
@@ -61,6 +64,11 @@ class RunReport:
     @classmethod
     def of(cls, run: HarborRun) -> RunReport:
         assert run.writer is not None, "only the controller reports"
+        check = None
+        if run.options.check:
+            from pytest_harbor.plugin.checks import TaskCheck  # check mode only
+
+            check = TaskCheck(run.options.repeats or 1)
         return cls(
             run=run,
             writer=run.writer,
@@ -72,7 +80,7 @@ class RunReport:
             ),
             skipped=SkippedLog(run.layout),
             builds=BuildsAhead(run),
-            check=TaskCheck(run.options.repeats or 1) if run.options.check else None,
+            check=check,
         )
 
     @property

@@ -19,20 +19,21 @@ from pydantic import SecretStr, ValidationError
 from pytest_harbor.engine import Episode, EpisodeError, FailureKind
 from pytest_harbor.engine.compose_tasks import compose_spec, refuse_compose
 from pytest_harbor.engine.planning import Selection, TasksetPlan, plan_taskset
-from pytest_harbor.engine.reaper import OWNER_LABEL, RUN_LABEL, reap_orphans
-from pytest_harbor.engine.slots import EpisodeSlots, Slot
+from pytest_harbor.engine.reaper import reap_orphans
 from pytest_harbor.harnesses import (
     Harness,
     HarnessFactory,
     HarnessOptionsError,
     ModelConfig,
     ModelGate,
+    RecipeError,
     UnknownHarness,
     make_harness,
 )
-from pytest_harbor.harnesses.recipes import RecipeError
+from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL, TASK_LABEL, TRIAL_LABEL
+from pytest_harbor.locks import FileLock, Slots
 from pytest_harbor.plugin.options import HarborOptions, ModelOptions
-from pytest_harbor.redaction import Redactor
+from pytest_harbor.redaction import run_redactor
 from pytest_harbor.sandboxes import (
     ImageSource,
     ProviderContext,
@@ -52,9 +53,6 @@ __all__ = [
     "Target",
     "find_target",
 ]
-
-TASK_LABEL = "pytest-harbor.task"
-TRIAL_LABEL = "pytest-harbor.trial"
 
 
 @dataclass(frozen=True)
@@ -141,9 +139,7 @@ class HarborRun:
         except ProviderOptionsError as error:
             raise pytest.UsageError(f"setting sandbox_provider_options: {error}") from None
         #: Every value no file or report of the run may show.
-        self.redactor = Redactor(
-            [*self.settings.secrets.values(), *(self.model.secret_values() if self.model else [])]
-        )
+        self.redactor = run_redactor(self.settings, self.model)
         self._model_gate: ModelGate | None = None
         self.layout = ResultsLayout(
             options.results_dir,
@@ -169,7 +165,7 @@ class HarborRun:
         self.config_verbosity = 0
         self.workers = 1
         self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
-        self._slots: EpisodeSlots | None = None
+        self._slots: Slots | None = None
         self._plans: dict[Path, TasksetPlan | TaskLoadError] = {}
         #: Episodes whose sandbox started ahead of their trial (see HarborTrial.start_early).
         self.started_early: list[Episode] = []
@@ -229,14 +225,14 @@ class HarborRun:
                     spec.file, str(error), key=f"services.{service}.image"
                 ) from None
 
-    def acquire_slot(self) -> Slot | None:
+    def acquire_slot(self) -> FileLock | None:
         """A place under `max_concurrent_episodes` (shared by every worker of the run);
         None when the run sets no cap. Waiting past `queue_timeout_seconds` fails."""
         cap = self.settings.max_concurrent_episodes
         if cap is None:
             return None
         if self._slots is None:
-            self._slots = EpisodeSlots(self.scratch_dir / "slots", cap)
+            self._slots = Slots(self.scratch_dir / "slots", cap)
         timeout = self.settings.queue_timeout_seconds or 0.0
         slot = self._slots.acquire(timeout)
         if slot is None:
@@ -253,7 +249,7 @@ class HarborRun:
         if self.model is None:
             return None
         if self._model_gate is None:
-            self._model_gate = EpisodeSlots(
+            self._model_gate = Slots(
                 self.scratch_dir / "model-requests", self.model.max_concurrent_requests
             )
         return self._model_gate
@@ -263,7 +259,7 @@ class HarborRun:
         """A folder of this run's own, shared by its processes on this machine."""
         return Path(tempfile.gettempdir()) / f"pytest-harbor-{self.run_id}"
 
-    def release(self, episode: Episode, slot: Slot | None = None) -> None:
+    def release(self, episode: Episode, slot: FileLock | None = None) -> None:
         """Remove the episode's sandbox in the background, so the next episode can start
         while the engine removes this one, then free its slot; wait_for_cleanup() collects
         them all."""

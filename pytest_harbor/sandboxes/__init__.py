@@ -5,14 +5,17 @@ points."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from importlib.metadata import entry_points
 from typing import Any
 
+from pytest_harbor.registry import Registry
 from pytest_harbor.sandboxes.base import (
     ExecResult,
     ImageConfig,
     ImageLayer,
     ImageSource,
+    NamesBuilder,
+    Placement,
+    PlacesEpisodes,
     ProviderContext,
     ProviderFactory,
     ProviderOptionsError,
@@ -23,15 +26,22 @@ from pytest_harbor.sandboxes.base import (
     SandboxSpec,
     SandboxStartError,
     SandboxStatus,
+    ServiceGroup,
+    SweepsLeftovers,
+    service_of,
 )
 
 __all__ = [
     "BUILT_IN_PROVIDERS",
+    "PROVIDERS",
     "PROVIDER_ENTRY_POINT_GROUP",
     "ExecResult",
     "ImageConfig",
     "ImageLayer",
     "ImageSource",
+    "NamesBuilder",
+    "Placement",
+    "PlacesEpisodes",
     "ProviderContext",
     "ProviderFactory",
     "ProviderOptionsError",
@@ -42,9 +52,12 @@ __all__ = [
     "SandboxSpec",
     "SandboxStartError",
     "SandboxStatus",
+    "ServiceGroup",
+    "SweepsLeftovers",
     "UnknownProvider",
     "make_provider",
     "provider_names",
+    "service_of",
 ]
 
 
@@ -65,9 +78,14 @@ class UnknownProvider(LookupError):
     pass
 
 
+#: Sandbox providers by name: built in, from the pytest hook, from installed packages.
+PROVIDERS: Registry[ProviderFactory] = Registry(
+    "sandbox provider", PROVIDER_ENTRY_POINT_GROUP, BUILT_IN_PROVIDERS
+)
+
+
 def provider_names(registered: Mapping[str, ProviderFactory] | None = None) -> list[str]:
-    names = set(BUILT_IN_PROVIDERS) | set(registered or {})
-    return sorted(names | {ep.name for ep in entry_points(group=PROVIDER_ENTRY_POINT_GROUP)})
+    return PROVIDERS.names(registered)
 
 
 def make_provider(
@@ -80,12 +98,7 @@ def make_provider(
     """The provider `name` (built in, `registered` by the pytest hook, or an installed
     entry point naming a factory or a class), set up with `options` (the
     `sandbox_provider_options`)."""
-    factory = BUILT_IN_PROVIDERS.get(name) or (registered or {}).get(name)
-    if factory is None:
-        for ep in entry_points(group=PROVIDER_ENTRY_POINT_GROUP):
-            if ep.name == name:
-                factory = ep.load()
-                break
+    factory = PROVIDERS.find(name, registered)
     if factory is None:
         raise UnknownProvider(
             f"unknown sandbox provider {name!r}; available: "

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from pytest_harbor.labels import RUN_LABEL
 from pytest_harbor.settings import DEFAULT_PIDS_LIMIT
 
 __all__ = [
@@ -42,9 +43,6 @@ __all__ = [
     "service_of",
 ]
 
-
-#: The label on everything a run makes (sandboxes, networks, volumes, images): its run id.
-RUN_LABEL = "pytest-harbor.run"
 
 #: A read-only folder in every sandbox holding a static busybox, for the engine's own use
 #: (the shell that drives a verification, its timeout, kill, tar): nothing inside the

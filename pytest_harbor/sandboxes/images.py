@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import tempfile
@@ -11,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pytest_harbor.ignore import is_ignored
+from pytest_harbor.locks import held
 
 __all__ = ["build_lock", "context_hash", "image_tag_for"]
 
@@ -46,10 +46,5 @@ def image_tag_for(folder: Path) -> str:
 @contextmanager
 def build_lock(key: str) -> Iterator[None]:
     """Serialise builds of one image across every process of this machine."""
-    path = Path(tempfile.gettempdir()) / f"pytest-harbor-build-{key}.lock"
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with held(Path(tempfile.gettempdir()) / f"pytest-harbor-build-{key}.lock"):
+        yield

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import fcntl
-import os
 from pathlib import Path
-from typing import IO
+
+from pytest_harbor.locks import FileLock
 
 __all__ = ["LOCK_FILE", "ResultsFolderBusy", "ResultsLock"]
 
@@ -24,31 +23,18 @@ class ResultsLock:
     def __init__(self, folder: Path, holder: str) -> None:
         self.folder = folder
         self.holder = holder
-        self._handle: IO[str] | None = None
+        self._lock = FileLock(folder / LOCK_FILE)
 
     def acquire(self) -> None:
         """Take the folder, or raise ResultsFolderBusy naming the run that has it."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        handle = (self.folder / LOCK_FILE).open("a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            other = handle.read().strip() or "a run that did not say which"
-            handle.close()
+        if not self._lock.try_acquire():
+            other = self._lock.holder() or "a run that did not say which"
             raise ResultsFolderBusy(
                 f"{self.folder} is being written by another run ({other}); wait for it to "
                 "end, or give this one another --harbor-results-dir"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(self.holder + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-        self._handle = handle
+            )
+        self._lock.write_holder(self.holder)
 
     def release(self) -> None:
-        if self._handle is not None:
-            fcntl.flock(self._handle, fcntl.LOCK_UN)
-            self._handle.close()
-            self._handle = None
+        self._lock.release()

@@ -180,10 +180,8 @@ class RunManifest(BaseModel):
                 )
         return found
 
-    def write(self, path: Path, redactor: Redactor | None = None) -> None:
-        data = self.model_dump(mode="json")
-        if redactor is not None:
-            data = redactor.data(data)
+    def write(self, path: Path, redactor: Redactor) -> None:
+        data = redactor.data(self.model_dump(mode="json"))
         write_atomically(path, strict_json.dumps(data, indent=2) + "\n")
 
 

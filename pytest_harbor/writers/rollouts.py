@@ -134,11 +134,9 @@ class RolloutsWriter:
     line and file it writes.
     """
 
-    def __init__(
-        self, layout: ResultsLayout, redactor: Redactor | None = None, run_id: str = "run"
-    ) -> None:
+    def __init__(self, layout: ResultsLayout, redactor: Redactor, run_id: str = "run") -> None:
         self.layout = layout
-        self.redactor = redactor or Redactor()
+        self.redactor = redactor
         self.run_id = run_id
         self._plans: dict[str, _Planned] = {}
         self._begun: set[str] = set()

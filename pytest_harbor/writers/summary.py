@@ -185,10 +185,9 @@ def write_run_summary(
     layout: ResultsLayout,
     taskset: str,
     summary: dict[str, Any],
-    redactor: Redactor | None = None,
+    redactor: Redactor,
 ) -> Path:
     path = layout.summary_file(taskset)
-    if redactor is not None:
-        summary = redactor.data(summary)
+    summary = redactor.data(summary)
     write_atomically(path, strict_json.dumps(summary, indent=2, sort_keys=False) + "\n")
     return path

@@ -20,13 +20,13 @@ from typing import Any
 import docker
 import pytest
 
-from pytest_harbor.engine.reaper import RUN_LABEL, reap_orphans
+from pytest_harbor.engine.reaper import reap_orphans
+from pytest_harbor.labels import RUN_LABEL, TASK_LABEL
 from pytest_harbor.sandboxes import make_provider
 from tests.fixtures import BASE_IMAGE, REPO_ROOT, Dataset, run_harbor, start_run
 
 pytestmark = pytest.mark.docker
 
-TASK_LABEL = "pytest-harbor.task"
 
 COMPOSE = REPO_ROOT / "example_datasets" / "compose"
 PROJECT = "com.docker.compose.project"

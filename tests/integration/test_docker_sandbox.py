@@ -329,3 +329,20 @@ def test_exec_output_is_kept_within_its_cap(start: StartSandbox) -> None:
     assert done.stdout.startswith("START\nxxx")
     assert done.stdout.endswith("xxx\nEND\n")
     assert "bytes cut ...]" in done.stdout
+
+
+def test_a_process_finds_the_tools_volume_without_a_helper_container(
+    docker_client: docker.DockerClient,
+) -> None:
+    """Once made, the trusted tools' volume is found by asking for it: no container is
+    made to look inside (it would cost every worker of every run a container)."""
+    from pytest_harbor.sandboxes.docker.images import EngineImages
+
+    name = EngineImages().tools_volume()  # made now, or found from an earlier run
+    since = int(time.time()) - 1
+    assert EngineImages().tools_volume() == name
+    until = int(time.time()) + 1
+    helpers = {"type": "container", "event": "create", "label": "pytest-harbor.cache=tools-helper"}
+    made = list(docker_client.events(since=since, until=until, decode=True, filters=helpers))
+    assert made == []
+    assert docker_client.volumes.get(f"{name}-ready") is not None

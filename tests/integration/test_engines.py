@@ -15,7 +15,8 @@ import docker
 import docker.errors
 import pytest
 
-from pytest_harbor.engine.reaper import OWNER_LABEL, RUN_LABEL, owner_of_this_process
+from pytest_harbor.engine.reaper import owner_of_this_process
+from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL, TASK_LABEL
 from pytest_harbor.sandboxes import ImageSource, SandboxSpec
 from pytest_harbor.sandboxes.docker import DockerProvider, Endpoint
 from pytest_harbor.sandboxes.images import image_tag_for
@@ -31,8 +32,6 @@ from tests.second_engine import FIRST_ENGINE, SecondEngine
 from tests.ssh_server import SshServer
 
 pytestmark = pytest.mark.docker
-
-TASK_LABEL = "pytest-harbor.task"
 
 
 @pytest.fixture

@@ -220,7 +220,8 @@ def test_image_without_timeout_masks_the_sample(
     task = dataset.task(
         "no-timeout",
         toml="[verifier]\ntimeout_sec = 30\n",
-        dockerfile=f"FROM {BASE_IMAGE}\nRUN rm /usr/bin/timeout\n",
+        # The test's own image (another test removes the image it builds).
+        dockerfile=f"# {dataset.name}\nFROM {BASE_IMAGE}\nRUN rm /usr/bin/timeout\n",
     )
     try:
         result = run(pytester, dataset, "-rA")

@@ -224,7 +224,8 @@ def test_a_masked_turn_masks_the_episode(
     (task / "task.toml").write_text(toml)
     (task / "environment").mkdir()
     (task / "environment" / "Dockerfile").write_text(
-        f"FROM {BASE_IMAGE}\nRUN rm /usr/bin/timeout\n"
+        # The test's own image (another test removes the image it builds).
+        f"# {dataset.name}\nFROM {BASE_IMAGE}\nRUN rm /usr/bin/timeout\n"
     )
     built_images.append(task / "environment")
     result = run_harbor(pytester, dataset)

@@ -7,6 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from pytest_harbor.engine.trajectory import transcript
 from pytest_harbor.harnesses.atif import (
     AgentInfo,
     Observation,
@@ -15,6 +16,8 @@ from pytest_harbor.harnesses.atif import (
     ToolCall,
     Trajectory,
 )
+from pytest_harbor.harnesses.base import AgentRun
+from pytest_harbor.tasks import Turn
 
 
 def agent_step(step_id: int, call_id: str = "c1", answers: str = "c1") -> Step:
@@ -64,3 +67,32 @@ def test_unknown_fields_are_refused() -> None:
         Trajectory.model_validate(
             {"agent": {"name": "a", "version": "1"}, "steps": [], "mood": "good"}
         )
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        AgentRun(exit_code=0),
+        AgentRun(exit_code=None, timed_out=True),
+        AgentRun(response='said "done" \u2713\n\tand \\ more'),
+        AgentRun(),
+    ],
+)
+def test_the_two_step_transcript_is_what_the_model_writes(run: AgentRun) -> None:
+    """The engine writes the transcript of a harness that gives none without loading the
+    model; the bytes are the model's own, and the model reads them back."""
+    turn = Turn(
+        name="episode",
+        instruction="Make \u00e9 a file\nnamed x",
+        solution_dir=None,
+        tests_dirs=(),
+        agent_timeout_sec=None,
+        agent_user=None,
+        verifier_timeout_sec=10,
+        verifier_user=None,
+    )
+    written = transcript("ds/task/r0", "oracle", turn, run)
+    parsed = Trajectory.model_validate_json(written)
+    assert [step.source for step in parsed.steps] == ["user", "agent"]
+    assert parsed.steps[0].message == turn.instruction
+    assert parsed.to_bytes() == written

@@ -10,7 +10,7 @@ import pytest
 
 from pytest_harbor.engine.budget import episode_budget
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
-from pytest_harbor.engine.slots import EpisodeSlots
+from pytest_harbor.locks import Slots
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import load_task
 from tests.fixtures import BASE_IMAGE, write_task
@@ -90,7 +90,7 @@ def test_an_unbounded_agent_gets_the_default(tmp_path: Path) -> None:
 
 
 def _hold(folder: str, seconds: float, started: multiprocessing.synchronize.Event) -> None:  # type: ignore[name-defined]
-    slot = EpisodeSlots(Path(folder), 1).acquire(5)
+    slot = Slots(Path(folder), 1).acquire(5)
     assert slot is not None
     started.set()
     time.sleep(seconds)
@@ -102,7 +102,7 @@ def test_slots_are_shared_between_processes(tmp_path: Path) -> None:
     holder = multiprocessing.Process(target=_hold, args=(str(tmp_path), 1.0, started))
     holder.start()
     assert started.wait(10)
-    slots = EpisodeSlots(tmp_path, 1)
+    slots = Slots(tmp_path, 1)
     assert slots.acquire(0.1) is None  # the other process holds the only slot
     slot = slots.acquire(10)  # ... until it lets go
     assert slot is not None
@@ -117,6 +117,6 @@ def test_a_dead_process_gives_its_slot_back(tmp_path: Path) -> None:
     assert started.wait(10)
     holder.kill()
     holder.join()
-    slot = EpisodeSlots(tmp_path, 1).acquire(5)
+    slot = Slots(tmp_path, 1).acquire(5)
     assert slot is not None
     slot.release()

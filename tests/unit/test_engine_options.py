@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pytest_harbor.engine.slots import EpisodeSlots
+from pytest_harbor.locks import Slots
 from pytest_harbor.sandboxes import ProviderContext, ProviderOptionsError, make_provider
 from pytest_harbor.sandboxes.docker import DockerFleet, DockerProvider, Endpoint
 
@@ -94,7 +94,7 @@ def test_tls_and_ssh_reach_the_client_and_the_cli(tmp_path: Path) -> None:
 
 
 def test_free_slots_are_counted_without_being_held(tmp_path: Path) -> None:
-    slots = EpisodeSlots(tmp_path / "s", 3)
+    slots = Slots(tmp_path / "s", 3)
     held = slots.try_acquire()
     assert held is not None
     assert slots.free() == 2

@@ -12,6 +12,7 @@ import pytest
 
 from pytest_harbor.engine import EpisodeResult, FailureKind, TurnResult
 from pytest_harbor.engine.metrics import score_taskset
+from pytest_harbor.redaction import Redactor
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.writers import ResultsLayout, RolloutsWriter
 from pytest_harbor.writers.failures import FailureRecord
@@ -110,7 +111,7 @@ def test_scheduling_settings_may_change_on_resume() -> None:
 
 def test_secret_values_never_reach_the_manifest(tmp_path: Path) -> None:
     manifest = _manifest(settings=HarborSettings(secrets={"TOKEN": "hunter2"}))
-    manifest.write(tmp_path / "m.json")
+    manifest.write(tmp_path / "m.json", Redactor([]))
     text = (tmp_path / "m.json").read_text()
     assert "hunter2" not in text
     assert json.loads(text)["settings"]["secrets"] == {"TOKEN": "***"}
@@ -138,7 +139,7 @@ def test_resume_keeps_rows_and_terminal_failures_each_episode_once(tmp_path: Pat
         _failure("b", FailureKind.EPISODE_TIMEOUT),  # b has a row: dropped
     ]
     _write_lines(layout.failures_file("ts"), [f.model_dump_json() for f in failures] + ["not json"])
-    _manifest().write(layout.manifest_file("ts"))
+    _manifest().write(layout.manifest_file("ts"), Redactor([]))
     point = read_resume_point(
         "ts",
         rollouts=layout.rollouts_file("ts"),
@@ -152,7 +153,7 @@ def test_resume_keeps_rows_and_terminal_failures_each_episode_once(tmp_path: Pat
     assert point.finished == {("a", 0), ("b", 0), ("d", 0)}
     assert point.dropped_lines == 4
 
-    writer = RolloutsWriter(layout)
+    writer = RolloutsWriter(layout, Redactor([]))
     writer.plan("ts", resume=point)
     writer.begin("ts")
     kept_rows = [json.loads(line) for line in layout.rollouts_file("ts").read_text().splitlines()]
@@ -173,7 +174,7 @@ def test_a_fresh_start_sets_rows_failures_and_the_old_summary_aside(tmp_path: Pa
     for path in (layout.rollouts_file("ts"), layout.failures_file("ts")):
         _write_lines(path, ['{"old": 1}'])
     layout.summary_file("ts").write_text("{}")
-    writer = RolloutsWriter(layout)
+    writer = RolloutsWriter(layout, Redactor([]))
     writer.plan("ts")
     # An interruption alone does not begin the folder.
     assert not writer.append_failure(_failure("y", FailureKind.INTERRUPTED), begins=False)
@@ -189,7 +190,7 @@ def test_a_fresh_start_sets_rows_failures_and_the_old_summary_aside(tmp_path: Pa
 
 def test_summary_paths_resolve_after_the_results_folder_moves(tmp_path: Path) -> None:
     layout = ResultsLayout(tmp_path / "results", validation=True)
-    writer = RolloutsWriter(layout)
+    writer = RolloutsWriter(layout, Redactor([]))
     writer.begin("ts")
     # As a worker leaves them: the verifier's files in the episode's folder.
     folder = layout.verifier_dir("ts", "a__r0")
@@ -212,7 +213,7 @@ def test_summary_paths_resolve_after_the_results_folder_moves(tmp_path: Path) ->
     failure = _failure("b", FailureKind.WORKER_DIED)
     writer.append_failure(failure)
     manifest = _manifest(target=tmp_path / "data" / "ts")
-    manifest.write(layout.manifest_file("ts"))
+    manifest.write(layout.manifest_file("ts"), Redactor([]))
     entries = [
         EpisodeEntry("a", 0, "sha256:aaaa", "passed", result=result),
         EpisodeEntry("b", 0, "sha256:bbbb", "no_result", failure=failure),
@@ -228,7 +229,7 @@ def test_summary_paths_resolve_after_the_results_folder_moves(tmp_path: Path) ->
             repeats=1,
         ),
     )
-    write_run_summary(layout, "ts", summary)
+    write_run_summary(layout, "ts", summary, Redactor([]))
 
     shutil.move(tmp_path / "results", tmp_path / "moved")
     folder = tmp_path / "moved" / "harbor" / "validation" / "ts"

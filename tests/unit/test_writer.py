@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from pytest_harbor.engine import EpisodeResult, TurnResult
+from pytest_harbor.redaction import Redactor
 from pytest_harbor.writers import ResultsLayout, RolloutsWriter
 
 
@@ -25,7 +26,7 @@ def test_writer_starts_fresh_at_its_first_row_then_appends(tmp_path: Path) -> No
     layout.taskset_dir("qs").mkdir(parents=True)
     layout.rollouts_file("qs").write_text('{"old": true}\n')
     (layout.taskset_dir("qs") / "verifier" / "old__r0").mkdir(parents=True)
-    writer = RolloutsWriter(layout, run_id="r1")
+    writer = RolloutsWriter(layout, Redactor([]), run_id="r1")
     writer.plan("qs")
     # Planned, not begun: the earlier run is untouched.
     assert layout.rollouts_file("qs").read_text() == '{"old": true}\n'

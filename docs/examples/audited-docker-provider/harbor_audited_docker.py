@@ -23,6 +23,7 @@ from pytest_harbor.sandboxes import (
     ImageConfig,
     ImageLayer,
     ImageSource,
+    NamesBuilder,
     ProviderContext,
     ProviderFactory,
     ProviderOptionsError,
@@ -30,6 +31,8 @@ from pytest_harbor.sandboxes import (
     SandboxProvider,
     SandboxSpec,
     SandboxStatus,
+    SweepsLeftovers,
+    service_of,
 )
 from pytest_harbor.sandboxes.base import Spawned
 from pytest_harbor.sandboxes.docker import docker_provider
@@ -159,15 +162,17 @@ class AuditedDocker:
     # beside their containers (for the reaper), and the builder the summary names.
 
     def labelled_leftovers(self, key: str) -> list[tuple[str, dict[str, str]]]:
-        found: list[tuple[str, dict[str, str]]] = self.docker.labelled_leftovers(key)  # type: ignore[attr-defined]
-        return found
+        if isinstance(self.docker, SweepsLeftovers):
+            return self.docker.labelled_leftovers(key)
+        return []
 
     def remove_leftover(self, reference: str) -> None:
-        self.docker.remove_leftover(reference)  # type: ignore[attr-defined]
+        if isinstance(self.docker, SweepsLeftovers):
+            self.docker.remove_leftover(reference)
 
     @property
     def builder(self) -> str:
-        return str(self.docker.builder)  # type: ignore[attr-defined]
+        return self.docker.builder if isinstance(self.docker, NamesBuilder) else "unknown"
 
 
 class AuditedSandbox:
@@ -225,7 +230,7 @@ class AuditedSandbox:
 
     # A Compose task's other services (docker can start Compose projects).
     def service(self, name: str) -> AuditedSandbox:
-        return AuditedSandbox(self.sandbox.service(name), self.log)  # type: ignore[attr-defined]
+        return AuditedSandbox(service_of(self.sandbox, name), self.log)
 
     # Files in and out: not audited, docker's own.
 

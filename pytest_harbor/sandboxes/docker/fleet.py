@@ -10,12 +10,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import docker
 import docker.errors
 import requests
 
+from pytest_harbor.locks import FileLock, Slots
 from pytest_harbor.sandboxes.base import (
     ImageConfig,
     ImageLayer,
@@ -29,9 +30,6 @@ from pytest_harbor.sandboxes.base import (
 )
 from pytest_harbor.sandboxes.docker.engine import Endpoint
 from pytest_harbor.sandboxes.docker.provider import DockerProvider
-
-if TYPE_CHECKING:
-    from pytest_harbor.engine.slots import EpisodeSlots, Slot
 
 log = logging.getLogger("pytest_harbor")
 
@@ -60,10 +58,10 @@ class EnginePlacement:
     sandbox, the place moves to another engine (images follow: an engine loads what it
     lacks from the others) and the call is made again there."""
 
-    def __init__(self, fleet: DockerFleet, engine: FleetEngine, slot: Slot) -> None:
+    def __init__(self, fleet: DockerFleet, engine: FleetEngine, slot: FileLock) -> None:
         self._fleet = fleet
         self.engine = engine
-        self._slot: Slot | None = slot
+        self._slot: FileLock | None = slot
 
     @property
     def provider(self) -> EnginePlacement:
@@ -130,7 +128,7 @@ class FleetEngine:
     capacity: int | None = None
     #: Why it stopped answering, once it did: no new episode goes to it.
     down: str | None = None
-    _slots: EpisodeSlots | None = field(default=None, repr=False)
+    _slots: Slots | None = field(default=None, repr=False)
 
     @property
     def endpoint(self) -> Endpoint:
@@ -181,14 +179,12 @@ class DockerFleet:
         slots = self._slots(engine)
         return slots.free() / slots.count
 
-    def _slots(self, engine: FleetEngine) -> EpisodeSlots:
-        from pytest_harbor.engine.slots import EpisodeSlots
-
+    def _slots(self, engine: FleetEngine) -> Slots:
         with self._lock:
             if engine._slots is None:
                 capacity = engine.capacity or self._cpus(engine)
                 folder = self.context.scratch_dir / "engines" / engine.endpoint.key
-                engine._slots = EpisodeSlots(folder, capacity)
+                engine._slots = Slots(folder, capacity)
             return engine._slots
 
     def _cpus(self, engine: FleetEngine) -> int:

@@ -23,6 +23,7 @@ import docker
 import docker.errors
 import docker.tls
 
+from pytest_harbor.labels import CACHE_LABEL, CONTENT_HASH_LABEL
 from pytest_harbor.sandboxes.archives import (
     pack_files,
     unpack_files,
@@ -52,10 +53,6 @@ log = logging.getLogger("pytest_harbor")
 #: The image the trusted tools come from: its /bin/busybox must be statically linked.
 #: Pulled when missing, like a task's image; PYTEST_HARBOR_TOOLS_IMAGE names another.
 TOOLS_IMAGE = os.environ.get("PYTEST_HARBOR_TOOLS_IMAGE", "busybox:musl")
-#: Volumes and images pytest-harbor keeps as a cache (the trusted tools, install layers).
-_CACHE_LABEL = "pytest-harbor.cache"
-#: The content hash an install layer was made for.
-_LAYER_KEY = "pytest-harbor.content-hash"
 #: Where an install script waits in the image while it runs (removed after).
 _INSTALL_SCRIPT = "/tmp/pytest-harbor-install.sh"
 #: First pause between image pulls; it doubles each try.
@@ -210,13 +207,18 @@ class EngineImages:
             ) from None
         digest = str(api.inspect_image(image)["Id"]).split(":")[-1]
         name = f"pytest-harbor-tools-{digest[:16]}"
+        # A second, empty volume says the first is complete: one question to the engine,
+        # where looking inside the volume takes a helper container.
+        ready = f"{name}-ready"
+        if self._volume_exists(api, ready) and self._volume_exists(api, name):
+            return name
         with self._lock(name):
             try:
-                api.create_volume(name, labels={_CACHE_LABEL: "tools"})
+                api.create_volume(name, labels={CACHE_LABEL: "tools"})
                 helper = api.create_container(
                     image,
                     command=["true"],
-                    labels={_CACHE_LABEL: "tools-helper"},
+                    labels={CACHE_LABEL: "tools-helper"},
                     host_config=api.create_host_config(
                         binds={name: {"bind": "/fill", "mode": "rw"}}
                     ),
@@ -241,7 +243,21 @@ class EngineImages:
             finally:
                 with contextlib.suppress(docker.errors.APIError):
                     api.remove_container(helper["Id"], force=True)
+            try:
+                api.create_volume(ready, labels={CACHE_LABEL: "tools-ready"})
+            except ENGINE_ERRORS as error:
+                raise SandboxStartError(f"cannot make the tools volume: {explain(error)}") from None
         return name
+
+    @staticmethod
+    def _volume_exists(api: docker.APIClient, name: str) -> bool:
+        try:
+            api.inspect_volume(name)
+        except docker.errors.NotFound:
+            return False
+        except ENGINE_ERRORS as error:
+            raise SandboxStartError(f"cannot ask for the tools volume: {explain(error)}") from None
+        return True
 
     def prepare_image(self, source: ImageSource) -> str:
         if source.docker_image is not None:
@@ -300,7 +316,7 @@ class EngineImages:
                 self._run_build(
                     Path(scratch),
                     tag=tag,
-                    labels={**layer.labels, _CACHE_LABEL: "layer", _LAYER_KEY: content_hash},
+                    labels={**layer.labels, CACHE_LABEL: "layer", CONTENT_HASH_LABEL: content_hash},
                     # Made again on request means the install runs again, not the
                     # builder's cached step.
                     nocache=stale is not None,

@@ -14,6 +14,7 @@ import docker
 import docker.errors
 import docker.tls
 
+from pytest_harbor.labels import COMPOSE_PROJECT_LABEL
 from pytest_harbor.sandboxes.base import (
     SandboxError,
     SandboxStartError,
@@ -29,9 +30,6 @@ from pytest_harbor.threads import join
 
 log = logging.getLogger("pytest_harbor")
 
-#: The labels Compose puts on what it makes.
-PROJECT_LABEL = "com.docker.compose.project"
-SERVICE_LABEL = "com.docker.compose.service"
 #: How long `up --wait` may take when the spec sets no limit.
 COMPOSE_UP_S = 900.0
 
@@ -61,7 +59,7 @@ def remove_project(project: str, endpoint: Endpoint | None = None) -> None:
     """Every container of the project at once (forced, no graceful stop), then its
     networks and volumes."""
     api = engine_for(endpoint).api
-    selector = {"label": f"{PROJECT_LABEL}={project}"}
+    selector = {"label": f"{COMPOSE_PROJECT_LABEL}={project}"}
     try:
         containers = api.containers(all=True, filters=selector)
     except ENGINE_ERRORS as error:

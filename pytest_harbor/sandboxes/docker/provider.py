@@ -18,6 +18,7 @@ import docker
 import docker.errors
 import docker.tls
 
+from pytest_harbor.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from pytest_harbor.sandboxes.archives import (
     pack_directories,
 )
@@ -47,8 +48,6 @@ from pytest_harbor.sandboxes.docker.engine import (
 from pytest_harbor.sandboxes.docker.images import EngineImages
 from pytest_harbor.sandboxes.docker.projects import (
     COMPOSE_UP_S,
-    PROJECT_LABEL,
-    SERVICE_LABEL,
     compose_cli,
     remove_networks_and_volumes,
     remove_project,
@@ -288,7 +287,7 @@ class DockerProvider:
                     f"\n{tail_lines(logs.stdout.splitlines(), 40)}"
                 )
         found = engine.api.containers(
-            filters={"label": [f"{PROJECT_LABEL}={name}", f"{SERVICE_LABEL}=main"]}
+            filters={"label": [f"{COMPOSE_PROJECT_LABEL}={name}", f"{COMPOSE_SERVICE_LABEL}=main"]}
         )
         if not found:
             remove_project(name, self.endpoint)

@@ -14,6 +14,7 @@ import docker
 import docker.errors
 import docker.tls
 
+from pytest_harbor.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from pytest_harbor.sandboxes.archives import (
     pack_files,
     pack_folder,
@@ -35,8 +36,6 @@ from pytest_harbor.sandboxes.docker.engine import (
     explain,
 )
 from pytest_harbor.sandboxes.docker.projects import (
-    PROJECT_LABEL,
-    SERVICE_LABEL,
     remove_container,
     remove_project,
 )
@@ -359,7 +358,12 @@ class ComposeSandbox(DockerSandbox):
     def service(self, name: str) -> DockerSandbox:
         """Another service's container, to run a command in or copy from."""
         found = engine_for(self._endpoint).api.containers(
-            filters={"label": [f"{PROJECT_LABEL}={self.project}", f"{SERVICE_LABEL}={name}"]}
+            filters={
+                "label": [
+                    f"{COMPOSE_PROJECT_LABEL}={self.project}",
+                    f"{COMPOSE_SERVICE_LABEL}={name}",
+                ]
+            }
         )
         if not found:
             raise SandboxError(f"the Compose project has no running service {name!r}")

@@ -1,0 +1,132 @@
+"""The package's layers: every import goes to its own layer or one below, and the imports
+made when a module loads form no cycle (docs/architecture.md draws the layers)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest_harbor
+
+PACKAGE = Path(pytest_harbor.__file__).parent
+
+#: Lowest first. A module's layer is that of its first name below `pytest_harbor`.
+LAYERS = [
+    {"strict_json", "threads", "ignore", "labels", "locks", "registry", "agent_outcomes"},
+    {"tasks"},
+    {"settings"},
+    {"redaction"},
+    {"sandboxes"},
+    {"harnesses"},
+    {"engine"},
+    {"writers"},
+    {"report"},
+    {"plugin"},
+    {""},  # pytest_harbor/__init__.py: the public API
+]
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def _layer(module: str) -> int:
+    first = module.split(".")[1] if "." in module else ""
+    return next(index for index, names in enumerate(LAYERS) if first in names)
+
+
+def _targets(node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name.startswith("pytest_harbor")]
+    if not node.module or not node.module.startswith("pytest_harbor"):
+        return []
+    found = []
+    for alias in node.names:
+        submodule = f"{node.module}.{alias.name}"
+        found.append(submodule if submodule in MODULES else node.module)
+    return found
+
+
+def _imports(body: list[ast.stmt], *, at_load: bool) -> list[str]:
+    """The modules `body` imports; at_load: only those imported when the module loads
+    (not in functions, not under `if TYPE_CHECKING`)."""
+    found: list[str] = []
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found += _targets(node)
+        elif isinstance(node, ast.If):
+            checking = isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+            if not (at_load and checking):
+                found += _imports(node.body, at_load=at_load)
+            found += _imports(node.orelse, at_load=at_load)
+        elif isinstance(node, ast.Try):
+            for part in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                found += _imports(part, at_load=at_load)
+        elif not at_load and isinstance(
+            node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+        ):
+            found += _imports(node.body, at_load=at_load)
+        elif not at_load:
+            found += [
+                target
+                for inner in ast.walk(node)
+                if isinstance(inner, ast.Import | ast.ImportFrom)
+                for target in _targets(inner)
+            ]
+    return found
+
+
+def _tree(module: str) -> list[ast.stmt]:
+    return ast.parse(MODULES[module].read_text()).body
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    upward = [
+        f"{module} -> {target}"
+        for module in MODULES
+        for target in _imports(_tree(module), at_load=False)
+        if _layer(target) > _layer(module)
+    ]
+    assert upward == []
+
+
+def test_the_imports_made_at_load_form_no_cycle() -> None:
+    graph = {module: set(_imports(_tree(module), at_load=True)) for module in MODULES}
+    cycles: list[list[str]] = []
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            cycles.append([*path[path.index(module) :], module])
+            return
+        if module in done:
+            return
+        for target in sorted(graph.get(module, ())):
+            visit(target, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+    assert cycles == []
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = {
+        name: length
+        for name, path in MODULES.items()
+        if (length := len(path.read_text().splitlines())) > 600
+    }
+    assert long == {}
+
+
+def test_imports_in_functions_count_as_imports_but_not_as_made_at_load() -> None:
+    """The reader above sees a lazy import (harnesses load a CLI agent's code only when
+    one is asked for) and tells it from one made at load."""
+    package = _tree("pytest_harbor.harnesses")
+    assert "pytest_harbor.harnesses.cli_agent" in _imports(package, at_load=False)
+    assert "pytest_harbor.harnesses.cli_agent" not in _imports(package, at_load=True)
+    assert _layer("pytest_harbor.plugin.run") > _layer("pytest_harbor.engine.episode")

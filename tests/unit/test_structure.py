@@ -1,0 +1,86 @@
+"""Structural guarantees: what the plugin loads at import, where names are registered,
+and that whatever writes text must be given the run's redactor."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from pytest_harbor import registry
+from pytest_harbor.engine.harness_calls import call_harness
+from pytest_harbor.registry import NameTaken, Registry
+from pytest_harbor.writers import RolloutsWriter
+from pytest_harbor.writers.manifest import RunManifest
+from pytest_harbor.writers.summary import write_run_summary
+
+#: Loaded only when a run needs them: a harness's trajectory, a model client, the HTML
+#: report, Compose, several engines, the CLI agents' recipes, check mode.
+NOT_AT_IMPORT = [
+    "pytest_harbor.harnesses.atif",
+    "httpx",
+    "pytest_harbor.report",
+    "pytest_harbor.sandboxes.compose",
+    "pytest_harbor.sandboxes.docker",
+    "pytest_harbor.harnesses.recipes",
+    "pytest_harbor.plugin.checks",
+]
+
+
+def test_importing_the_plugin_loads_only_what_every_run_needs() -> None:
+    code = (
+        "import sys, pytest_harbor.plugin\n"
+        f"print([name for name in {NOT_AT_IMPORT!r} if name in sys.modules])"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]"
+
+
+def _no_entry_points(**_: Any) -> Any:
+    raise AssertionError("entry points were read")
+
+
+def test_a_registry_reads_entry_points_only_when_a_name_needs_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(registry, "entry_points", _no_entry_points)
+    names: Registry[int] = Registry("thing", "pytest_harbor.things", {"one": 1})
+    assert names.admit([], "pytest_things") == {}
+    assert names.find("one") == 1
+    assert names.find("two", {"two": 2}) == 2
+    with pytest.raises(NameTaken, match="the thing name 'one' is registered twice"):
+        names.admit([{"one": 3}], "pytest_things")
+    with pytest.raises(NameTaken, match="'two' is registered twice"):
+        names.admit([{"two": 2}, {"two": 2}], "pytest_things")
+    with pytest.raises(AssertionError, match="entry points were read"):
+        names.find("three")  # neither built in nor given: only an installed package is left
+
+
+def test_a_built_in_table_is_made_on_first_use() -> None:
+    made: list[int] = []
+
+    def table() -> dict[str, int]:
+        made.append(1)
+        return {"one": 1}
+
+    names: Registry[int] = Registry("thing", "pytest_harbor.things", table)
+    assert made == []
+    assert names.find("one") == names.find("one") == 1
+    assert made == [1]
+
+
+@pytest.mark.parametrize(
+    "function",
+    [RolloutsWriter.__init__, write_run_summary, RunManifest.write, call_harness],
+    ids=["RolloutsWriter", "write_run_summary", "RunManifest.write", "call_harness"],
+)
+def test_whatever_writes_text_must_be_given_the_redactor(function: Callable[..., Any]) -> None:
+    """A forgotten redactor is a TypeError (and a mypy error), never "mask nothing"."""
+    parameter = inspect.signature(function).parameters["redactor"]
+    assert parameter.default is inspect.Parameter.empty
