@@ -6,6 +6,10 @@ that counts every episode as passed. A last run with --harbor-resume, which has 
 left to do, shows what resuming a finished run costs.
 
     .venv/bin/python bench/throughput.py [--tasks 40] [--workers 2] [--rounds 3]
+
+With `--against PYTHON`, another interpreter (a virtualenv with another version of
+pytest-harbor installed) runs the same dataset in turns with this one, and the rates of
+both are printed, so that the machine's drift falls on both.
 """
 
 from __future__ import annotations
@@ -39,26 +43,33 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=40)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--against", help="another interpreter to compare with, in turns")
     args = parser.parse_args()
+    sides = {"this": sys.executable}
+    if args.against:
+        sides["against"] = args.against
     with tempfile.TemporaryDirectory(prefix="harbor-bench-") as scratch:
         root = Path(scratch)
         dataset = make_dataset(root, args.tasks)
-        results = root / "results"
         print(f"{args.tasks} trivial episodes on {IMAGE}, -n {args.workers}")
-        rates = []
+        rates: dict[str, list[float]] = {side: [] for side in sides}
         for round_ in range(1, args.rounds + 1):
-            wall, code, output = pytest_run(dataset, args.workers, results)
-            if code != 0:
-                sys.exit(f"pytest failed ({code}):\n{output}")
-            check_files(results, dataset.name, args.tasks)
-            rates.append(args.tasks / wall)
-            print(f"round {round_}: {wall:.2f} s, {rates[-1]:.2f} episodes/s")
-        print(
-            f"median {statistics.median(rates):.2f} episodes/s "
-            f"(min {min(rates):.2f}, max {max(rates):.2f})"
-        )
+            for side, python in sides.items():
+                results = root / f"results-{side}"
+                wall, code, output = pytest_run(dataset, args.workers, results, python=python)
+                if code != 0:
+                    sys.exit(f"pytest failed ({code}):\n{output}")
+                check_files(results, dataset.name, args.tasks)
+                rates[side].append(args.tasks / wall)
+                print(f"round {round_} {side}: {wall:.2f} s, {rates[side][-1]:.2f} episodes/s")
+        for side, found in rates.items():
+            print(
+                f"{side}: median {statistics.median(found):.2f} episodes/s "
+                f"(min {min(found):.2f}, max {max(found):.2f})"
+            )
+        results = root / "results-this"
         wall, code, output = pytest_run(dataset, args.workers, results, "--harbor-resume")
-        if code != 5:  # every item deselected: pytest's "no tests ran"
+        if code != 0:  # every episode kept and passed: nothing left to run, the run passes
             sys.exit(f"the resumed run did not find everything done ({code}):\n{output}")
         check_files(results, dataset.name, args.tasks)
         print(f"--harbor-resume of the finished run: {wall:.2f} s, nothing run again")

@@ -7,7 +7,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pytest_harbor.agent_outcomes import AgentOutcomePolicy
@@ -156,6 +155,8 @@ _WORDS = {"yes", "no", "on", "off", "y", "n"}
 def _scalar(value: str) -> Any:
     if not value.strip() or value.strip().lower() in _WORDS:
         return value.strip()
+    import yaml  # read only when a setting is given as text
+
     try:
         return yaml.safe_load(value)
     except yaml.YAMLError:
@@ -261,6 +262,8 @@ def literal_secrets(assignments: Iterable[str]) -> list[str]:
 
 
 def _config_block(path: Path) -> dict[str, Any]:
+    import yaml
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as error:

@@ -4,8 +4,6 @@ answers before any episode starts."""
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -69,6 +67,9 @@ def check_endpoint(
 ) -> None:
     """GET `{base_url}/models` with the key; the model must be among those listed. An
     `anthropic-messages` endpoint gets the key as Anthropic's API takes it, too."""
+    import urllib.error  # only a run whose harness talks to a model asks
+    import urllib.request
+
     headers = model.headers()
     if api == "anthropic-messages":
         headers["anthropic-version"] = "2023-06-01"

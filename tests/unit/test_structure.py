@@ -19,15 +19,18 @@ from pytest_harbor.writers.manifest import RunManifest
 from pytest_harbor.writers.summary import write_run_summary
 
 #: Loaded only when a run needs them: a harness's trajectory, a model client, the HTML
-#: report, Compose, several engines, the CLI agents' recipes, check mode.
+#: report, Compose, the docker provider, the CLI agents' recipes, check mode, YAML, the
+#: model endpoint's check.
 NOT_AT_IMPORT = [
     "pytest_harbor.harnesses.atif",
     "httpx",
     "pytest_harbor.report",
     "pytest_harbor.sandboxes.compose",
-    "pytest_harbor.sandboxes.docker",
+    "pytest_harbor.sandboxes.docker",  # at pytest_configure, by the run's provider
     "pytest_harbor.harnesses.recipes",
     "pytest_harbor.plugin.checks",
+    "yaml",  # settings given as text, a config file
+    "urllib.request",  # the model endpoint's check
 ]
 
 
@@ -84,3 +87,17 @@ def test_whatever_writes_text_must_be_given_the_redactor(function: Callable[...,
     """A forgotten redactor is a TypeError (and a mypy error), never "mask nothing"."""
     parameter = inspect.signature(function).parameters["redactor"]
     assert parameter.default is inspect.Parameter.empty
+
+
+def test_the_docker_provider_of_one_engine_loads_no_fleet_and_no_compose() -> None:
+    code = (
+        "import sys\n"
+        "from pytest_harbor.sandboxes import make_provider\n"
+        "make_provider('docker', {})\n"
+        "print([name for name in ('pytest_harbor.sandboxes.docker.fleet', "
+        "'pytest_harbor.sandboxes.compose') if name in sys.modules])"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]"

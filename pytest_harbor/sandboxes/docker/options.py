@@ -21,7 +21,6 @@ from pydantic import (
 
 from pytest_harbor.sandboxes.base import ProviderContext, ProviderOptionsError, SandboxProvider
 from pytest_harbor.sandboxes.docker.engine import Endpoint
-from pytest_harbor.sandboxes.docker.fleet import DockerFleet, FleetEngine
 from pytest_harbor.sandboxes.docker.provider import DockerProvider
 
 __all__ = ["DockerOptions", "EngineOption", "docker_provider"]
@@ -122,6 +121,9 @@ class DockerOptions(BaseModel):
         """One engine's provider (the environment's engine), or a fleet of `hosts`."""
         if self.hosts is None:
             return DockerProvider(network=self.network, builder=self.builder)
+        # Loaded only by a run over several engines.
+        from pytest_harbor.sandboxes.docker.fleet import DockerFleet, FleetEngine
+
         engines = [
             FleetEngine(
                 name=host.name or str(host.url),

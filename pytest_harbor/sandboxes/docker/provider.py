@@ -35,7 +35,6 @@ from pytest_harbor.sandboxes.base import (
     SandboxSpec,
     SandboxStartError,
 )
-from pytest_harbor.sandboxes.compose import episode_project, project_name
 from pytest_harbor.sandboxes.docker.engine import (
     ENGINE_ERRORS,
     TRANSPORT_ERRORS,
@@ -245,6 +244,8 @@ class DockerProvider:
             main["mem_limit"] = main["memswap_limit"] = f"{spec.memory_mb}m"
         if spec.pids_limit is not None:
             main["pids_limit"] = spec.pids_limit
+        from pytest_harbor.sandboxes.compose import episode_project, project_name
+
         name = project_name(group.episode, uuid.uuid4().hex[:8])
         config = episode_project(
             group.config,
