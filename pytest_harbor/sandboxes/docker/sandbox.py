@@ -206,16 +206,8 @@ class DockerSandbox:
             raise SandboxError(f"sandbox {self._id[:12]} is gone: {explain(error)}") from None
 
     def read_archive(self, source: str) -> bytes | None:
-        try:
-            chunks, _ = engine_for(self._endpoint).api.get_archive(self._id, source)
-            return b"".join(chunks)
-        except docker.errors.NotFound as error:
-            self._path_missing(error)
-            return None
-        except ENGINE_ERRORS as error:
-            raise SandboxError(
-                f"sandbox {self._id[:12]}: reading {source} failed: {explain(error)}"
-            ) from None
+        chunks = self.iter_archive(source)
+        return None if chunks is None else b"".join(chunks)
 
     def write_archive(self, data: bytes | Iterable[bytes], into: str) -> None:
         try:
