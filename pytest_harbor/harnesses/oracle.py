@@ -35,18 +35,6 @@ LOG_CAP_BYTES = 8 * 1024 * 1024
 _NEXT_TURN = (
     f"rm -rf {SOLUTION_DIR}/* {SOLUTION_DIR}/.[!.]* {SOLUTION_DIR}/..?*; rm -f {ORACLE_LOG}"
 )
-#: solve.sh's log, when it is a regular file of at most this size, comes back on the
-#: exec's own stdout (its size, a newline, the file): one call to the engine fewer than
-#: reading it back through the archive API, which stays for anything else.
-_INLINE_LOG_BYTES = 1024 * 1024
-_RUN = (
-    f"bash {SOLUTION_DIR}/solve.sh > {ORACLE_LOG} 2>&1; code=$?; "
-    f"if [ -f {ORACLE_LOG} ] && [ ! -L {ORACLE_LOG} ]; then "
-    f"size=$({TRUSTED_BUSYBOX} stat -c %s {ORACLE_LOG}); "
-    f'if [ "$size" -le {_INLINE_LOG_BYTES} ] 2>/dev/null; then '
-    f'echo "$size"; {TRUSTED_BUSYBOX} cat {ORACLE_LOG}; else echo big; fi; '
-    "else echo none; fi; exit $code"
-)
 _UNPACK_FAILED = "pytest-harbor-error: cannot unpack the solution"
 _UNPACK = f'tar -x -f - -C {SOLUTION_DIR} || {{ echo "{_UNPACK_FAILED}" >&2; exit 97; }}; '
 
@@ -91,7 +79,7 @@ class _OracleSession:
 
         # A later turn gets its own solution only, and a log its user can write.
         later = context.index > 0
-        run = _RUN
+        run = f"bash {SOLUTION_DIR}/solve.sh > {ORACLE_LOG} 2>&1"
         if context.agent_user in (None, "root", "0"):
             # As root, one exec: clear, unpack the solution from stdin, run it.
             result = execute(
@@ -111,19 +99,9 @@ class _OracleSession:
 
 def _ran(context: TurnContext, result: ExecResult) -> AgentRun:
     sandbox = context.sandbox
-    target = context.logs.host_dir / "oracle.txt"
-    header, _, body = result.stdout_bytes.partition(b"\n")
-    inline = not result.timed_out and header.isdigit() and len(body) == int(header)
-    if inline:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(body)
-    elif result.timed_out or header != b"none":
-        # Large, changed while it was read, or the exec cut short: the archive API.
-        _keep_log(sandbox, target)
+    _keep_log(sandbox, context.logs.host_dir / "oracle.txt")
     log_tail = ""
-    if inline and (result.exit_code != 0 or result.timed_out):
-        log_tail = body[-_LOG_TAIL_BYTES:].decode("utf-8", errors="replace")
-    elif result.exit_code != 0 or result.timed_out:
+    if result.exit_code != 0 or result.timed_out:
         # Its end only (the log may be huge), with the engine's own `tail`.
         tail = sandbox.exec(
             [TRUSTED_BUSYBOX, "tail", "-c", str(_LOG_TAIL_BYTES), ORACLE_LOG], user=ROOT_USER

@@ -164,38 +164,6 @@ def test_the_oracles_output_is_kept_and_linked(pytester: pytest.Pytester, datase
     assert 'href="agent/talk__r0/oracle.txt"' in (folder / "report.html").read_text()
 
 
-@pytest.mark.parametrize(
-    ("lines", "read_back"), [(3, False), (40_000, True)], ids=["small", "over-a-mib"]
-)
-def test_a_small_oracle_log_comes_back_with_its_exec(
-    pytester: pytest.Pytester, dataset: Dataset, lines: int, read_back: bool
-) -> None:
-    """solve.sh's log up to 1 MiB returns on the exec's own output; a larger one is read
-    through the archive API (its first 8 MiB). Either way the kept file is the log."""
-    reads = pytester.path / "archive-reads.txt"
-    pytester.makeconftest(
-        f"""
-        from pytest_harbor.sandboxes.docker.sandbox import DockerSandbox
-
-        original = DockerSandbox.iter_archive
-
-        def recorded(self, source):
-            with open({str(reads)!r}, "a") as out:
-                out.write(source + "\\n")
-            return original(self, source)
-
-        DockerSandbox.iter_archive = recorded
-        """
-    )
-    solve = f'for i in $(seq {lines}); do echo "line $i of the oracle\'s log"; done\n'
-    dataset.task("chatty", solve_sh=solve + "echo 1 > /tmp/answer\n")
-    run(pytester, dataset).assert_outcomes(passed=1)
-    kept = dataset.results_folder(pytester.path / "out") / "agent" / "chatty__r0" / "oracle.txt"
-    expected = "".join(f"line {i} of the oracle's log\n" for i in range(1, lines + 1))
-    assert kept.read_text() == expected
-    assert ("/logs/agent/oracle.txt" in reads.read_text().split()) is read_back
-
-
 def test_users_workdir_and_env_reach_solution_and_verifier(
     pytester: pytest.Pytester, dataset: Dataset
 ) -> None:
