@@ -28,10 +28,6 @@ class FileLock:
         self.path = path
         self._handle: IO[str] | None = None
 
-    @property
-    def held(self) -> bool:
-        return self._handle is not None
-
     def try_acquire(self) -> bool:
         """Take the lock now if it is free; False when another holds it."""
         handle = self.path.open("a+")

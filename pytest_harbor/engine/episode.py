@@ -54,7 +54,7 @@ from pytest_harbor.sandboxes.base import Sandbox, SandboxError, SandboxProvider
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task, Turn
 
-__all__ = ["Episode", "TurnOutput", "verifies_separately"]
+__all__ = ["Episode", "TurnOutput"]
 
 log = logging.getLogger("pytest_harbor")
 

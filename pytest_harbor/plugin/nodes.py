@@ -13,11 +13,11 @@ from xdist import get_xdist_worker_id, is_xdist_worker
 
 from pytest_harbor.engine import Episode, EpisodeResult, TurnResult, decide_outcome
 from pytest_harbor.engine.budget import backstop_seconds
-from pytest_harbor.engine.episode import verifies_separately
 from pytest_harbor.engine.failures import EpisodeError
 from pytest_harbor.engine.outcomes import nop_check_outcome
 from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.engine.results import episode_id
+from pytest_harbor.engine.verifiers import verifies_separately
 from pytest_harbor.harnesses import Harness
 from pytest_harbor.locks import FileLock
 from pytest_harbor.plugin.ledger import task_node_id

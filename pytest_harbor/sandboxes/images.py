@@ -5,8 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from pytest_harbor.ignore import is_ignored
@@ -43,8 +42,6 @@ def image_tag_for(folder: Path) -> str:
     return f"hb__{context_hash(folder)[:32]}"
 
 
-@contextmanager
-def build_lock(key: str) -> Iterator[None]:
+def build_lock(key: str) -> AbstractContextManager[None]:
     """Serialise builds of one image across every process of this machine."""
-    with held(Path(tempfile.gettempdir()) / f"pytest-harbor-build-{key}.lock"):
-        yield
+    return held(Path(tempfile.gettempdir()) / f"pytest-harbor-build-{key}.lock")
