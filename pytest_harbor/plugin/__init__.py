@@ -8,12 +8,14 @@ import shutil
 import signal
 import warnings
 from collections.abc import Callable, Generator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
 import pytest
 
+from pytest_harbor.datasets import ResolvedDataset, default_cache_dir, is_reference
 from pytest_harbor.engine.reaper import owner_of_this_process
 from pytest_harbor.harnesses import HARNESSES, HarnessFactory
 from pytest_harbor.plugin.deadlines import pytest_timeout_cancel_timer, pytest_timeout_set_timer
@@ -23,6 +25,7 @@ from pytest_harbor.plugin.nodes import HarborTaskset, HarborTurnItem, HarborWarn
 from pytest_harbor.plugin.options import add_options, read_options
 from pytest_harbor.plugin.preflight import PreFlight
 from pytest_harbor.plugin.recording import ResultRecorder
+from pytest_harbor.plugin.references import WORKER_DATASETS, resolve_references
 from pytest_harbor.plugin.reporting import RunReport
 from pytest_harbor.plugin.run import (
     HARBOR_RUN,
@@ -91,7 +94,12 @@ def pytest_load_initial_conftests(
     given = list(namespace.file_or_dir or [])
     invocation_dir = early_config.invocation_params.dir
     datasets = [str(path) for path in getattr(namespace, "harbor_dataset", None) or []]
-    anchors = [_conftest_anchor(invocation_dir, arg) for arg in given or datasets]
+    folders = [dataset for dataset in datasets if not is_reference(dataset)]
+    anchors = [_conftest_anchor(invocation_dir, arg) for arg in given or folders]
+    if not given and not folders and datasets:
+        # Only references: a fetched dataset's conftest.py is never imported, and the
+        # checkout pytest runs in has nothing to do with the dataset.
+        anchors = [str(_reference_anchor(early_config))]
     if not given and is_task_dir(invocation_dir):
         anchors = [str(invocation_dir.parent)]
     namespace.file_or_dir = anchors
@@ -104,6 +112,17 @@ def pytest_load_initial_conftests(
         return (yield)
     finally:
         namespace.file_or_dir = given
+
+
+def _reference_anchor(early_config: pytest.Config) -> Path:
+    """An empty folder of the dataset cache: no conftest.py, no test folders."""
+    given = getattr(early_config.known_args_namespace, "harbor_cache_dir", None)
+    root = default_cache_dir()
+    if given:
+        root = _absolute(early_config.invocation_params.dir / given)
+    anchor = root / "anchor"
+    anchor.mkdir(parents=True, exist_ok=True)
+    return anchor
 
 
 def _conftest_anchor(invocation_dir: Path, arg: str) -> str:
@@ -158,6 +177,9 @@ def pytest_configure(config: pytest.Config) -> None:
     options = read_options(config)
     # What the controller gave this xdist worker (pytest_configure_node); None elsewhere.
     worker_input: dict[str, Any] | None = getattr(config, "workerinput", None)
+    said: list[str] = []
+    references = resolve_references(options, worker_input, said)
+    options = replace(options, datasets=options.datasets + tuple(r.path for r in references))
     if options.datasets:
         # --harbor-dataset replaces the default arguments (testpaths, the current folder)
         # and adds to arguments given on the command line.
@@ -166,7 +188,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config.args = dataset_args
         else:
             config.args += [arg for arg in dataset_args if arg not in config.args]
-    targets = _targets(config, options.datasets)
+    targets = _targets(config, options.datasets, references)
     dist = getattr(config.option, "dist", "no")
     if targets and dist in SPLITTING_MODES:
         raise pytest.UsageError(
@@ -181,9 +203,12 @@ def pytest_configure(config: pytest.Config) -> None:
         is_worker=worker_input is not None,
         registered_harnesses=_registered_harnesses(config),
         registered_providers=_registered_providers(config),
+        references=references,
     )
     if worker_input is None:
         _warn_about_options(config, run)
+        for text in said:
+            config.issue_config_time_warning(HarborWarning(text), stacklevel=2)
     run.row_digests.update((worker_input or {}).get(_WORKER_DIGESTS) or {})
     run.done_trials.update((worker_input or {}).get(_WORKER_DONE) or ())
     config.stash[HARBOR_RUN] = run
@@ -246,9 +271,14 @@ def _warn_about_options(config: pytest.Config, run: HarborRun) -> None:
         )
 
 
-def _targets(config: pytest.Config, datasets: tuple[Path, ...]) -> list[Target]:
+def _targets(
+    config: pytest.Config, datasets: tuple[Path, ...], references: list[ResolvedDataset]
+) -> list[Target]:
     patterns = config.getini("python_files")
-    targets = [Target(path, is_task=is_task_dir(path)) for path in datasets]
+    given = {reference.path: reference.given for reference in references}
+    targets = [
+        Target(path, is_task=is_task_dir(path), reference=given.get(path)) for path in datasets
+    ]
     for arg in config.args:
         if "::" in arg:
             continue
@@ -259,9 +289,12 @@ def _targets(config: pytest.Config, datasets: tuple[Path, ...]) -> list[Target]:
     for target in targets:
         other = by_taskset.setdefault(target.taskset, target.path)
         if other != target.path:
+            first = given.get(other, str(other))
             raise pytest.UsageError(
-                f"two targets share the taskset name {target.taskset!r}: {other} and "
-                f"{target.path} (the folder name is the taskset; rename one)"
+                f"two targets share the taskset name {target.taskset!r}: {first} and "
+                f"{target.reference or target.path} (a folder's name is its taskset, and a "
+                "reference's the dataset's name: rename the folder, or give a git "
+                "reference #name=)"
             )
     return targets
 
@@ -316,6 +349,9 @@ def pytest_configure_node(node: Any) -> None:
     node.workerinput[_WORKER_RUN_ID] = run.run_id
     node.workerinput[_WORKER_DIGESTS] = dict(run.row_digests)
     node.workerinput[_WORKER_DONE] = sorted(run.done_trials)
+    node.workerinput[WORKER_DATASETS] = [
+        reference.model_dump(mode="json") for reference in run.references.values()
+    ]
 
 
 @pytest.hookimpl(trylast=True)

@@ -10,6 +10,12 @@ from typing import Any, Literal
 
 import pytest
 
+from pytest_harbor.datasets import (
+    DEFAULT_REGISTRY,
+    ResolvedDataset,
+    default_cache_dir,
+    is_reference,
+)
 from pytest_harbor.harnesses import harness_names
 from pytest_harbor.harnesses.model import DEFAULT_API_KEY_ENV
 from pytest_harbor.settings import (
@@ -47,7 +53,28 @@ _OPTIONS = {
     option.name: option
     for option in (
         _Option(
-            "dataset", "a task folder or a folder of task folders (repeatable)", "list", [], "PATH"
+            "dataset",
+            "a task folder, a folder of task folders, harbor:NAME[@VERSION] (a dataset of "
+            "the registry) or git+URL[@REF][#path=FOLDER] (repeatable)",
+            "list",
+            [],
+            "PATH|REF",
+        ),
+        _Option(
+            "registry",
+            "the registry harbor:NAME references are looked up in, a URL or a file in "
+            f"Harbor's registry format (default: {DEFAULT_REGISTRY})",
+            "value",
+            DEFAULT_REGISTRY,
+            "URL|PATH",
+        ),
+        _Option(
+            "cache-dir",
+            "where datasets by reference are fetched to (default: "
+            "$XDG_CACHE_HOME/pytest-harbor/datasets, else ~/.cache/pytest-harbor/datasets)",
+            "value",
+            None,
+            "DIR",
         ),
         _Option(
             "agent", "harness to run: oracle, nop or a registered one", "value", "oracle", "NAME"
@@ -233,6 +260,12 @@ class HarborOptions:
     check: bool = False
     #: Things worth a warning at start-up (a secret given literally on the command line).
     warnings: tuple[str, ...] = ()
+    #: `--harbor-dataset` references (`harbor:...`, `git+...`), as given.
+    references: tuple[str, ...] = ()
+    registry: str = DEFAULT_REGISTRY
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    #: References as a run config recorded them: made again from their commits.
+    pinned_datasets: tuple[ResolvedDataset, ...] = ()
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -282,8 +315,12 @@ def read_options(config: pytest.Config) -> HarborOptions:
             "--harbor-check-repeats / harbor_check_repeats: only with --harbor-check"
         )
     report, report_path = _report(config)
+    folders, references = _datasets(config)
     return HarborOptions(
-        datasets=_folders(config, "dataset"),
+        datasets=folders,
+        references=references,
+        registry=_registry(config),
+        cache_dir=_cache_dir(config),
         # In check mode the run's harness is the oracle (an ini file's agent included).
         agent="oracle" if check else str(_raw(config, "agent")),
         sandbox=str(_raw(config, "sandbox")),
@@ -368,12 +405,44 @@ def _paths(config: pytest.Config, name: str) -> list[Path]:
     return [_absolute(base / value) for value in values]
 
 
-def _folders(config: pytest.Config, name: str) -> tuple[Path, ...]:
-    paths = _paths(config, name)
-    for path in paths:
+def _datasets(config: pytest.Config) -> tuple[tuple[Path, ...], tuple[str, ...]]:
+    """The folders (checked to exist) and the references among `--harbor-dataset`."""
+    option = _OPTIONS["dataset"]
+    given = config.getoption(option.dest)
+    values: list[str] = given if given is not None else config.getini(option.dest)
+    references = tuple(dict.fromkeys(value for value in values if is_reference(value)))
+    folders = [
+        path
+        for value, path in zip(values, _paths(config, "dataset"), strict=True)
+        if not is_reference(value)
+    ]
+    for path in folders:
         if not path.is_dir():
-            raise pytest.UsageError(f"{_OPTIONS[name].flag}: {path} is not a folder")
-    return tuple(dict.fromkeys(paths))
+            raise pytest.UsageError(f"{option.flag}: {path} is not a folder")
+    return tuple(dict.fromkeys(folders)), references
+
+
+def _registry(config: pytest.Config) -> str:
+    """A URL as given; a file relative to where pytest runs (or to the ini file)."""
+    value = _text(config, "registry") or DEFAULT_REGISTRY
+    if "://" in value:
+        return value
+    given = config.getoption(_OPTIONS["registry"].dest) is not None
+    base = config.invocation_params.dir
+    if not given and config.inipath is not None:
+        base = config.inipath.parent
+    return str(_absolute(base / Path(value).expanduser()))
+
+
+def _cache_dir(config: pytest.Config) -> Path:
+    value = _text(config, "cache-dir")
+    if value is None:
+        return default_cache_dir()
+    given = config.getoption(_OPTIONS["cache-dir"].dest) is not None
+    base = config.invocation_params.dir
+    if not given and config.inipath is not None:
+        base = config.inipath.parent
+    return _absolute(base / Path(value).expanduser())
 
 
 def _report(config: pytest.Config) -> tuple[bool, Path | None]:

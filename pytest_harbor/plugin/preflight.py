@@ -98,7 +98,7 @@ class PreFlight:
         manifest = RunManifest.describe(
             run_id=run.run_id,
             started_at=run.started_at,
-            target=target.path,
+            target=target.described,
             taskset=taskset,
             agent=run.harness.name,
             sandbox=run.provider.name,

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from pytest_harbor.datasets import ResolvedDataset
 from pytest_harbor.engine import Episode, EpisodeError, FailureKind
 from pytest_harbor.engine.compose_tasks import compose_spec, refuse_compose
 from pytest_harbor.engine.planning import Selection, TasksetPlan, plan_taskset
@@ -61,10 +62,18 @@ class Target:
 
     path: Path
     is_task: bool
+    #: The `--harbor-dataset` reference the folder was made from (None: a folder given).
+    reference: str | None = None
 
     @property
     def taskset(self) -> str:
+        # A reference's folder is named by its taskset (the dataset's name).
         return self.path.name
+
+    @property
+    def described(self) -> str:
+        """What the user gave: the reference, or the folder."""
+        return self.reference or str(self.path)
 
     @property
     def hook_path(self) -> Path:
@@ -98,8 +107,11 @@ class HarborRun:
         is_worker: bool,
         registered_harnesses: Mapping[str, HarnessFactory] | None = None,
         registered_providers: Mapping[str, ProviderFactory] | None = None,
+        references: Iterable[ResolvedDataset] = (),
     ) -> None:
         self.options = options
+        #: The run's datasets by reference, by the folder each was made into.
+        self.references = {reference.path: reference for reference in references}
         self.run_id = run_id
         self.owner = owner
         self.targets = {target.path: target for target in targets}
@@ -191,6 +203,26 @@ class HarborRun:
         return planned
 
     def _plan(self, target: Target) -> TasksetPlan:
+        reference = self.references.get(target.path)
+        if reference is not None and not reference.tasks:
+            raise TaskLoadError(
+                target.path,
+                f"no task of {reference.given} could be fetched: "
+                + "; ".join(f"{name}: {why}" for name, why in reference.refused.items()),
+            )
+        plan = self._plan_folder(target)
+        if reference is not None:
+            selection = Selection(self.options.only_tasks, self.options.exclude_tasks)
+            for name, why in reference.refused.items():
+                plan.task_ids.append(name)
+                if selection.admits(name):
+                    path = target.path / name
+                    plan.failures[path] = TaskLoadError(
+                        path, f"not fetched ({reference.given}): {why}"
+                    )
+        return plan
+
+    def _plan_folder(self, target: Target) -> TasksetPlan:
         return plan_taskset(
             target.path,
             harness=self.harness.name,

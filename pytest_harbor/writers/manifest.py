@@ -111,7 +111,7 @@ class RunManifest(BaseModel):
         *,
         run_id: str,
         started_at: str,
-        target: Path,
+        target: Path | str,
         taskset: str,
         agent: str,
         sandbox: str,

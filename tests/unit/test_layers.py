@@ -14,6 +14,7 @@ PACKAGE = Path(pytest_harbor.__file__).parent
 LAYERS = [
     {"strict_json", "threads", "ignore", "labels", "locks", "registry", "agent_outcomes"},
     {"tasks"},
+    {"datasets"},
     {"settings"},
     {"redaction"},
     {"sandboxes"},

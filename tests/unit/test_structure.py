@@ -30,7 +30,9 @@ NOT_AT_IMPORT = [
     "pytest_harbor.harnesses.recipes",
     "pytest_harbor.plugin.checks",
     "yaml",  # settings given as text, a config file
-    "urllib.request",  # the model endpoint's check
+    "urllib.request",  # the model endpoint's check, a registry
+    "pytest_harbor.datasets.resolve",  # datasets by reference
+    "pytest_harbor.datasets.git",
 ]
 
 

@@ -1,0 +1,46 @@
+"""Small file helpers of the dataset cache: atomic writes and a tree's content digest."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["tree_digest", "write_text_atomically"]
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Readers see the old text or the new, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(name, path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+
+
+def tree_digest(folder: Path) -> str:
+    """`sha256:` over every entry below `folder`, sorted: `path NUL kind NUL content-hash`,
+    where a file's kind says whether it is executable and a symlink's content is its
+    target. Any change to a file, a mode bit that git keeps, or a link shows."""
+    records = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        base = Path(root)
+        for name in [*files, *(d for d in dirs if (base / d).is_symlink())]:
+            path = base / name
+            relative = path.relative_to(folder).as_posix()
+            if path.is_symlink():
+                kind, content = "link", os.readlink(path).encode()
+            else:
+                kind = "exec" if os.access(path, os.X_OK) else "file"
+                content = path.read_bytes()
+            records.append(f"{relative}\0{kind}\0{hashlib.sha256(content).hexdigest()}\n")
+    digest = hashlib.sha256()
+    for record in sorted(records):
+        digest.update(record.encode())
+    return f"sha256:{digest.hexdigest()}"
