@@ -109,6 +109,7 @@ class PreFlight:
             model=None if run.model is None else run.model.identity(),
             agent_options=run.options.agent_options,
             dataset_config=None if target.is_task else target.path / "dataset.toml",
+            reference=run.reference_record(target),
         )
         run.trial_ids.update(state.ledger.plan(taskset, plan.repeats, digests))
         point = self._resume(manifest) if run.options.resume else None

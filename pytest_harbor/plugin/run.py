@@ -202,6 +202,12 @@ class HarborRun:
             raise planned
         return planned
 
+    def reference_record(self, target: Target) -> dict[str, Any] | None:
+        """A dataset by reference as the results record it (the cache folder left out:
+        it is this machine's)."""
+        reference = self.references.get(target.path)
+        return None if reference is None else reference.model_dump(mode="json", exclude={"folder"})
+
     def _plan(self, target: Target) -> TasksetPlan:
         reference = self.references.get(target.path)
         if reference is not None and not reference.tasks:

@@ -104,6 +104,9 @@ class RunManifest(BaseModel):
     dataset_config_digest: str | None = None
     #: The release that made the rows (what they hold and how they are graded).
     pytest_harbor_version: str | None = None
+    #: A dataset by reference, as resolved: each task's repository, commit, folder and
+    #: digest (None for a folder given by path).
+    reference: dict[str, Any] | None = None
 
     @classmethod
     def describe(
@@ -122,6 +125,7 @@ class RunManifest(BaseModel):
         model: Mapping[str, Any] | None = None,
         agent_options: Mapping[str, Any] | None = None,
         dataset_config: Path | None = None,
+        reference: Mapping[str, Any] | None = None,
     ) -> RunManifest:
         return cls(
             run_id=run_id,
@@ -143,6 +147,7 @@ class RunManifest(BaseModel):
                 else None
             ),
             pytest_harbor_version=_version(),
+            reference=None if reference is None else dict(reference),
         )
 
     def differences(self, current: RunManifest) -> list[str]:
