@@ -167,10 +167,12 @@ def load_settings(
     ini: Mapping[str, str],
     config_files: Iterable[Path],
     assignments: Iterable[str],
+    sources: dict[str, str] | None = None,
 ) -> HarborSettings:
-    """Defaults < ini keys < config files in order < `--harbor-set` (the last one wins)."""
+    """Defaults < ini keys < config files in order < `--harbor-set` (the last one wins).
+    `sources`, when given, is filled with where each setting given came from."""
     values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
+    sources = {} if sources is None else sources
     for key, text in ini.items():
         values[key] = _scalar(text)
         sources[key] = f"ini key harbor_{key}"

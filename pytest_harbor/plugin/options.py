@@ -24,6 +24,7 @@ from pytest_harbor.settings import (
     literal_secrets,
     load_settings,
 )
+from pytest_harbor.writers.run_config import RunRecord
 
 __all__ = ["HarborOptions", "ModelOptions", "add_options", "parse_key_values", "read_options"]
 
@@ -266,6 +267,10 @@ class HarborOptions:
     cache_dir: Path = field(default_factory=default_cache_dir)
     #: References as a run config recorded them: made again from their commits.
     pinned_datasets: tuple[ResolvedDataset, ...] = ()
+    #: Where each option and setting given came from (`--harbor-agent`: "command line").
+    sources: dict[str, str] = field(default_factory=dict)
+    #: The runs the `--harbor-config` run configs record, by taskset.
+    recorded: dict[str, RunRecord] = field(default_factory=dict)
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -316,7 +321,13 @@ def read_options(config: pytest.Config) -> HarborOptions:
         )
     report, report_path = _report(config)
     folders, references = _datasets(config)
+    sources: dict[str, str] = {}
+    for name, option in _OPTIONS.items():
+        where = given_where(config, name)
+        if where is not None:
+            sources[option.flag] = where
     return HarborOptions(
+        sources=sources,
         datasets=folders,
         references=references,
         registry=_registry(config),
@@ -335,7 +346,7 @@ def read_options(config: pytest.Config) -> HarborOptions:
         skip_unloadable=_raw(config, "skip-unloadable"),
         resume=_raw(config, "resume"),
         allow_unsupported_pairing=_raw(config, "allow-unsupported-pairing"),
-        settings=_settings(config),
+        settings=_settings(config, sources),
         warnings=tuple(
             f"--harbor-set secrets.{name}: a secret on the command line can be read by other "
             "users of this machine; give it as env:VARIABLE or file:PATH instead"
@@ -465,7 +476,19 @@ def _names(values: list[str]) -> tuple[str, ...]:
     return tuple(name.strip() for value in values for name in value.split(",") if name.strip())
 
 
-def _settings(config: pytest.Config) -> HarborSettings:
+def given_where(config: pytest.Config, name: str) -> str | None:
+    """Where the option `name` was given: "command line", "ini file PATH", or None when
+    it has its default."""
+    option = _OPTIONS[name]
+    if config.getoption(option.dest) not in (None, False, []):
+        return "command line"
+    value = config.getini(option.dest)
+    if value not in (option.default, None, "", []) and value != option.default:
+        return f"ini file {config.inipath}" if config.inipath else "ini file"
+    return None
+
+
+def _settings(config: pytest.Config, sources: dict[str, str]) -> HarborSettings:
     ini = {}
     for key in HarborSettings.model_fields:
         value = config.getini(f"harbor_{key}")
@@ -473,8 +496,11 @@ def _settings(config: pytest.Config) -> HarborSettings:
             ini[key] = str(value)
     files = _paths(config, "config")
     assignments = config.getoption(_OPTIONS["set"].dest) or config.getini(_OPTIONS["set"].dest)
+    found: dict[str, str] = {}
     try:
-        return load_settings(ini, files, assignments)
+        settings = load_settings(ini, files, assignments, found)
+        sources.update({f"setting {key}": where for key, where in found.items()})
+        return settings
     except SettingsError as error:
         raise pytest.UsageError(str(error)) from None
 
