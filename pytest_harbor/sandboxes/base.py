@@ -107,8 +107,6 @@ class BuildOptions:
     target: str | None = None
     #: Labels the image carries, `(key, value)` sorted (the run's own are added after).
     labels: tuple[tuple[str, str], ...] = ()
-    #: The size of `/dev/shm` for the build's steps, in bytes.
-    shm_size: int | None = None
     #: Lines added to the steps' `/etc/hosts`, `(host, address)` sorted.
     extra_hosts: tuple[tuple[str, str], ...] = ()
     #: `none`: the steps have no network; None: the builder's default.

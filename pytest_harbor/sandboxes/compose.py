@@ -241,6 +241,7 @@ _BUILD_KEYS_REFUSED = {
     "privileged": "runs the build's steps privileged, which reaches the host",
     "entitlements": "grants the build's steps host privileges",
     "ulimits": "sets limits on the build's steps, which the classic builder cannot",
+    "shm_size": "sizes /dev/shm for the build's steps, which BuildKit ignores on some engines",
 }
 
 
@@ -269,8 +270,6 @@ def _service_build(file: Path, root: Path, where: str, build: Mapping[str, Any])
             options[key] = _pairs(value)
         elif key == "extra_hosts":
             options[key] = _hosts(value)
-        elif key == "shm_size":
-            options[key] = _bytes(file, f"{where}.{key}", value)
         elif key in ("no_cache", "pull"):
             options[key] = True
         elif key == "network":
@@ -288,8 +287,8 @@ def _service_build(file: Path, root: Path, where: str, build: Mapping[str, Any])
             raise ComposeRefused(
                 file,
                 f"build option {key} is not supported (remove it; supported: context, "
-                "dockerfile, dockerfile_inline, args, target, labels, shm_size, "
-                "extra_hosts, network, platforms, no_cache, pull)",
+                "dockerfile, dockerfile_inline, args, target, labels, extra_hosts, "
+                "network, platforms, no_cache, pull)",
                 f"{where}.{key}",
             )
     dockerfile = _dockerfile(file, root, where, context, build, "dockerfile_inline" in options)
@@ -347,16 +346,6 @@ def _hosts(value: Any) -> tuple[tuple[str, str], ...]:
         host, _, address = text.partition("=" if "=" in text else ":")
         pairs.append((host, address))
     return tuple(sorted(pairs))
-
-
-def _bytes(file: Path, key: str, value: Any) -> int:
-    """A size as Compose writes it (`"1073741824"`), or with a unit (`1gb`, `512m`)."""
-    text = str(value).strip().lower()
-    match = re.fullmatch(r"(\d+)\s*([kmgt]?)i?b?", text)
-    if match is None:
-        raise ComposeRefused(file, f"{value!r} is not a size (write 256m, say)", key)
-    power = "_kmgt".index(match.group(2) or "_")
-    return int(match.group(1)) << (10 * power)
 
 
 def _build_network(file: Path, key: str, network: str) -> str | None:

@@ -55,7 +55,6 @@ def build_hash(folder: Path, options: BuildOptions | None = None) -> str:
         "args": [list(pair) for pair in options.args],
         "target": options.target,
         "labels": [list(pair) for pair in options.labels],
-        "shm_size": options.shm_size,
         "extra_hosts": [list(pair) for pair in options.extra_hosts],
         "network": options.network,
         "platform": options.platform,

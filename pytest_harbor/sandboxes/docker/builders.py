@@ -47,8 +47,6 @@ def buildx_options(options: BuildOptions, dockerfile: Path | None) -> list[str]:
         flags += ["--build-arg", f"{name}={value}"]
     if options.target is not None:
         flags += ["--target", options.target]
-    if options.shm_size is not None:
-        flags += ["--shm-size", str(options.shm_size)]
     for host, address in options.extra_hosts:
         flags += ["--add-host", f"{host}:{address}"]
     if options.network is not None:
@@ -69,8 +67,6 @@ def classic_options(options: BuildOptions, dockerfile: Path | None) -> dict[str,
         arguments["dockerfile"] = str(dockerfile)
     if options.target is not None:
         arguments["target"] = options.target
-    if options.shm_size is not None:
-        arguments["shmsize"] = options.shm_size
     if options.extra_hosts:
         arguments["extra_hosts"] = dict(options.extra_hosts)
     if options.network is not None:
