@@ -150,6 +150,15 @@ def test_bad_compose_files_are_refused_naming_file_and_key(
             None,
         ),
         "missing-image": ("services:\n  db:\n    image: pytest-harbor-no-such-image:1\n", None),
+        "build-ssh": (
+            "services:\n  main:\n    build:\n      context: .\n      ssh: [default]\n",
+            None,
+        ),
+        "build-outside": (
+            "services:\n  main:\n    build:\n      context: .\n"
+            "      dockerfile: ../../outside.Dockerfile\n",
+            None,
+        ),
     }
     for name, (compose, toml) in bad.items():
         compose_task(dataset, name, compose, toml=toml)
@@ -170,6 +179,8 @@ def test_bad_compose_files_are_refused_naming_file_and_key(
         "host-bind": "services.main.volumes[0]: binds /etc, outside the task folder",
         "external-volume": "volumes.shared.external: external volume 'shared'",
         "missing-image": "services.db.image: image pytest-harbor-no-such-image:1 is not on",
+        "build-ssh": "services.main.build.ssh: ssh hands this machine's SSH agent",
+        "build-outside": "services.main.build.dockerfile: names the Dockerfile",
     }
     for name, words in expected.items():
         assert compose_file in skipped[name] and words in skipped[name], skipped[name]
