@@ -260,9 +260,8 @@ def _service_build(file: Path, root: Path, where: str, build: Mapping[str, Any])
                 file, f"{key} {_BUILD_KEYS_REFUSED[key]}; refused (remove it)", f"{where}.{key}"
             )
         # An empty or false option is the default; `x-` keys are extensions.
-        if not value or key in ("context", "dockerfile") or key in _BUILD_KEYS_IGNORED:
-            continue
-        if key.startswith("x-"):
+        read_apart = key in ("context", "dockerfile") or key in _BUILD_KEYS_IGNORED
+        if not value or read_apart or key.startswith("x-"):
             continue
         if key in ("dockerfile_inline", "target"):
             options[key] = str(value)
