@@ -157,12 +157,13 @@ class SandboxLauncher:
             service: self.provider.prepare_image(
                 ImageSource(
                     docker_image=None,
-                    context_dir=context,
+                    context_dir=build.context,
                     build_timeout_sec=environment.build_timeout_sec,
                     labels=self.image_labels,
+                    build=build.options,
                 )
             )
-            for service, context in spec.builds.items()
+            for service, build in spec.builds.items()
         }
         for image in spec.images().values():
             self.provider.prepare_image(

@@ -9,6 +9,7 @@ from typing import Any
 
 from pytest_harbor.registry import Registry
 from pytest_harbor.sandboxes.base import (
+    BuildOptions,
     ExecResult,
     ImageConfig,
     ImageLayer,
@@ -35,6 +36,7 @@ __all__ = [
     "BUILT_IN_PROVIDERS",
     "PROVIDERS",
     "PROVIDER_ENTRY_POINT_GROUP",
+    "BuildOptions",
     "ExecResult",
     "ImageConfig",
     "ImageLayer",

@@ -18,6 +18,7 @@ __all__ = [
     "SEALED_BUSYBOX",
     "TRUSTED_BUSYBOX",
     "TRUSTED_TOOLS",
+    "BuildOptions",
     "ExecResult",
     "ImageConfig",
     "ImageLayer",
@@ -88,8 +89,40 @@ class SandboxCapabilities:
 
 
 @dataclass(frozen=True)
+class BuildOptions:
+    """How a build context becomes an image beyond its files (the Compose `build` options
+    pytest-harbor honours); the defaults build the context's `Dockerfile` as it is.
+
+    Every field but `no_cache` and `pull` says what the image is, and so is part of the
+    content hash that names it; those two say how a build fetches, not what it makes.
+    """
+
+    #: The Dockerfile, when not the context's own `Dockerfile` (an absolute path).
+    dockerfile: Path | None = None
+    #: The Dockerfile's text, given in place of a file.
+    dockerfile_inline: str | None = None
+    #: Build arguments, `(name, value)` sorted by name.
+    args: tuple[tuple[str, str], ...] = ()
+    #: The stage of a multi-stage Dockerfile to build (None: the last).
+    target: str | None = None
+    #: Labels the image carries, `(key, value)` sorted (the run's own are added after).
+    labels: tuple[tuple[str, str], ...] = ()
+    #: Lines added to the steps' `/etc/hosts`, `(host, address)` sorted.
+    extra_hosts: tuple[tuple[str, str], ...] = ()
+    #: `none`: the steps have no network; None: the builder's default.
+    network: str | None = None
+    #: The platform to build for (None: the engine's own).
+    platform: str | None = None
+    #: Build without the builder's cache.
+    no_cache: bool = False
+    #: Pull a newer version of the base images first.
+    pull: bool = False
+
+
+@dataclass(frozen=True)
 class ImageSource:
-    """Where a task's image comes from: a prebuilt name, or a build context to build."""
+    """Where a task's image comes from: a prebuilt name, or a build context to build
+    (with `build`'s options)."""
 
     docker_image: str | None
     context_dir: Path | None
@@ -97,6 +130,7 @@ class ImageSource:
     labels: Mapping[str, str] = field(default_factory=dict)
     #: Further tries of a pull that failed (the `image_pull_retries` setting).
     pull_retries: int = 0
+    build: BuildOptions = field(default_factory=BuildOptions)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ v2 (`docker compose config`), checked, and turned into the project one episode s
 The `main` service is the agent's sandbox; the others are sidecars that start first (their
 `depends_on` conditions and health checks honoured by `up --wait`). As in Harbor, `main`
 comes from `environment/Dockerfile` or `[environment].docker_image` unless the file gives
-it an image or a build of its own.
+it an image or a build of its own. A service's `build` is built by the provider, with the
+options its builder can honour; the others are refused.
 """
 
 from __future__ import annotations
@@ -15,15 +16,18 @@ import re
 import subprocess
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_harbor.sandboxes.base import BuildOptions
 from pytest_harbor.sandboxes.images import image_tag_for
 
 __all__ = [
     "ComposeRefused",
     "ComposeSpec",
+    "ServiceBuild",
+    "check_config",
     "episode_project",
     "project_name",
     "read_compose",
@@ -50,15 +54,23 @@ def project_name(episode: str, unique: str) -> str:
 
 
 @dataclass(frozen=True)
+class ServiceBuild:
+    """A service's `build`: its context (a folder of the task) and its options."""
+
+    context: Path
+    options: BuildOptions = field(default_factory=BuildOptions)
+
+
+@dataclass(frozen=True)
 class ComposeSpec:
     """A checked Compose project for a task: the canonical configuration (`config`) with
-    `main`'s image left to the episode, and the build contexts of services (built by the
-    provider, once per content hash, then named by `image`)."""
+    `main`'s image left to the episode, and the builds of services (made by the provider,
+    once per content hash of the context and options, then named by `image`)."""
 
     file: Path
     config: Mapping[str, Any]
-    #: Service -> its build context (a folder of the task).
-    builds: Mapping[str, Path]
+    #: Service -> its build.
+    builds: Mapping[str, ServiceBuild]
 
     def images(self) -> dict[str, str]:
         """Services with a prebuilt image (no build): service -> image."""
@@ -130,7 +142,7 @@ def read_compose(
             config = run_config([base_file, *files], environment_dir, env)
         except ValueError as error:
             raise ComposeRefused(named, f"does not parse as Compose: {error}") from None
-    return _check(task_path, named, config)
+    return check_config(task_path, named, config)
 
 
 def _interpolation_env(
@@ -163,7 +175,9 @@ def _interpolation_env(
     return {**env, **os.environ, **task_env, **infra}
 
 
-def _check(task_path: Path, file: Path, config: dict[str, Any]) -> ComposeSpec:
+def check_config(task_path: Path, file: Path, config: Mapping[str, Any]) -> ComposeSpec:
+    """The canonical configuration of the task at `task_path` checked: ComposeRefused
+    names the first key of `file` that cannot run here."""
     services: dict[str, Any] = config.get("services") or {}
     if "main" not in services:
         raise ComposeRefused(
@@ -181,7 +195,7 @@ def _check(task_path: Path, file: Path, config: dict[str, Any]) -> ComposeSpec:
                     f"{kind}.{key}.external",
                 )
     root = task_path.resolve()
-    builds: dict[str, Path] = {}
+    builds: dict[str, ServiceBuild] = {}
     for name, service in services.items():
         where = f"services.{name}"
         for key, refused in (
@@ -206,25 +220,154 @@ def _check(task_path: Path, file: Path, config: dict[str, Any]) -> ComposeSpec:
                     )
         build = service.get("build")
         if build:
-            context = Path(str(build.get("context", "."))).resolve()
-            if context != root and root not in context.parents:
-                raise ComposeRefused(
-                    file, f"builds {context}, outside the task folder", f"{where}.build"
-                )
-            unsupported = sorted(set(build) - {"context", "dockerfile"})
-            if unsupported or build.get("dockerfile", "Dockerfile") != "Dockerfile":
-                raise ComposeRefused(
-                    file,
-                    "only build.context (with its Dockerfile) is supported, not "
-                    + ", ".join(unsupported or ["dockerfile"]),
-                    f"{where}.build",
-                )
-            if not (context / "Dockerfile").is_file():
-                raise ComposeRefused(file, f"{context}/Dockerfile is missing", f"{where}.build")
-            builds[name] = context
+            builds[name] = _service_build(file, root, f"{where}.build", build)
         elif not service.get("image"):
             raise ComposeRefused(file, "has neither an image nor a build", where)
     return ComposeSpec(file, config, builds)
+
+
+#: Build keys that cannot change the image and that this builder leaves aside: a cache to
+#: read from (the engine's own cache and the content hash serve) and further names for
+#: the image (the service runs it by its content hash).
+_BUILD_KEYS_IGNORED = frozenset({"cache_from", "tags", "provenance", "sbom"})
+#: Build keys refused when set, with why: each reaches beyond the task folder and the
+#: engine's own build, or cannot be given to both builders (BuildKit and the classic one)
+#: alike.
+_BUILD_KEYS_REFUSED = {
+    "ssh": "hands this machine's SSH agent or keys to the build",
+    "secrets": "mounts secrets into the build, which the classic builder cannot",
+    "additional_contexts": "adds named contexts, which the classic builder cannot take",
+    "cache_to": "writes the build cache outside the engine",
+    "privileged": "runs the build's steps privileged, which reaches the host",
+    "entitlements": "grants the build's steps host privileges",
+    "ulimits": "sets limits on the build's steps, which the classic builder cannot",
+    "shm_size": "sizes /dev/shm for the build's steps, which BuildKit ignores on some engines",
+}
+
+
+def _service_build(file: Path, root: Path, where: str, build: Mapping[str, Any]) -> ServiceBuild:
+    """A service's canonical `build` (as `docker compose config` writes it; `where` is its
+    key path) as a context and options, checked: ComposeRefused names the key that cannot
+    be honoured here. Compose has already resolved an argument given without a value (from
+    the environment and `.env`) or left it out when none set it."""
+    context = Path(str(build.get("context", "."))).resolve()
+    if context != root and root not in context.parents:
+        raise ComposeRefused(file, f"builds {context}, outside the task folder", f"{where}.context")
+    options: dict[str, Any] = {}
+    for key, value in build.items():
+        if key in _BUILD_KEYS_REFUSED and value:
+            raise ComposeRefused(
+                file, f"{key} {_BUILD_KEYS_REFUSED[key]}; refused (remove it)", f"{where}.{key}"
+            )
+        # An empty or false option is the default; `x-` keys are extensions.
+        read_apart = key in ("context", "dockerfile") or key in _BUILD_KEYS_IGNORED
+        if not value or read_apart or key.startswith("x-"):
+            continue
+        if key in ("dockerfile_inline", "target"):
+            options[key] = str(value)
+        elif key in ("args", "labels"):
+            options[key] = _pairs(value)
+        elif key == "extra_hosts":
+            options[key] = _hosts(value)
+        elif key in ("no_cache", "pull"):
+            options[key] = True
+        elif key == "network":
+            options[key] = _build_network(file, f"{where}.{key}", str(value))
+        elif key == "platforms":
+            options["platform"] = _one_platform(file, f"{where}.{key}", list(value or []))
+        elif key == "isolation":
+            if str(value) != "default":
+                raise ComposeRefused(
+                    file,
+                    f"isolation {value} is for Windows containers, which are refused",
+                    f"{where}.{key}",
+                )
+        else:
+            raise ComposeRefused(
+                file,
+                f"build option {key} is not supported (remove it; supported: context, "
+                "dockerfile, dockerfile_inline, args, target, labels, extra_hosts, "
+                "network, platforms, no_cache, pull)",
+                f"{where}.{key}",
+            )
+    dockerfile = _dockerfile(file, root, where, context, build, "dockerfile_inline" in options)
+    return ServiceBuild(context, BuildOptions(dockerfile=dockerfile, **options))
+
+
+def _dockerfile(
+    file: Path,
+    root: Path,
+    where: str,
+    context: Path,
+    build: Mapping[str, Any],
+    inline: bool,
+) -> Path | None:
+    """The Dockerfile a build names, when not the context's own `Dockerfile`: a file in
+    the task folder (a path is from the context)."""
+    named = build.get("dockerfile")
+    if inline:
+        if named not in (None, "Dockerfile"):
+            raise ComposeRefused(
+                file, "names both a dockerfile and a dockerfile_inline", f"{where}.dockerfile"
+            )
+        return None
+    path = (context / str(named or "Dockerfile")).resolve()
+    if path != root and root not in path.parents:
+        raise ComposeRefused(
+            file, f"names the Dockerfile {path}, outside the task folder", f"{where}.dockerfile"
+        )
+    if not path.is_file():
+        raise ComposeRefused(file, f"{path} is missing", f"{where}.dockerfile")
+    return None if path == (context / "Dockerfile").resolve() else path
+
+
+def _pairs(value: Any) -> tuple[tuple[str, str], ...]:
+    """A Compose map or list (`["A=1", "B"]`) as sorted `(name, value)` pairs. An entry
+    with no value is left out: Compose's rule for a build argument nothing sets."""
+    if isinstance(value, Mapping):
+        entries = [(str(name), item) for name, item in value.items()]
+    else:
+        entries = [
+            (name, item if found else None)
+            for name, found, item in (str(entry).partition("=") for entry in value or [])
+        ]
+    return tuple(sorted((name, str(item)) for name, item in entries if item is not None))
+
+
+def _hosts(value: Any) -> tuple[tuple[str, str], ...]:
+    """`extra_hosts` as sorted `(host, address)` pairs: a map, or a list of `host=address`
+    (Compose's canonical form) or `host:address` (an IPv6 address keeps its colons)."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(host), str(address)) for host, address in value.items()))
+    pairs = []
+    for entry in value or []:
+        text = str(entry)
+        host, _, address = text.partition("=" if "=" in text else ":")
+        pairs.append((host, address))
+    return tuple(sorted(pairs))
+
+
+def _build_network(file: Path, key: str, network: str) -> str | None:
+    if network == "default":
+        return None
+    if network == "none":
+        return network
+    if network == "host":
+        raise ComposeRefused(file, "network: host reaches the host; refused", key)
+    raise ComposeRefused(
+        file,
+        f"network {network!r}: a build joins none of the project's networks (they exist "
+        "once the episode starts); use default or none",
+        key,
+    )
+
+
+def _one_platform(file: Path, key: str, platforms: list[Any]) -> str | None:
+    if len(platforms) > 1:
+        raise ComposeRefused(
+            file, "names several platforms; an engine holds one image per name", key
+        )
+    return str(platforms[0]) if platforms else None
 
 
 def episode_project(

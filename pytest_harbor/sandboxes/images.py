@@ -1,8 +1,10 @@
-"""Content hashes of build contexts, and a lock so one process builds each hash."""
+"""Content hashes of build contexts (with the options they are built with), and a lock so
+one process builds each hash."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from contextlib import AbstractContextManager
@@ -10,8 +12,9 @@ from pathlib import Path
 
 from pytest_harbor.ignore import is_ignored
 from pytest_harbor.locks import held
+from pytest_harbor.sandboxes.base import BuildOptions
 
-__all__ = ["build_lock", "context_hash", "image_tag_for"]
+__all__ = ["build_hash", "build_lock", "context_hash", "image_tag_for"]
 
 
 def context_hash(folder: Path) -> str:
@@ -37,9 +40,39 @@ def context_hash(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def image_tag_for(folder: Path) -> str:
-    """The tag a built environment gets: Harbor's `hb__<hash>` naming, 32 hex digits."""
-    return f"hb__{context_hash(folder)[:32]}"
+def build_hash(folder: Path, options: BuildOptions | None = None) -> str:
+    """The content hash of `folder` built with `options`: the folder's own hash with the
+    defaults (an image built before options existed keeps its name), else SHA-256 over it
+    and every option that says what the image is. A Dockerfile named by the options
+    counts by its path from the context and its content (it may lie outside the context).
+    """
+    digest = context_hash(folder)
+    if options is None:
+        return digest
+    record: dict[str, object] = {
+        "dockerfile": None,
+        "dockerfile_inline": options.dockerfile_inline,
+        "args": [list(pair) for pair in options.args],
+        "target": options.target,
+        "labels": [list(pair) for pair in options.labels],
+        "extra_hosts": [list(pair) for pair in options.extra_hosts],
+        "network": options.network,
+        "platform": options.platform,
+    }
+    if options.dockerfile is not None:
+        with options.dockerfile.open("rb") as handle:
+            content = hashlib.file_digest(handle, "sha256").hexdigest()
+        record["dockerfile"] = [os.path.relpath(options.dockerfile, folder), content]
+    if not any(record.values()):
+        return digest
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{digest}\n{text}".encode()).hexdigest()
+
+
+def image_tag_for(folder: Path, options: BuildOptions | None = None) -> str:
+    """The tag an environment built from `folder` (with `options`) gets: Harbor's
+    `hb__<hash>` naming, 32 hex digits."""
+    return f"hb__{build_hash(folder, options)[:32]}"
 
 
 def build_lock(key: str) -> AbstractContextManager[None]:

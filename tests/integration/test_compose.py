@@ -2,11 +2,13 @@
 oracle and nop, refusals in skipped.json (each naming its file and key, the rest of the run
 going on), published ports under parallel episodes, compose_variables, compose_overlay,
 resources on main only, labels on everything a project makes, separate verification with
-a service's artifact, and the reaper taking a killed run's project."""
+a service's artifact, the reaper taking a killed run's project, and services built with
+their own Dockerfile, target and args."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -22,7 +24,8 @@ import pytest
 
 from pytest_harbor.engine.reaper import reap_orphans
 from pytest_harbor.labels import RUN_LABEL, TASK_LABEL
-from pytest_harbor.sandboxes import make_provider
+from pytest_harbor.sandboxes import BuildOptions, make_provider
+from pytest_harbor.sandboxes.images import image_tag_for
 from tests.fixtures import BASE_IMAGE, REPO_ROOT, Dataset, run_harbor, start_run
 
 pytestmark = pytest.mark.docker
@@ -147,6 +150,15 @@ def test_bad_compose_files_are_refused_naming_file_and_key(
             None,
         ),
         "missing-image": ("services:\n  db:\n    image: pytest-harbor-no-such-image:1\n", None),
+        "build-ssh": (
+            "services:\n  main:\n    build:\n      context: .\n      ssh: [default]\n",
+            None,
+        ),
+        "build-outside": (
+            "services:\n  main:\n    build:\n      context: .\n"
+            "      dockerfile: ../../outside.Dockerfile\n",
+            None,
+        ),
     }
     for name, (compose, toml) in bad.items():
         compose_task(dataset, name, compose, toml=toml)
@@ -167,6 +179,8 @@ def test_bad_compose_files_are_refused_naming_file_and_key(
         "host-bind": "services.main.volumes[0]: binds /etc, outside the task folder",
         "external-volume": "volumes.shared.external: external volume 'shared'",
         "missing-image": "services.db.image: image pytest-harbor-no-such-image:1 is not on",
+        "build-ssh": "services.main.build.ssh: ssh hands this machine's SSH agent",
+        "build-outside": "services.main.build.dockerfile: names the Dockerfile",
     }
     for name, words in expected.items():
         assert compose_file in skipped[name] and words in skipped[name], skipped[name]
@@ -396,3 +410,105 @@ def test_a_no_network_project_reaches_its_services_and_nothing_beyond(
     run_harbor(pytester, dataset).assert_outcomes(passed=1)
     watcher.join()
     assert seen and all(seen), seen
+
+
+# ---------------------------------------------------------------- builds with options
+
+#: A multi-stage Dockerfile (not named `Dockerfile`): each service builds its own stage,
+#: which writes its build arguments to /stage.txt; the last stage is neither's.
+STAGES = """\
+# {unique}
+FROM busybox:musl AS sidecar
+SHELL ["/bin/busybox", "sh", "-c"]
+ARG GREETING
+ARG FROM_DOTENV
+RUN echo "side $GREETING $FROM_DOTENV" > /stage.txt
+FROM {base} AS agent
+ARG WHO
+RUN echo "main $WHO" > /stage.txt
+FROM {base}
+RUN echo "the last stage" > /stage.txt
+"""
+BUILT_SERVICES = """\
+services:
+  main:
+    build:
+      context: .
+      dockerfile: stages.Dockerfile
+      target: agent
+      args:
+        WHO: agent
+      labels: ["org.example.dataset={unique}"]
+    depends_on:
+      side:
+        condition: service_healthy
+  side:
+    build:
+      context: .
+      dockerfile: stages.Dockerfile
+      target: sidecar
+      args: ["GREETING=hello", "FROM_DOTENV", "UNSET_ANYWHERE"]
+      labels:
+        org.example.dataset: "{unique}"
+    command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/"]
+    healthcheck:
+      test: ["CMD", "/bin/busybox", "wget", "-q", "-O", "/dev/null", "http://127.0.0.1:8080/stage.txt"]
+      interval: 1s
+      retries: 30
+"""
+#: test.sh: reward 1 when main is its target stage with its argument, and the sidecar
+#: serves what its own stage wrote with its arguments (one from `.env`, one not set).
+STAGES_TOOK_EFFECT = """\
+main=$(cat /stage.txt)
+exec 3<>/dev/tcp/side/8080
+printf 'GET /stage.txt HTTP/1.0\\r\\n\\r\\n' >&3
+side=$(sed '1,/^\\r$/d' <&3)
+echo "main: $main; side: $side"
+if [ "$main" = "main agent" ] && [ "$side" = "side hello from-dotenv" ]
+then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+@pytest.mark.parametrize("builder", ["buildkit", "classic"])
+def test_services_build_their_own_stage_of_a_named_dockerfile_with_their_args(
+    pytester: pytest.Pytester, dataset: Dataset, docker_client: docker.DockerClient, builder: str
+) -> None:
+    """main and a sidecar build one context with another Dockerfile, each its own target
+    and args (a map; a list with a name `.env` sets and one nothing sets): two images, each
+    its stage, with the file's labels and the run's."""
+    unique = dataset.name
+    task = compose_task(
+        dataset,
+        "stages",
+        BUILT_SERVICES.format(unique=unique),
+        toml="[verifier]\ntimeout_sec = 60\n",
+        test_sh=STAGES_TOOK_EFFECT,
+        solve_sh="true\n",
+        extra_files={
+            "environment/stages.Dockerfile": STAGES.format(unique=unique, base=BASE_IMAGE),
+            "environment/.env": "FROM_DOTENV=from-dotenv\n",
+        },
+    )
+    ours = {"label": f"org.example.dataset={unique}"}
+    try:
+        run_harbor(
+            pytester, dataset, f"--harbor-set=sandbox_provider_options.builder={builder}"
+        ).assert_outcomes(passed=1)
+        images = docker_client.images.list(filters=ours)
+        assert len(images) == 2, "one image per service: their options differ"
+        assert all(RUN_LABEL in image.labels for image in images)
+        environment = task / "environment"
+        dockerfile = environment / "stages.Dockerfile"
+        side = BuildOptions(
+            dockerfile=dockerfile,
+            args=(("FROM_DOTENV", "from-dotenv"), ("GREETING", "hello")),
+            target="sidecar",
+            labels=(("org.example.dataset", unique),),
+        )
+        main = dataclasses.replace(side, args=(("WHO", "agent"),), target="agent")
+        tags = {tag for image in images for tag in image.tags}
+        assert tags == {f"{image_tag_for(environment, options)}:latest" for options in (side, main)}
+    finally:
+        for image in docker_client.images.list(filters=ours):
+            docker_client.images.remove(image.id, force=True)
+    assert left_by(docker_client, dataset.name) == []

@@ -1,23 +1,19 @@
 """The images of one engine: the trusted tools' volume, prebuilt images pulled or copied
-from another engine, builds of task folders (BuildKit or the classic builder) and
-install layers, each made once."""
+from another engine, builds of task folders (with `builders.py`'s BuildKit or classic
+builder) and install layers, each made once."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
-import re
-import signal
 import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import docker
 import docker.errors
@@ -30,16 +26,24 @@ from pytest_harbor.sandboxes.archives import (
 )
 from pytest_harbor.sandboxes.base import (
     RUN_LABEL,
+    BuildOptions,
     ImageConfig,
     ImageLayer,
     ImageSource,
     SandboxError,
     SandboxStartError,
 )
+from pytest_harbor.sandboxes.docker.builders import (
+    ClassicBuild,
+    buildkit_build,
+    buildx_options,
+    classic_options,
+    failed_build,
+    note_failed_build,
+)
 from pytest_harbor.sandboxes.docker.engine import (
     ENGINE_ERRORS,
     KILL_GRACE_S,
-    TRANSPORT_ERRORS,
     Endpoint,
     engine_for,
     explain,
@@ -59,119 +63,6 @@ _INSTALL_SCRIPT = "/tmp/pytest-harbor-install.sh"
 _PULL_BACKOFF_S = 0.5
 
 
-def buildkit_build(
-    context: Path,
-    *,
-    tag: str,
-    labels: Mapping[str, str],
-    nocache: bool,
-    what: str,
-    budget: float,
-    budget_name: str,
-    endpoint: Endpoint | None = None,
-) -> None:
-    """A BuildKit build through the buildx CLI plugin (its default builder is the
-    engine's own, so the image lands in the engine). A build past `budget` is stopped: its
-    client goes, and BuildKit cancels what it was doing."""
-    command = ["docker", "buildx", "build", "--progress=plain", "-t", tag]
-    for key, value in labels.items():
-        command += ["--label", f"{key}={value}"]
-    if nocache:
-        command.append("--no-cache")
-    command.append(str(context))
-    try:
-        process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-            env=endpoint.cli_env() if endpoint else None,
-        )
-    except OSError as error:
-        raise SandboxStartError(f"{what}: cannot run docker buildx: {error}") from None
-    try:
-        output, _ = process.communicate(timeout=budget)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        raise SandboxStartError(
-            f"{what} took longer than {budget_name} = {budget:g} s\n"
-            + tail_lines(output.splitlines())
-        ) from None
-    if process.returncode != 0:
-        raise SandboxStartError(f"{what} failed:\n{tail_lines(output.splitlines())}")
-
-
-def _failure_file(tag: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"pytest-harbor-build-{tag}.failed"
-
-
-def failed_build(tag: str, run: str) -> str | None:
-    """The error of a build of `tag` that failed earlier in the run `run`, if one did."""
-    if not run:
-        return None
-    try:
-        noted = json.loads(_failure_file(tag).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(noted, dict) or noted.get("run") != run:
-        return None
-    return str(noted.get("error"))
-
-
-def note_failed_build(tag: str, run: str, error: str) -> None:
-    if run:
-        with contextlib.suppress(OSError):
-            _failure_file(tag).write_text(json.dumps({"run": run, "error": error}))
-
-
-class ClassicBuild:
-    """One image build, followed event by event (run() in a thread of its own)."""
-
-    _STEP_CONTAINER = re.compile(r"Running in ([0-9a-f]{12,64})")
-    _STEP_IMAGE = re.compile(r"^---> ([0-9a-f]{12,64})$")
-
-    def __init__(self, api: docker.APIClient, **arguments: Any) -> None:
-        self._api = api
-        self._arguments = arguments
-        self.log: list[str] = []
-        self.error: str | None = None
-        self._step_container: str | None = None
-
-    def run(self) -> None:
-        try:
-            for event in self._api.build(**self._arguments):
-                text = str(event.get("stream", ""))
-                self.log.extend(text.splitlines())
-                running = self._STEP_CONTAINER.search(text)
-                if running:
-                    self._step_container = running.group(1)
-                if "error" in event:
-                    self.error = str(event["error"]).strip()
-        except ENGINE_ERRORS as error:
-            self.error = explain(error)
-        except TRANSPORT_ERRORS as error:
-            self.error = str(error)
-
-    def remove_steps(self) -> None:
-        """After a failed build: the untagged images its finished steps left (kept by the
-        builder as a cache) go, latest first; tagged ones and those still used stay."""
-        steps = [m.group(1) for line in self.log if (m := self._STEP_IMAGE.match(line.strip()))]
-        for image in reversed(steps):
-            with contextlib.suppress(docker.errors.APIError):
-                if not self._api.inspect_image(image).get("RepoTags"):
-                    self._api.remove_image(image)
-
-    def stop(self) -> None:
-        if self._step_container is not None:
-            with contextlib.suppress(docker.errors.APIError):
-                self._api.kill(self._step_container)
-
-
 class EngineImages:
     """The images of one engine (`endpoint`; None: the one the environment names): each
     made, pulled or copied from a peer engine once, and remembered."""
@@ -183,7 +74,7 @@ class EngineImages:
         self._builder_option = builder
         self._builder: str | None = None
         self._present: set[str] = set()
-        self._tags: dict[Path, str] = {}
+        self._tags: dict[tuple[Path, BuildOptions], str] = {}
         self._configs: dict[str, ImageConfig] = {}
         self._tools_volume: str | None = None
         self._tools_lock = threading.Lock()
@@ -264,10 +155,11 @@ class EngineImages:
             return self._prebuilt(source.docker_image, source.pull_retries)
         if source.context_dir is None:
             raise SandboxStartError("the task names neither a docker_image nor a build context")
-        # Hash each build context once per run, not once per trial.
-        tag = self._tags.get(source.context_dir)
+        # Hash each build context (with its options) once per run, not once per trial.
+        key = (source.context_dir, source.build)
+        tag = self._tags.get(key)
         if tag is None:
-            tag = self._tags[source.context_dir] = image_tag_for(source.context_dir)
+            tag = self._tags[key] = image_tag_for(source.context_dir, source.build)
         if self._has_image(tag):
             return tag
         run = source.labels.get(RUN_LABEL, "")
@@ -417,17 +309,32 @@ class EngineImages:
 
     def _build(self, source: ImageSource, tag: str) -> None:
         assert source.context_dir is not None
-        dockerfile = source.context_dir / "Dockerfile"
-        self._run_build(
-            source.context_dir,
-            tag=tag,
-            labels=dict(source.labels),
-            what=f"building {dockerfile}",
-            budget=source.build_timeout_sec,
-            budget_name="[environment].build_timeout_sec",
-        )
+        options = source.build
+        with tempfile.TemporaryDirectory(prefix="harbor-dockerfile-") as scratch:
+            dockerfile = options.dockerfile
+            what = f"building {dockerfile or source.context_dir / 'Dockerfile'}"
+            if options.dockerfile_inline is not None:
+                # Outside the context: BuildKit reads it from there, and docker-py sends
+                # it inside the context for the classic builder.
+                dockerfile = Path(scratch) / "Dockerfile"
+                dockerfile.write_text(options.dockerfile_inline)
+                what = f"building the dockerfile_inline of {source.context_dir}"
+            if options.target is not None:
+                what += f" (target {options.target})"
+            self._run_build(
+                source.context_dir,
+                tag=tag,
+                # The run's labels win over the file's.
+                labels={**dict(options.labels), **source.labels},
+                what=what,
+                budget=source.build_timeout_sec,
+                budget_name="[environment].build_timeout_sec",
+                nocache=options.no_cache,
+                options=options,
+                dockerfile=dockerfile,
+            )
         if not self._has_image(tag):
-            raise SandboxStartError(f"building {dockerfile} produced no image {tag}")
+            raise SandboxStartError(f"{what} produced no image {tag}")
 
     @property
     def builder(self) -> str:
@@ -460,7 +367,10 @@ class EngineImages:
         budget: float,
         budget_name: str,
         nocache: bool = False,
+        options: BuildOptions | None = None,
+        dockerfile: Path | None = None,
     ) -> None:
+        options = options or BuildOptions()
         if self.builder == "buildkit":
             buildkit_build(
                 context,
@@ -471,6 +381,7 @@ class EngineImages:
                 budget=budget,
                 budget_name=budget_name,
                 endpoint=self.endpoint,
+                flags=buildx_options(options, dockerfile),
             )
             return
         build = ClassicBuild(
@@ -482,6 +393,7 @@ class EngineImages:
             labels=dict(labels),
             nocache=nocache,
             decode=True,
+            **classic_options(options, dockerfile),
         )
         thread = threading.Thread(target=build.run, name="harbor-build", daemon=True)
         thread.start()

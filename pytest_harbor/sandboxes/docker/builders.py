@@ -1,0 +1,190 @@
+"""The two builders of an engine's images: BuildKit through the buildx CLI plugin, and the
+classic builder through the engine's API; the same options reach both. A build that failed
+is noted, so that the run's other trials of the task get its failure without building."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+from pytest_harbor.sandboxes.base import BuildOptions, SandboxStartError
+from pytest_harbor.sandboxes.docker.engine import (
+    ENGINE_ERRORS,
+    TRANSPORT_ERRORS,
+    Endpoint,
+    explain,
+    tail_lines,
+)
+
+__all__ = [
+    "ClassicBuild",
+    "buildkit_build",
+    "buildx_options",
+    "classic_options",
+    "failed_build",
+    "note_failed_build",
+]
+
+
+def buildx_options(options: BuildOptions, dockerfile: Path | None) -> list[str]:
+    """The `docker buildx build` flags for `options` (their labels aside: the caller
+    merges them with the run's); `dockerfile` when not the context's own."""
+    flags: list[str] = []
+    if dockerfile is not None:
+        flags += ["--file", str(dockerfile)]
+    for name, value in options.args:
+        flags += ["--build-arg", f"{name}={value}"]
+    if options.target is not None:
+        flags += ["--target", options.target]
+    for host, address in options.extra_hosts:
+        flags += ["--add-host", f"{host}:{address}"]
+    if options.network is not None:
+        flags += ["--network", options.network]
+    if options.platform is not None:
+        flags += ["--platform", options.platform]
+    if options.pull:
+        flags.append("--pull")
+    return flags
+
+
+def classic_options(options: BuildOptions, dockerfile: Path | None) -> dict[str, Any]:
+    """The classic builder's arguments (docker-py's `APIClient.build`) for `options`, as
+    buildx_options() gives BuildKit's. A Dockerfile outside the context is sent inside it
+    by docker-py."""
+    arguments: dict[str, Any] = {"buildargs": dict(options.args), "pull": options.pull}
+    if dockerfile is not None:
+        arguments["dockerfile"] = str(dockerfile)
+    if options.target is not None:
+        arguments["target"] = options.target
+    if options.extra_hosts:
+        arguments["extra_hosts"] = dict(options.extra_hosts)
+    if options.network is not None:
+        arguments["network_mode"] = options.network
+    if options.platform is not None:
+        arguments["platform"] = options.platform
+    return arguments
+
+
+def buildkit_build(
+    context: Path,
+    *,
+    tag: str,
+    labels: Mapping[str, str],
+    nocache: bool,
+    what: str,
+    budget: float,
+    budget_name: str,
+    endpoint: Endpoint | None = None,
+    flags: list[str] | None = None,
+) -> None:
+    """A BuildKit build through the buildx CLI plugin (its default builder is the
+    engine's own, so the image lands in the engine), with further `flags`. A build past
+    `budget` is stopped: its client goes, and BuildKit cancels what it was doing."""
+    command = ["docker", "buildx", "build", "--progress=plain", "-t", tag]
+    for key, value in labels.items():
+        command += ["--label", f"{key}={value}"]
+    if nocache:
+        command.append("--no-cache")
+    command += [*(flags or []), str(context)]
+    try:
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+            env=endpoint.cli_env() if endpoint else None,
+        )
+    except OSError as error:
+        raise SandboxStartError(f"{what}: cannot run docker buildx: {error}") from None
+    try:
+        output, _ = process.communicate(timeout=budget)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise SandboxStartError(
+            f"{what} took longer than {budget_name} = {budget:g} s\n"
+            + tail_lines(output.splitlines())
+        ) from None
+    if process.returncode != 0:
+        raise SandboxStartError(f"{what} failed:\n{tail_lines(output.splitlines())}")
+
+
+def _failure_file(tag: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"pytest-harbor-build-{tag}.failed"
+
+
+def failed_build(tag: str, run: str) -> str | None:
+    """The error of a build of `tag` that failed earlier in the run `run`, if one did."""
+    if not run:
+        return None
+    try:
+        noted = json.loads(_failure_file(tag).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(noted, dict) or noted.get("run") != run:
+        return None
+    return str(noted.get("error"))
+
+
+def note_failed_build(tag: str, run: str, error: str) -> None:
+    if run:
+        with contextlib.suppress(OSError):
+            _failure_file(tag).write_text(json.dumps({"run": run, "error": error}))
+
+
+class ClassicBuild:
+    """One image build, followed event by event (run() in a thread of its own)."""
+
+    _STEP_CONTAINER = re.compile(r"Running in ([0-9a-f]{12,64})")
+    _STEP_IMAGE = re.compile(r"^---> ([0-9a-f]{12,64})$")
+
+    def __init__(self, api: docker.APIClient, **arguments: Any) -> None:
+        self._api = api
+        self._arguments = arguments
+        self.log: list[str] = []
+        self.error: str | None = None
+        self._step_container: str | None = None
+
+    def run(self) -> None:
+        try:
+            for event in self._api.build(**self._arguments):
+                text = str(event.get("stream", ""))
+                self.log.extend(text.splitlines())
+                running = self._STEP_CONTAINER.search(text)
+                if running:
+                    self._step_container = running.group(1)
+                if "error" in event:
+                    self.error = str(event["error"]).strip()
+        except ENGINE_ERRORS as error:
+            self.error = explain(error)
+        except TRANSPORT_ERRORS as error:
+            self.error = str(error)
+
+    def remove_steps(self) -> None:
+        """After a failed build: the untagged images its finished steps left (kept by the
+        builder as a cache) go, latest first; tagged ones and those still used stay."""
+        steps = [m.group(1) for line in self.log if (m := self._STEP_IMAGE.match(line.strip()))]
+        for image in reversed(steps):
+            with contextlib.suppress(docker.errors.APIError):
+                if not self._api.inspect_image(image).get("RepoTags"):
+                    self._api.remove_image(image)
+
+    def stop(self) -> None:
+        if self._step_container is not None:
+            with contextlib.suppress(docker.errors.APIError):
+                self._api.kill(self._step_container)
