@@ -24,6 +24,7 @@ from pytest_harbor.plugin.ledger import trial_of
 from pytest_harbor.plugin.nodes import HarborTaskset, HarborTurnItem, HarborWarning
 from pytest_harbor.plugin.options import add_options, read_options
 from pytest_harbor.plugin.preflight import PreFlight
+from pytest_harbor.plugin.recorded import apply_run_configs
 from pytest_harbor.plugin.recording import ResultRecorder
 from pytest_harbor.plugin.references import WORKER_DATASETS, resolve_references
 from pytest_harbor.plugin.reporting import RunReport
@@ -174,7 +175,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    options = read_options(config)
+    options = apply_run_configs(config, read_options(config))
     # What the controller gave this xdist worker (pytest_configure_node); None elsewhere.
     worker_input: dict[str, Any] | None = getattr(config, "workerinput", None)
     said: list[str] = []

@@ -26,7 +26,15 @@ from pytest_harbor.settings import (
 )
 from pytest_harbor.writers.run_config import RunRecord
 
-__all__ = ["HarborOptions", "ModelOptions", "add_options", "parse_key_values", "read_options"]
+__all__ = [
+    "HarborOptions",
+    "ModelOptions",
+    "add_options",
+    "config_files",
+    "given_where",
+    "parse_key_values",
+    "read_options",
+]
 
 
 @dataclass(frozen=True)
@@ -474,6 +482,11 @@ def _report(config: pytest.Config) -> tuple[bool, Path | None]:
 
 def _names(values: list[str]) -> tuple[str, ...]:
     return tuple(name.strip() for value in values for name in value.split(",") if name.strip())
+
+
+def config_files(config: pytest.Config) -> list[Path]:
+    """The `--harbor-config` files, in order."""
+    return _paths(config, "config")
 
 
 def given_where(config: pytest.Config, name: str) -> str | None:

@@ -18,6 +18,7 @@ from pytest_harbor.harnesses.base import SpeaksModelApi
 from pytest_harbor.harnesses.model import ModelEndpointError, check_endpoint
 from pytest_harbor.plugin.ledger import trial_id
 from pytest_harbor.plugin.nodes import task_warnings
+from pytest_harbor.plugin.recorded import describe_run, recorded_differences
 from pytest_harbor.plugin.reporting import RunReport
 from pytest_harbor.plugin.run import Target
 from pytest_harbor.sandboxes import SandboxStartError
@@ -28,6 +29,7 @@ from pytest_harbor.writers.lock import ResultsFolderBusy, ResultsLock
 from pytest_harbor.writers.manifest import ManifestError, RunManifest, secrets_key
 from pytest_harbor.writers.materialized import write_task_rows
 from pytest_harbor.writers.resume import ResumePoint, read_resume_point
+from pytest_harbor.writers.run_config import run_config_name
 
 __all__ = ["PreFlight", "warn_once"]
 
@@ -111,6 +113,15 @@ class PreFlight:
             dataset_config=None if target.is_task else target.path / "dataset.toml",
             reference=run.reference_record(target),
         )
+        recorded = run.options.recorded.get(taskset)
+        if recorded is not None:
+            differences = recorded_differences(recorded, digests)
+            if differences:
+                raise pytest.UsageError(
+                    f"--harbor-config: the tasks of {taskset} are not those of the recorded "
+                    f"run {recorded.run_id}:\n  " + "\n  ".join(differences)
+                )
+        state.records[taskset] = describe_run(run, config, target, manifest)
         run.trial_ids.update(state.ledger.plan(taskset, plan.repeats, digests))
         point = self._resume(manifest) if run.options.resume else None
         state.manifests[taskset] = manifest
@@ -158,6 +169,8 @@ class PreFlight:
         def begin() -> None:
             taskset = plan.taskset
             state.manifests[taskset].write(run.layout.manifest_file(taskset), run.redactor)
+            folder = run.layout.taskset_dir(taskset)
+            state.records[taskset].write(folder / run_config_name(run.options.agent), run.redactor)
             write_task_rows(run.layout, run.harness.name, plan)
             state.skipped.open(taskset)
 

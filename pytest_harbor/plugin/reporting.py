@@ -15,6 +15,7 @@ from pytest_harbor.writers import RolloutsWriter
 from pytest_harbor.writers.folder import EarlierRun
 from pytest_harbor.writers.manifest import RunManifest
 from pytest_harbor.writers.materialized import SkippedLog
+from pytest_harbor.writers.run_config import RunRecord
 
 if TYPE_CHECKING:
     from pytest_harbor.plugin.checks import Problem, TaskCheck
@@ -38,6 +39,8 @@ class RunReport:
     #: Check mode's findings: fed every report, read at the end of the run.
     check: TaskCheck | None
     manifests: dict[str, RunManifest] = field(default_factory=dict)
+    #: What each taskset's run_config_<agent>.yaml records.
+    records: dict[str, RunRecord] = field(default_factory=dict)
     #: What each taskset's folder held from an earlier run as this one started.
     earlier: dict[str, EarlierRun | None] = field(default_factory=dict)
     #: Each taskset's plan, as the run planned it at its start.
