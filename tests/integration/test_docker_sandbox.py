@@ -346,3 +346,26 @@ def test_a_process_finds_the_tools_volume_without_a_helper_container(
     made = list(docker_client.events(since=since, until=until, decode=True, filters=helpers))
     assert made == []
     assert docker_client.volumes.get(f"{name}-ready") is not None
+
+
+def test_an_exec_the_runtime_could_not_start_is_tried_again(
+    start: StartSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No process at all (here: a user the image lacks, as when the runtime cannot make
+    the exec's process in a sandbox at its pids cap): tried again, three pauses apart.
+    A command that ran and exited 126 is not."""
+    sandbox = start()
+    calls: list[list[str]] = []
+    once = DockerSandbox._exec_once
+
+    def counted(self: DockerSandbox, argv: list[str], *args: object) -> object:
+        calls.append(argv)
+        return once(self, argv, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DockerSandbox, "_exec_once", counted)
+    monkeypatch.setattr("pytest_harbor.sandboxes.docker.sandbox._NOT_STARTED_PAUSES_S", (0, 0, 0))
+    never = sandbox.exec(["true"], user="no-such-user", timeout=10)
+    assert never.exit_code == 126 and len(calls) == 4
+    calls.clear()
+    ran = sandbox.exec(["sh", "-c", "exit 126"], timeout=10)
+    assert ran.exit_code == 126 and len(calls) == 1

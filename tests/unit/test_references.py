@@ -275,3 +275,43 @@ def test_a_git_reference_leaves_out_the_conftest_at_its_top(tmp_path: Path, repo
     )
     assert resolved.name == "tasks"
     assert sorted(p.name for p in resolved.path.iterdir()) == ["hello", "world"]
+
+
+def test_tasks_at_several_commits_take_one_fetch_each(
+    tmp_path: Path, repo: TaskRepo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = repo.commit()
+    (repo.path / "tasks" / "world" / "instruction.md").write_text("The second commit's.\n")
+    second = repo.commit()
+    log = _git_log(tmp_path, monkeypatch)
+    registry = _registry(
+        tmp_path,
+        [
+            {
+                "name": "hello",
+                "git_url": repo.file_url,
+                "git_commit_id": first,
+                "path": "tasks/hello",
+            },
+            {
+                "name": "world",
+                "git_url": repo.file_url,
+                "git_commit_id": second,
+                "path": "tasks/world",
+            },
+            {
+                "name": "old-world",
+                "git_url": repo.file_url,
+                "git_commit_id": first,
+                "path": "tasks/world",
+            },
+        ],
+    )
+    resolved = DatasetCache(tmp_path / "cache", print).resolve("harbor:demo", registry)
+    assert not resolved.refused
+    assert (resolved.path / "world" / "instruction.md").read_text() == "The second commit's.\n"
+    assert (resolved.path / "old-world" / "instruction.md").read_text() != (
+        "The second commit's.\n"
+    )
+    fetches = [line for line in log.read_text().splitlines() if " fetch " in line]
+    assert len(fetches) == 2

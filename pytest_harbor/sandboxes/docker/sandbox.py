@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -53,6 +54,9 @@ _GO_MODE_DIR = 1 << 31
 #: its process group) on stderr before anything else, so a deadline can kill the whole
 #: group; then runs the command found on PATH by its full path (a bare name would run the
 #: busybox applet of that name instead of the image's program).
+#: Pauses before an exec whose process the runtime could not start is tried again.
+_NOT_STARTED_PAUSES_S = (0.1, 0.5, 1.5)
+
 _PID_WRAPPER = """echo "$$" >&2
 command=$1; shift
 case $command in */*) exec "$command" "$@" ;; esac
@@ -115,8 +119,30 @@ class DockerSandbox:
                 "sh",
                 *argv,
             ]
-        if timeout is not None:
-            argv = [TRUSTED_BUSYBOX, "sh", "-c", _PID_WRAPPER, "sh", *argv]
+        if timeout is None:
+            return self._exec_once(argv, user, workdir, env, timeout, stdin)[0]
+        argv = [TRUSTED_BUSYBOX, "sh", "-c", _PID_WRAPPER, "sh", *argv]
+        for pause in (*_NOT_STARTED_PAUSES_S, None):
+            result, started = self._exec_once(argv, user, workdir, env, timeout, stdin)
+            # The wrapper's first act is to say its pid: without it, the runtime could not
+            # start the process at all (a sandbox at its pids cap can make runc's own
+            # threads fail), and nothing of the command ran: it is tried again.
+            if started or result.exit_code != 126 or result.timed_out or pause is None:
+                return result
+            time.sleep(pause)
+        raise AssertionError("unreachable")
+
+    def _exec_once(
+        self,
+        argv: list[str],
+        user: str | None,
+        workdir: str | None,
+        env: Mapping[str, str] | None,
+        timeout: float | None,
+        stdin: bytes | None,
+    ) -> tuple[ExecResult, bool]:
+        """One exec, and whether its command started (known only with a timeout)."""
+        engine = engine_for(self._endpoint)
         try:
             exec_id = engine.api.exec_create(
                 self._id,
@@ -157,12 +183,13 @@ class DockerSandbox:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: the output of {argv[0]} was lost ({reader.broken})"
             )
-        return ExecResult(
+        result = ExecResult(
             exit_code=-1 if exit_code is None or info.get("Running") else int(exit_code),
             stdout_bytes=reader.out.value(),
             stderr_bytes=reader.stderr(),
             timed_out=timed_out,
         )
+        return result, reader.wait_for_pid(0) is not None
 
     def spawn(
         self, command: Sequence[str], *, user: str | None = None, workdir: str | None = None
