@@ -1,26 +1,12 @@
-"""Small file helpers of the dataset cache: atomic writes and a tree's content digest."""
+"""The content digest of a cached folder."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
-__all__ = ["tree_digest", "write_text_atomically"]
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """Readers see the old text or the new, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(name, path)
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
+__all__ = ["tree_digest"]
 
 
 def tree_digest(folder: Path) -> str:

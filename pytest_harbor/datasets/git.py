@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from pytest_harbor.datasets.files import write_text_atomically
+from pytest_harbor.atomic import write_atomically
 from pytest_harbor.datasets.references import is_full_commit
 from pytest_harbor.locks import held
 
@@ -180,7 +180,7 @@ class GitStore:
                 "commit": commit,
                 "resolved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
-            write_text_atomically(self.root / "refs.json", json.dumps(kept, indent=2) + "\n")
+            write_atomically(self.root / "refs.json", json.dumps(kept, indent=2) + "\n")
 
 
 def _check_members(tar: tarfile.TarFile, url: str, commit: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from pytest_harbor.datasets.files import write_text_atomically
+from pytest_harbor.atomic import write_atomically
 from pytest_harbor.datasets.references import DEFAULT_REGISTRY, RegistryReference
 
 __all__ = [
@@ -82,7 +82,7 @@ def read_registry(
         )
         return _parse(kept.read_text(encoding="utf-8"), f"{source} (kept at {kept})")
     datasets = _parse(text, source)
-    write_text_atomically(kept, text)
+    write_atomically(kept, text)
     return datasets
 
 

@@ -10,7 +10,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from pytest_harbor.datasets.files import tree_digest, write_text_atomically
+from pytest_harbor.atomic import write_atomically
+from pytest_harbor.datasets.files import tree_digest
 from pytest_harbor.datasets.git import GitError, GitStore
 from pytest_harbor.datasets.models import PinnedTask, ResolvedDataset
 from pytest_harbor.datasets.references import (
@@ -165,7 +166,7 @@ class DatasetCache:
                 "path": task.path,
                 "digest": digest,
             }
-            write_text_atomically(entry / "entry.json", json.dumps(record, indent=2) + "\n")
+            write_atomically(entry / "entry.json", json.dumps(record, indent=2) + "\n")
             return _checked(task, digest)
 
     def _view(self, name: str, tasks: list[PinnedTask], *, one_folder: bool) -> Path:
@@ -194,7 +195,7 @@ class DatasetCache:
                     copy = scratch / name / task.name
                     shutil.copytree(self._entry(task) / "tree", copy, symlinks=True)
                     digests[task.name] = tree_digest(copy)
-            write_text_atomically(scratch / "view.json", json.dumps(digests, indent=2) + "\n")
+            write_atomically(scratch / "view.json", json.dumps(digests, indent=2) + "\n")
             scratch.rename(views / key)
         return folder
 
