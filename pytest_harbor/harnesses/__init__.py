@@ -123,6 +123,11 @@ def make_harness(
     """A harness by name: built in, `registered` (by the pytest hook), an installed entry
     point naming a class or a factory (each called with `options=`), or a CLI agent's
     recipe (by name, or a recipe file's path; RecipeError when it is broken)."""
+    if name.startswith("harbor:"):
+        # One of Harbor's own agents: Harbor is imported only now (an optional extra).
+        from pytest_harbor.harnesses.harbor_agents import harbor_agent
+
+        return harbor_agent(name, options)
     factory = HARNESSES.find(name, registered)
     if factory is None:
         # A CLI agent by its recipe: shipped, from an entry point, or a recipe file.

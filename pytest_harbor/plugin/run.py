@@ -127,9 +127,8 @@ class HarborRun:
         except RecipeError as error:
             raise pytest.UsageError(f"--harbor-agent: {error}") from None
         except ImportError as error:
-            raise pytest.UsageError(
-                f"--harbor-agent {options.agent}: {error}; install pytest-harbor[agents]"
-            ) from None
+            extra = "" if options.agent.startswith("harbor:") else "; install pytest-harbor[agents]"
+            raise pytest.UsageError(f"--harbor-agent {options.agent}: {error}{extra}") from None
         #: Check mode's second harness, run once per task beside the oracle's repeats.
         self.check_harness: Harness | None = make_harness("nop", {}) if options.check else None
         #: The model the harness talks to (None for harnesses that talk to none).

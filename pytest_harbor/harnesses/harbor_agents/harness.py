@@ -1,0 +1,215 @@
+"""`--harbor-agent=harbor:NAME` (or `harbor:module.path:Class`): Harbor's own agents, run
+unchanged on the episode's sandbox through SandboxEnvironment.
+
+The agent is made once per session and set up in `open_session` (within the harness's
+set-up allowance); each turn runs `agent.run()` on an event loop of its own, bounded by the
+turn's deadline and stopped when the run is interrupted. Harbor is imported here only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_harbor.harnesses.base import (
+    AgentFailure,
+    AgentRun,
+    AgentSetupError,
+    Deadline,
+    Harness,
+    HarnessOptionsError,
+    HarnessSession,
+    SessionContext,
+    TurnContext,
+    Usage,
+)
+
+__all__ = ["HarborAgentHarness"]
+
+
+class _Cancelled(Exception):
+    """The run is being interrupted."""
+
+
+class HarborAgentHarness(Harness):
+    """One of Harbor's agents: a registered name (`terminus-2`) or an import path
+    (`package.module:Class`)."""
+
+    needs_model = True
+
+    def __init__(self, agent: str, options: Mapping[str, Any] | None = None) -> None:
+        self.agent = agent
+        self.name = f"harbor:{agent}"
+        self.options = dict(options or {})
+        from harbor.agents.factory import AgentFactory
+        from harbor.models.agent.name import AgentName
+
+        if ":" not in agent and agent not in AgentFactory.registered_names():
+            raise HarnessOptionsError(
+                f"Harbor has no agent {agent!r}; it has "
+                + ", ".join(AgentFactory.registered_names())
+            )
+        self._factory = AgentFactory
+        self._name_type = AgentName
+
+    def open_session(self, context: SessionContext) -> HarnessSession:
+        from pytest_harbor.harnesses.harbor_agents.environment import SandboxEnvironment
+
+        logs = context.logs.host_dir
+        logs.mkdir(parents=True, exist_ok=True)
+        environment = SandboxEnvironment(
+            task_dir=context.task.path,
+            name=context.task.id,
+            session_id=context.episode_id,
+            trial_dir=logs / ".harbor-trial",
+            workdir=context.workdir,
+        )
+        environment.default_user = context.agent_user
+        agent = self._make(logs, context)
+        session = _Session(agent, environment)
+        try:
+            session.call(context, agent.setup(environment))
+        except _Timeout:
+            raise AgentSetupError("the agent's set-up ran out of time", "timeout") from None
+        except _Cancelled:
+            raise AgentSetupError("the run was interrupted during the agent's set-up") from None
+        except Exception as error:  # the agent's own failure, whatever its kind
+            raise AgentSetupError(f"the agent's set-up failed: {_describe(error)}") from None
+        return session
+
+    def _make(self, logs: Path, context: SessionContext) -> Any:
+        kwargs: dict[str, Any] = dict(self.options)
+        model = context.model
+        model_name = None
+        if model is not None:
+            model_name = model.name if "/" in model.name else f"openai/{model.name}"
+            kwargs.setdefault("base_url", model.base_url)
+            key = model.api_key.get_secret_value() if model.api_key is not None else ""
+            kwargs.setdefault(
+                "extra_env", {"OPENAI_API_KEY": key, "OPENAI_BASE_URL": model.base_url}
+            )
+            for name in ("temperature", "reasoning_effort"):
+                if name in model.params:
+                    kwargs.setdefault(name, model.params[name])
+        try:
+            if ":" in self.agent:
+                return self._factory.create_agent_from_import_path(
+                    self.agent, logs_dir=logs, model_name=model_name, **kwargs
+                )
+            return self._factory.create_agent_from_name(
+                self._name_type(self.agent), logs_dir=logs, model_name=model_name, **kwargs
+            )
+        except Exception as error:
+            raise AgentSetupError(
+                f"cannot make Harbor's {self.agent}: {_describe(error)}"
+            ) from None
+
+
+class _Timeout(Exception):
+    """The call ran past its deadline."""
+
+
+class _Session:
+    def __init__(self, agent: Any, environment: Any) -> None:
+        self.agent = agent
+        self.environment = environment
+
+    def call(self, context: SessionContext, work: Coroutine[Any, Any, Any]) -> Any:
+        """Run `work` against this call's sandbox, until it ends, the deadline passes
+        (_Timeout) or the run is interrupted (_Cancelled)."""
+        self.environment.attach(context.sandbox, context.deadline)
+        try:
+            return asyncio.run(_bounded(work, context.deadline, context.cancel))
+        finally:
+            self.environment.detach()
+
+    def run_turn(self, context: TurnContext) -> AgentRun:
+        from harbor.models.agent.context import AgentContext
+
+        agent_context = AgentContext()
+        failure: AgentFailure | None = None
+        timed_out = False
+        try:
+            self.call(context, self.agent.run(context.instruction, self.environment, agent_context))
+        except _Timeout:
+            timed_out = True
+            failure = AgentFailure("timeout", "the agent ran out of time")
+        except _Cancelled:
+            failure = AgentFailure("agent_crashed", "the run was interrupted")
+        except Exception as error:  # the agent's own failure, whatever its kind
+            failure = AgentFailure(_cause(error), _describe(error))
+        return AgentRun(
+            timed_out=timed_out,
+            failure=failure,
+            usage=_usage(agent_context),
+            trajectory=_trajectory(context.logs.host_dir),
+            log_tail=_describe_logs(context.logs.host_dir),
+        )
+
+    def close(self, context: SessionContext) -> None:
+        self.environment.detach()
+
+
+async def _bounded(
+    work: Coroutine[Any, Any, Any], deadline: Deadline, cancel: threading.Event
+) -> Any:
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        if cancel.is_set() or deadline.expired:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            raise _Cancelled() if not deadline.expired else _Timeout()
+        await asyncio.wait({task}, timeout=min(0.1, max(deadline.remaining(), 0.01)))
+    return task.result()
+
+
+def _usage(context: Any) -> Usage:
+    return Usage(
+        prompt_tokens=context.n_input_tokens or 0,
+        completion_tokens=context.n_output_tokens or 0,
+        cost_usd=context.cost_usd,
+    )
+
+
+def _trajectory(logs: Path) -> Any:
+    """The agent's ATIF trajectory, as the engine's ATIF v1.7 subset takes it; None (the
+    engine then writes its own two-step transcript) when there is none or it does not fit."""
+    from pydantic import ValidationError
+
+    from pytest_harbor.harnesses.atif import Trajectory
+
+    path = logs / "trajectory.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data["schema_version"] = "ATIF-v1.7"
+        return Trajectory.model_validate(data)
+    except (OSError, ValueError, ValidationError):
+        return None
+
+
+def _cause(error: BaseException) -> Any:
+    name = type(error).__name__.lower()
+    if "ratelimit" in name:
+        return "rate_limited"
+    if "contextwindow" in name or "contextlength" in name:
+        return "context_length_exceeded"
+    if "apierror" in name or "apiconnection" in name or "serviceunavailable" in name:
+        return "api_error"
+    return "agent_crashed"
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:2000]
+
+
+def _describe_logs(logs: Path) -> str:
+    names = sorted(str(path.relative_to(logs)) for path in logs.rglob("*") if path.is_file())
+    return "Harbor agent logs: " + ", ".join(names[:20]) if names else ""

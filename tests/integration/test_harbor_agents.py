@@ -1,0 +1,112 @@
+"""Harbor's own agents on pytest-harbor's sandboxes: terminus-2 against a scripted
+Chat Completions server on 127.0.0.1 that answers in terminus-2's format, run by pytest
+from the Python 3.12 environment that has Harbor."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures import Dataset, Server, write_task
+from tests.harbor_agents import TMUX_DOCKERFILE, harbor_pytest, needs_harbor, terminus
+from tests.model_server import ChatRequest, Reply, answer
+
+pytestmark = [pytest.mark.docker, needs_harbor()]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tmux_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The tasks' image (tmux on Debian) is built once for the module, then removed."""
+    yield
+    import docker
+    import docker.errors
+
+    from pytest_harbor.sandboxes.images import image_tag_for
+
+    context = tmp_path_factory.mktemp("tmux") / "environment"
+    context.mkdir()
+    (context / "Dockerfile").write_text(TMUX_DOCKERFILE)
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        docker.from_env().images.remove(image_tag_for(context), force=True)
+
+
+def _toml(agent_s: float = 60) -> str:
+    return f"[agent]\ntimeout_sec = {agent_s}\n[verifier]\ntimeout_sec = 30\n"
+
+
+def _rows(folder: Path) -> dict[str, dict[str, Any]]:
+    lines = (folder / "rollouts.jsonl").read_text().splitlines()
+    return {row["task_id"]: row for row in map(json.loads, lines)}
+
+
+def _assistant_turns(request: ChatRequest) -> int:
+    return sum(1 for message in request.messages if message.get("role") == "assistant")
+
+
+def test_terminus_2_solves_and_fails_tasks_on_our_sandboxes(
+    tmp_path: Path, dataset: Dataset, model_server: Server
+) -> None:
+    write_task(
+        dataset.path,
+        "solve",
+        toml=_toml(),
+        dockerfile=TMUX_DOCKERFILE,
+        instruction="Write 1 to /tmp/answer.\n",
+    )
+    write_task(
+        dataset.path,
+        "give-up",
+        toml=_toml(),
+        dockerfile=TMUX_DOCKERFILE,
+        instruction="Give up at once.\n",
+    )
+
+    def script(request: ChatRequest) -> Reply:
+        turns = _assistant_turns(request)
+        if "Give up at once." in str(request.messages):
+            return answer(terminus(complete=True))
+        if turns == 0:
+            return answer(terminus("echo 1 > /tmp/answer\n"))
+        # terminus-2 asks again before it ends: the second `task_complete` confirms.
+        return answer(terminus(complete=True))
+
+    server = model_server(script)
+    done = harbor_pytest(
+        tmp_path, server, f"--harbor-dataset={dataset.path}", "--harbor-agent=harbor:terminus-2"
+    )
+    assert "1 passed" in done.stdout and "1 failed" in done.stdout, done.stdout[-3000:]
+    rows = _rows(tmp_path / "out" / "harbor" / dataset.name)
+    assert (rows["solve"]["reward"], rows["give-up"]["reward"]) == (1.0, 0.0)
+    assert rows["solve"]["agent"] == "harbor:terminus-2"
+    assert rows["solve"]["usage"]["prompt_tokens"] > 0
+    # terminus-2's own ATIF trajectory reached the verifier and the results.
+    trajectory = json.loads(
+        (tmp_path / "out/harbor" / dataset.name / "verifier/solve__r0/trajectory.json").read_text()
+    )
+    assert trajectory["agent"]["name"] == "terminus-2"
+    assert any("echo 1 > /tmp/answer" in json.dumps(step) for step in trajectory["steps"])
+    assert (tmp_path / "out/harbor" / dataset.name / "agent/solve__r0/trajectory.json").is_file()
+    assert server.api_key not in done.stdout
+
+
+def test_terminus_2_that_never_stops_is_cut_off_and_verified(
+    tmp_path: Path, dataset: Dataset, model_server: Server
+) -> None:
+    write_task(dataset.path, "busy", toml=_toml(agent_s=8), dockerfile=TMUX_DOCKERFILE)
+    server = model_server(lambda request: answer(terminus("echo 1 > /tmp/answer; sleep 0.5\n")))
+    done = harbor_pytest(
+        tmp_path, server, f"--harbor-dataset={dataset.path}", "--harbor-agent=harbor:terminus-2"
+    )
+    assert "1 passed" in done.stdout, done.stdout[-3000:]
+    (row,) = _rows(tmp_path / "out" / "harbor" / dataset.name).values()
+    assert (row["reward"], row["failure_kind"], row["failure_cause"]) == (
+        1.0,
+        "agent_timeout",
+        "timeout",
+    )
+    assert row["timings"]["agent_s"] < 30
