@@ -46,7 +46,7 @@ def terminus(*keystrokes: str, complete: bool = False) -> str:
 
 
 def harbor_pytest(
-    cwd: Path, server: ScriptedModel, *args: str, timeout: float = 600
+    cwd: Path, server: ScriptedModel, *args: str, timeout: float = 600, extra_path: str = ""
 ) -> subprocess.CompletedProcess[str]:
     """pytest in `cwd`, from .venv-harbor, pointed at `server`; no network for LiteLLM's
     price list, and no terminal recording (it would install asciinema)."""
@@ -55,6 +55,8 @@ def harbor_pytest(
         "HARBOR_MODEL_API_KEY": server.api_key,
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     }
+    if extra_path:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [extra_path, env.get("PYTHONPATH")]))
     return subprocess.run(
         [
             str(HARBOR_PYTHON),

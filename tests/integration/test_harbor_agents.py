@@ -110,3 +110,78 @@ def test_terminus_2_that_never_stops_is_cut_off_and_verified(
         "timeout",
     )
     assert row["timings"]["agent_s"] < 30
+
+
+PROBES = str(Path(__file__).resolve().parent.parent / "data")
+
+
+def _probe_run(tmp_path: Path, dataset: Dataset, server: Any, agent: str) -> dict[str, Any]:
+    done = harbor_pytest(
+        tmp_path,
+        server,
+        f"--harbor-dataset={dataset.path}",
+        f"--harbor-agent=harbor:harbor_probe_agents:{agent}",
+        extra_path=PROBES,
+    )
+    folder = tmp_path / "out" / "harbor" / dataset.name
+    assert (folder / "rollouts.jsonl").is_file(), done.stdout[-3000:] + done.stderr[-2000:]
+    (row,) = _rows(folder).values()
+    return row
+
+
+def test_a_harbor_agent_that_raises_is_an_agent_crash_and_verified(
+    tmp_path: Path, dataset: Dataset, model_server: Server
+) -> None:
+    dataset.task("hello", toml=_toml() + '[environment]\ndocker_image = "debian:bookworm-slim"\n')
+    row = _probe_run(tmp_path, dataset, model_server(lambda r: answer("")), "Raises")
+    assert (row["reward"], row["failure_cause"]) == (1.0, "agent_crashed")
+    assert "the probe agent broke down" in row["failure_reason"]
+    assert row["usage"]["prompt_tokens"] == 7
+
+
+def test_a_harbor_agent_that_hangs_is_cut_off_at_its_deadline(
+    tmp_path: Path, dataset: Dataset, model_server: Server
+) -> None:
+    dataset.task(
+        "hello", toml=_toml(agent_s=4) + '[environment]\ndocker_image = "debian:bookworm-slim"\n'
+    )
+    row = _probe_run(tmp_path, dataset, model_server(lambda r: answer("")), "Hangs")
+    assert (row["reward"], row["failure_kind"], row["failure_cause"]) == (
+        1.0,
+        "agent_timeout",
+        "timeout",
+    )
+    assert row["timings"]["agent_s"] < 20
+
+
+def test_what_a_harbor_agent_leaves_running_is_ended_before_the_verifier(
+    tmp_path: Path, dataset: Dataset, model_server: Server
+) -> None:
+    """A non-root agent's processes end with its turn, as any harness's: the one it left
+    to spoil the answer three seconds later never gets to."""
+    toml = (
+        _toml()
+        + '[environment]\ndocker_image = "debian:bookworm-slim"\n'
+        + '[agent]\nuser = "nobody"\n'
+    ).replace("[agent]\ntimeout_sec = 60\n", "")
+    dataset.task(
+        "hello",
+        toml='[agent]\ntimeout_sec = 60\nuser = "nobody"\n[verifier]\ntimeout_sec = 30\n'
+        '[environment]\ndocker_image = "debian:bookworm-slim"\n',
+        test_sh="sleep 5; cat /tmp/answer > /logs/verifier/reward.txt\n",
+    )
+    del toml
+    row = _probe_run(tmp_path, dataset, model_server(lambda r: answer("")), "LeavesProcesses")
+    assert row["reward"] == 1.0
+
+
+def test_files_move_through_the_environment_calls(
+    tmp_path: Path, dataset: Dataset, model_server: Server
+) -> None:
+    dataset.task("hello", toml=_toml() + '[environment]\ndocker_image = "debian:bookworm-slim"\n')
+    row = _probe_run(tmp_path, dataset, model_server(lambda r: answer("")), "Uploads")
+    assert row["reward"] == 1.0
+    agent = tmp_path / "out" / "harbor" / dataset.name / "agent" / "hello__r0"
+    assert (agent / "answer-copy.txt").read_text() == "1\n"
+    assert (agent / "round-trip" / "deep" / "b.txt").read_text() == "1\n"
+    assert (agent / "round-trip" / "a.txt").read_text() == "from the host\n"

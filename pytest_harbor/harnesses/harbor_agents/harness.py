@@ -83,31 +83,37 @@ class HarborAgentHarness(Harness):
         return session
 
     def _make(self, logs: Path, context: SessionContext) -> Any:
-        kwargs: dict[str, Any] = dict(self.options)
-        model = context.model
-        model_name = None
-        if model is not None:
-            model_name = model.name if "/" in model.name else f"openai/{model.name}"
-            kwargs.setdefault("base_url", model.base_url)
-            key = model.api_key.get_secret_value() if model.api_key is not None else ""
-            kwargs.setdefault(
-                "extra_env", {"OPENAI_API_KEY": key, "OPENAI_BASE_URL": model.base_url}
-            )
-            for name in ("temperature", "reasoning_effort"):
-                if name in model.params:
-                    kwargs.setdefault(name, model.params[name])
+        """The agent, as Harbor's factory makes it, pointed at the run's model: the model
+        by name (`openai/NAME` unless it names a provider), the base URL for agents that
+        take one, the key in the environment of the agent's commands."""
         try:
-            if ":" in self.agent:
-                return self._factory.create_agent_from_import_path(
-                    self.agent, logs_dir=logs, model_name=model_name, **kwargs
+            agent_class = self._agent_class()
+            kwargs: dict[str, Any] = dict(self.options)
+            model = context.model
+            model_name = None
+            if model is not None:
+                model_name = model.name if "/" in model.name else f"openai/{model.name}"
+                if getattr(agent_class, "MODEL_CONNECTION", None) is not None:
+                    kwargs.setdefault("base_url", model.base_url)
+                key = model.api_key.get_secret_value() if model.api_key is not None else ""
+                kwargs.setdefault(
+                    "extra_env", {"OPENAI_API_KEY": key, "OPENAI_BASE_URL": model.base_url}
                 )
-            return self._factory.create_agent_from_name(
-                self._name_type(self.agent), logs_dir=logs, model_name=model_name, **kwargs
-            )
-        except Exception as error:
+                for name in ("temperature", "reasoning_effort"):
+                    if name in model.params:
+                        kwargs.setdefault(name, model.params[name])
+            return agent_class(logs_dir=logs, model_name=model_name, **kwargs)
+        except Exception as error:  # Harbor's own refusal, whatever its kind
             raise AgentSetupError(
                 f"cannot make Harbor's {self.agent}: {_describe(error)}"
             ) from None
+
+    def _agent_class(self) -> Any:
+        if ":" in self.agent:
+            from harbor.agents.factory import _import_agent_class
+
+            return _import_agent_class(self.agent)
+        return self._factory.get_agent_class(self._name_type(self.agent))
 
 
 class _Timeout(Exception):
