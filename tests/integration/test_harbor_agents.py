@@ -159,18 +159,12 @@ def test_what_a_harbor_agent_leaves_running_is_ended_before_the_verifier(
 ) -> None:
     """A non-root agent's processes end with its turn, as any harness's: the one it left
     to spoil the answer three seconds later never gets to."""
-    toml = (
-        _toml()
-        + '[environment]\ndocker_image = "debian:bookworm-slim"\n'
-        + '[agent]\nuser = "nobody"\n'
-    ).replace("[agent]\ntimeout_sec = 60\n", "")
     dataset.task(
         "hello",
         toml='[agent]\ntimeout_sec = 60\nuser = "nobody"\n[verifier]\ntimeout_sec = 30\n'
         '[environment]\ndocker_image = "debian:bookworm-slim"\n',
         test_sh="sleep 5; cat /tmp/answer > /logs/verifier/reward.txt\n",
     )
-    del toml
     row = _probe_run(tmp_path, dataset, model_server(lambda r: answer("")), "LeavesProcesses")
     assert row["reward"] == 1.0
 
