@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +17,13 @@ from typing import Any
 import pytest
 
 from tests.fixtures import Dataset, Server, write_task
-from tests.harbor_agents import TMUX_DOCKERFILE, harbor_pytest, needs_harbor, terminus
+from tests.harbor_agents import (
+    HARBOR_PYTHON,
+    TMUX_DOCKERFILE,
+    harbor_pytest,
+    needs_harbor,
+    terminus,
+)
 from tests.model_server import ChatRequest, Reply, answer
 
 pytestmark = [pytest.mark.docker, needs_harbor()]
@@ -179,3 +189,72 @@ def test_files_move_through_the_environment_calls(
     assert (agent / "answer-copy.txt").read_text() == "1\n"
     assert (agent / "round-trip" / "deep" / "b.txt").read_text() == "1\n"
     assert (agent / "round-trip" / "a.txt").read_text() == "from the host\n"
+
+
+def _screens(requests: list[ChatRequest]) -> list[str]:
+    """What terminus-2 showed the model each time (its terminal), the sandbox's host name
+    and the timing notes written alike."""
+    screens = []
+    for request in requests:
+        text = str(request.messages[-1].get("content"))
+        text = re.sub(r"root@[0-9a-z-]+:", "root@HOST:", text)
+        screens.append(re.sub(r"\d+(\.\d+)? ?s(econds)?\b", "N s", text))
+    return screens
+
+
+def test_side_by_side_with_harbor_run(
+    tmp_path: Path, dataset: Dataset, model_server: Server
+) -> None:
+    """One task, one scripted model: `harbor run -a terminus-2` (Harbor's own runner and
+    docker environment) and pytest-harbor send the same commands to the sandbox, show the
+    model the same terminal, and score the same."""
+    write_task(dataset.path, "hello", toml=_toml(), dockerfile=TMUX_DOCKERFILE)
+
+    def script(request: ChatRequest) -> Reply:
+        if _assistant_turns(request) == 0:
+            return answer(terminus("echo 1 > /tmp/answer\n", "cat /tmp/answer\n"))
+        return answer(terminus(complete=True))
+
+    theirs, ours = model_server(script), model_server(script)
+    started = time.monotonic()
+    harbor = subprocess.run(
+        [
+            str(HARBOR_PYTHON.parent / "harbor"),
+            "run",
+            "-p",
+            str(dataset.path / "hello"),
+            "-a",
+            "terminus-2",
+            "-m",
+            f"openai/{theirs.model}",
+            "--ak",
+            f"api_base={theirs.url}",
+            "--ak",
+            "record_terminal_session=false",
+            "--ae",
+            f"OPENAI_API_KEY={theirs.api_key}",
+            "-o",
+            str(tmp_path / "jobs"),
+            "-n",
+            "1",
+        ],
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    harbor_s = time.monotonic() - started
+    assert harbor.returncode == 0, harbor.stdout[-2000:] + harbor.stderr[-2000:]
+    (result,) = (tmp_path / "jobs").glob("*/hello__*/result.json")
+    harbor_reward = json.loads(result.read_text())["verifier_result"]["rewards"]["reward"]
+    started = time.monotonic()
+    done = harbor_pytest(
+        tmp_path, ours, f"--harbor-dataset={dataset.path}", "--harbor-agent=harbor:terminus-2"
+    )
+    ours_s = time.monotonic() - started
+    (row,) = _rows(tmp_path / "out" / "harbor" / dataset.name).values()
+    assert (row["reward"], harbor_reward) == (1.0, 1.0), done.stdout[-2000:]
+    assert _screens(ours.requests) == _screens(theirs.requests)
+    assert "echo 1 > /tmp/answer" in _screens(ours.requests)[1]
+    print(f"wall time: harbor run {harbor_s:.1f} s, pytest-harbor {ours_s:.1f} s")
