@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.anthropic_server import MODEL as CLAUDE_MODEL
+from tests.anthropic_server import ScriptedMessages
 from tests.fixtures import REPO_ROOT
 from tests.model_server import ScriptedModel
 
@@ -46,7 +48,12 @@ def terminus(*keystrokes: str, complete: bool = False) -> str:
 
 
 def harbor_pytest(
-    cwd: Path, server: ScriptedModel, *args: str, timeout: float = 600, extra_path: str = ""
+    cwd: Path,
+    server: ScriptedModel | ScriptedMessages,
+    *args: str,
+    timeout: float = 600,
+    extra_path: str = "",
+    agent_options: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """pytest in `cwd`, from .venv-harbor, pointed at `server`; no network for LiteLLM's
     price list, and no terminal recording (it would install asciinema)."""
@@ -64,9 +71,9 @@ def harbor_pytest(
             "pytest",
             "-p",
             "no:cacheprovider",
-            f"--harbor-model={server.model}",
+            f"--harbor-model={getattr(server, 'model', CLAUDE_MODEL)}",
             f"--harbor-model-url={server.url}",
-            "--harbor-agent-option=record_terminal_session=false",
+            *(["--harbor-agent-option=record_terminal_session=false"] if agent_options else []),
             "--harbor-results-dir=out",
             "-rA",
             *args,

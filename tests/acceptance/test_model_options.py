@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -222,3 +223,15 @@ def test_harnesses_from_the_hook_are_listed_and_a_duplicate_is_refused(
     twice = pytester.runpytest(f"--harbor-dataset={dataset}", "--co")
     assert twice.ret == pytest.ExitCode.USAGE_ERROR
     twice.stderr.fnmatch_lines(["*the harness name 'oracle' is registered twice*"])
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="the message is for Python 3.11")
+def test_harbors_agents_on_python_3_11_are_a_usage_error_saying_why(
+    pytester: pytest.Pytester, dataset: Path
+) -> None:
+    result = pytester.runpytest(f"--harbor-dataset={dataset}", "--harbor-agent=harbor:terminus-2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*--harbor-agent harbor:terminus-2: Harbor's agents need Python 3.12 or newer*"]
+    )
+    assert "harbor" not in {name.split(".")[0] for name in sys.modules}

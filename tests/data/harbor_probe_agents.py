@@ -70,3 +70,16 @@ class Uploads(_Probe):
         await environment.exec("cp /tmp/uploaded/deep/b.txt /tmp/answer")
         await environment.download_file("/tmp/answer", self.logs_dir / "answer-copy.txt")
         await environment.download_dir("/tmp/uploaded", self.logs_dir / "round-trip")
+
+
+class CountsSessions(_Probe):
+    """Notes each set-up and each run in the sandbox, as Harbor's multi-step trials call
+    them: set up once, then `run()` once per step."""
+
+    async def setup(self, environment: BaseEnvironment) -> None:
+        await environment.exec("echo setup >> /tmp/calls")
+
+    async def run(
+        self, instruction: str, environment: BaseEnvironment, context: AgentContext
+    ) -> None:
+        await environment.exec(f"echo 'run {instruction.strip()}' >> /tmp/calls")

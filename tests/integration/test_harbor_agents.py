@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures import Dataset, Server, write_task
+from tests.anthropic_server import MessagesRequest, ScriptedMessages, bash, text
+from tests.fixtures import Dataset, Server, multi_step, write_task
 from tests.harbor_agents import (
     HARBOR_PYTHON,
     TMUX_DOCKERFILE,
@@ -94,6 +95,7 @@ def test_terminus_2_solves_and_fails_tasks_on_our_sandboxes(
     assert (rows["solve"]["reward"], rows["give-up"]["reward"]) == (1.0, 0.0)
     assert rows["solve"]["agent"] == "harbor:terminus-2"
     assert rows["solve"]["usage"]["prompt_tokens"] > 0
+    assert rows["solve"]["usage"]["requests"] >= 2
     # terminus-2's own ATIF trajectory reached the verifier and the results.
     trajectory = json.loads(
         (tmp_path / "out/harbor" / dataset.name / "verifier/solve__r0/trajectory.json").read_text()
@@ -258,3 +260,84 @@ def test_side_by_side_with_harbor_run(
     assert _screens(ours.requests) == _screens(theirs.requests)
     assert "echo 1 > /tmp/answer" in _screens(ours.requests)[1]
     print(f"wall time: harbor run {harbor_s:.1f} s, pytest-harbor {ours_s:.1f} s")
+
+
+def test_harbors_claude_code_installed_once_for_two_episodes(
+    tmp_path: Path, dataset: Dataset
+) -> None:
+    """Harbor's installed claude-code, against a scripted Messages API server: the agent
+    is installed by the claude-code recipe's cached layer (once per image and version;
+    Harbor's own install, from the vendor's site, is skipped), and solves two tasks."""
+    image = 'docker_image = "debian:bookworm-slim"\n'
+    for name in ("one", "two"):
+        write_task(
+            dataset.path,
+            name,
+            toml=_toml(agent_s=120) + "[environment]\n" + image,
+            test_sh="cat /tmp/answer > /logs/verifier/reward.txt\n",
+        )
+
+    def script(request: MessagesRequest) -> tuple[list[dict[str, object]], str]:
+        if "Bash" not in request.tools:
+            return text("ok")
+        if not request.tool_results:
+            return bash("echo 1 > /tmp/answer")
+        return text("The answer is written.")
+
+    with ScriptedMessages(script) as server:
+        done = harbor_pytest(
+            tmp_path,
+            server,
+            f"--harbor-dataset={dataset.path}",
+            "--harbor-agent=harbor:claude-code",
+            "--harbor-set=sandbox_provider_options.network=host",
+            agent_options=False,
+        )
+    assert "2 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+    rows = _rows(tmp_path / "out" / "harbor" / dataset.name)
+    assert {row["reward"] for row in rows.values()} == {1.0}
+    assert all(row["agent"] == "harbor:claude-code" for row in rows.values())
+    # One install image for both episodes: the recipe's layer, labelled with the agent.
+    import docker
+
+    found = docker.from_env().images.list(filters={"label": "pytest-harbor.agent"})
+    assert any(
+        image.labels.get("pytest-harbor.agent", "").startswith("claude-code@") for image in found
+    )
+    assert "Installing" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("sessions", "expected"),
+    [
+        ("continue", "setup,run Do first.,run Do second."),
+        ("fresh", "setup,run Do first.,setup,run Do second."),
+    ],
+)
+def test_a_multi_step_task_keeps_one_harbor_agent_when_sessions_continue(
+    tmp_path: Path, dataset: Dataset, model_server: Server, sessions: str, expected: str
+) -> None:
+    """As `harbor run` does: set up once, `run()` per step (turn_sessions = continue); with
+    fresh sessions, a new agent set up for every step."""
+    check = """[ "$(paste -sd, /tmp/calls)" = "{calls}" ] && echo 1 > /logs/verifier/reward.txt \
+|| { paste -sd, /tmp/calls; echo 0 > /logs/verifier/reward.txt; }
+"""
+    first, full = "setup,run Do first.", expected
+    multi_step(
+        dataset,
+        "steps",
+        {
+            "first": ("true\n", check.replace("{calls}", first)),
+            "second": ("true\n", check.replace("{calls}", full)),
+        },
+        toml="[agent]\ntimeout_sec = 60\n",
+    )
+    done = harbor_pytest(
+        tmp_path,
+        model_server(lambda r: answer("")),
+        f"--harbor-dataset={dataset.path}",
+        "--harbor-agent=harbor:harbor_probe_agents:CountsSessions",
+        f"--harbor-set=turn_sessions={sessions}",
+        extra_path=PROBES,
+    )
+    assert "2 passed" in done.stdout, done.stdout[-3000:]

@@ -28,6 +28,8 @@ from pytest_harbor.harnesses.base import (
     TurnContext,
     Usage,
 )
+from pytest_harbor.sandboxes.base import SandboxProvider
+from pytest_harbor.tasks import Task
 
 __all__ = ["HarborAgentHarness"]
 
@@ -41,6 +43,9 @@ class HarborAgentHarness(Harness):
     (`package.module:Class`)."""
 
     needs_model = True
+    #: One agent can take every step of a multi-step task (`turn_sessions = continue`), as
+    #: `harbor run` does: set up once, `run()` once per step.
+    can_continue = True
 
     def __init__(self, agent: str, options: Mapping[str, Any] | None = None) -> None:
         self.agent = agent
@@ -56,6 +61,37 @@ class HarborAgentHarness(Harness):
             )
         self._factory = AgentFactory
         self._name_type = AgentName
+        agent_class = self._agent_class()
+        connection = getattr(agent_class, "MODEL_CONNECTION", None)
+        #: The provider a bare --harbor-model name is given (`anthropic` for claude-code).
+        self._provider = getattr(connection, "default_provider", None) or "openai"
+        if self._provider == "anthropic":
+            # Asked of the model endpoint before the run (SpeaksModelApi).
+            self.model_api = "anthropic-messages"
+        #: An agent Harbor installs in the sandbox, and the recipe of the same name that
+        #: installs it here once per image and version (None: Harbor's own install()
+        #: runs in every episode's set-up).
+        self._installed = _is_installed_agent(agent_class)
+        self._recipe = _recipe_harness(agent, self.options) if self._installed else None
+
+    def unavailable_reason(self, task: Task) -> str | None:
+        if self._installed:
+            offline = [turn.name for turn in task.turns if not turn.agent_network]
+            if offline:
+                return (
+                    f"refused: {self.name} runs inside the sandbox and calls its model from "
+                    "there, so the task's agent needs network access"
+                )
+        return None
+
+    def prepare_image(
+        self, image: str, provider: SandboxProvider, labels: Mapping[str, str]
+    ) -> str:
+        """An installed agent with a recipe of the same name is installed by the recipe's
+        cached layer, once per image and version; Harbor's install() is then skipped."""
+        if self._recipe is None:
+            return image
+        return str(self._recipe.prepare_image(image, provider, labels))
 
     def open_session(self, context: SessionContext) -> HarnessSession:
         from pytest_harbor.harnesses.harbor_agents.environment import SandboxEnvironment
@@ -89,15 +125,25 @@ class HarborAgentHarness(Harness):
         try:
             agent_class = self._agent_class()
             kwargs: dict[str, Any] = dict(self.options)
+            if self._recipe is not None:
+                kwargs["skip_install"] = True
             model = context.model
             model_name = None
             if model is not None:
-                model_name = model.name if "/" in model.name else f"openai/{model.name}"
+                model_name = model.name if "/" in model.name else f"{self._provider}/{model.name}"
+                base_url = model.base_url
+                if self._provider == "anthropic":
+                    base_url = base_url.removesuffix("/v1")  # the Messages API's base
                 if getattr(agent_class, "MODEL_CONNECTION", None) is not None:
-                    kwargs.setdefault("base_url", model.base_url)
+                    kwargs.setdefault("base_url", base_url)
                 key = model.api_key.get_secret_value() if model.api_key is not None else ""
                 kwargs.setdefault(
-                    "extra_env", {"OPENAI_API_KEY": key, "OPENAI_BASE_URL": model.base_url}
+                    "extra_env",
+                    {
+                        "OPENAI_API_KEY": key,
+                        "OPENAI_BASE_URL": model.base_url,
+                        "ANTHROPIC_API_KEY": key,
+                    },
                 )
                 for name in ("temperature", "reasoning_effort"):
                     if name in model.params:
@@ -149,11 +195,12 @@ class _Session:
             failure = AgentFailure("agent_crashed", "the run was interrupted")
         except Exception as error:  # the agent's own failure, whatever its kind
             failure = AgentFailure(_cause(error), _describe(error))
+        trajectory = _trajectory(context.logs.host_dir)
         return AgentRun(
             timed_out=timed_out,
             failure=failure,
-            usage=_usage(agent_context),
-            trajectory=_trajectory(context.logs.host_dir),
+            usage=_usage(agent_context, trajectory),
+            trajectory=trajectory,
             log_tail=_describe_logs(context.logs.host_dir),
         )
 
@@ -175,10 +222,33 @@ async def _bounded(
     return task.result()
 
 
-def _usage(context: Any) -> Usage:
+def _is_installed_agent(agent_class: Any) -> bool:
+    from harbor.agents.installed.base import BaseInstalledAgent
+
+    return isinstance(agent_class, type) and issubclass(agent_class, BaseInstalledAgent)
+
+
+def _recipe_harness(agent: str, options: Mapping[str, Any]) -> Any:
+    """The CLI-agent harness of the shipped recipe named `agent`, at the version the
+    options ask for (the recipe's own otherwise), or None."""
+    from pytest_harbor.harnesses.cli_agent import CliAgentHarness
+    from pytest_harbor.harnesses.recipes import find_recipe
+
+    recipe = find_recipe(agent)
+    if recipe is None:
+        return None
+    version = options.get("version")
+    return CliAgentHarness(recipe, {"version": str(version)} if version else None)
+
+
+def _usage(context: Any, trajectory: Any) -> Usage:
+    """The agent context's tokens and cost; its model calls counted as the trajectory's
+    agent steps (Harbor's context does not count them)."""
+    steps = trajectory.steps if trajectory is not None else []
     return Usage(
         prompt_tokens=context.n_input_tokens or 0,
         completion_tokens=context.n_output_tokens or 0,
+        requests=sum(1 for step in steps if step.source == "agent"),
         cost_usd=context.cost_usd,
     )
 
