@@ -291,7 +291,8 @@ def add_options(parser: pytest.Parser) -> None:
             # The names there are: built in, shipped recipes, installed plugins.
             text = (
                 f"harness to run (default: oracle): {', '.join(harness_names())}; or a "
-                "recipe file (.toml), or one a plugin registers"
+                "recipe file (.toml), one a plugin registers, or harbor:NAME (one of "
+                "Harbor's own agents)"
             )
         group.addoption(
             option.flag,
