@@ -75,33 +75,18 @@ class GitStore:
                 _git("init", "--quiet", "--bare", str(repo))
             if self._has(repo, commit):
                 return
+            fetch = ("-C", str(repo), "fetch", "--quiet", "--no-tags")
+            what = f"cannot fetch {commit[:12]} from {url}"
             try:
-                _git(
-                    "-C",
-                    str(repo),
-                    "fetch",
-                    "--quiet",
-                    "--depth=1",
-                    "--no-tags",
-                    url,
-                    commit,
-                    timeout=_FETCH_TIMEOUT_S,
-                    what=f"cannot fetch {commit[:12]} from {url}",
-                )
+                _git(*fetch, "--depth=1", url, commit, timeout=_FETCH_TIMEOUT_S, what=what)
             except GitError as shallow:
                 # A server that takes no commit id in a fetch: take its branches and tags.
+                branches_and_tags = (
+                    "+refs/heads/*:refs/fetched/heads/*",
+                    "+refs/tags/*:refs/fetched/tags/*",
+                )
                 try:
-                    _git(
-                        "-C",
-                        str(repo),
-                        "fetch",
-                        "--quiet",
-                        "--no-tags",
-                        url,
-                        "+refs/heads/*:refs/fetched/heads/*",
-                        "+refs/tags/*:refs/fetched/tags/*",
-                        timeout=_FETCH_TIMEOUT_S,
-                    )
+                    _git(*fetch, url, *branches_and_tags, timeout=_FETCH_TIMEOUT_S)
                 except GitError:
                     raise shallow from None
             if not self._has(repo, commit):

@@ -136,31 +136,24 @@ class RunRecord(BaseModel):
 
 
 def _entries(sections: dict[str, Any]) -> dict[str, Any]:
-    """Every fingerprinted entry: each setting, and each key of the other sections."""
+    """Every fingerprinted entry: each setting of the settings block, each key of the other
+    sections (a section that is not a mapping is one entry)."""
     server, group, block = CONFIG_BLOCK
     entries: dict[str, Any] = {}
     for section, values in sections.items():
-        if not isinstance(values, dict):
-            entries[section] = values
-            continue
+        path = section
         if section == server:
-            settings = (
-                (values.get(group) or {}).get(block)
-                if isinstance(values.get(group), dict)
-                else None
-            )
-            if (
-                isinstance(settings, dict)
-                and set(values) == {group}
-                and set(values[group]) == {block}
-            ):
-                for key, value in settings.items():
-                    entries[f"{section}.{group}.{block}.{key}"] = value
-                continue
+            # Down to the settings themselves, as far as the file has that shape.
+            for part in (group, block):
+                if not (isinstance(values, dict) and set(values) == {part}):
+                    break
+                values, path = values[part], f"{path}.{part}"
+        if not isinstance(values, dict):
+            entries[path] = values
+            continue
         for key, value in values.items():
-            if section == RECORD_SECTION and key == "fingerprints":
-                continue
-            entries[f"{section}.{key}"] = value
+            if not (section == RECORD_SECTION and key == "fingerprints"):
+                entries[f"{path}.{key}"] = value
     return entries
 
 
