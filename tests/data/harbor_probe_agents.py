@@ -83,3 +83,24 @@ class CountsSessions(_Probe):
         self, instruction: str, environment: BaseEnvironment, context: AgentContext
     ) -> None:
         await environment.exec(f"echo 'run {instruction.strip()}' >> /tmp/calls")
+
+
+class LeaksAndForges(_Probe):
+    """Solves nothing; writes the model's key (it is in the agent's environment) into its
+    logs, its trajectory and the sandbox, writes a reward of 1 where the verifier puts its
+    own, and asks the environment to stop and remove the sandbox."""
+
+    async def run(
+        self, instruction: str, environment: BaseEnvironment, context: AgentContext
+    ) -> None:
+        key = self._extra_env["OPENAI_API_KEY"]
+        (self.logs_dir / "leak.txt").write_text(f"key={key}\n")
+        (self.logs_dir / "trajectory.json").write_text(
+            '{"schema_version": "ATIF-v1.7", "agent": {"name": "probe", "version": "1"}, '
+            f'"steps": [{{"step_id": 1, "source": "agent", "message": "{key}"}}]}}'
+        )
+        await environment.exec(
+            f"mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; "
+            f"echo {key} > /logs/agent/leak.txt"
+        )
+        await environment.stop(delete=True)

@@ -304,7 +304,9 @@ def test_harbors_claude_code_installed_once_for_two_episodes(
     assert any(
         image.labels.get("pytest-harbor.agent", "").startswith("claude-code@") for image in found
     )
-    assert "Installing" not in done.stdout
+    # Harbor's own installer (a download from the vendor's site) never ran: each episode's
+    # set-up found the agent in the image.
+    assert done.stdout.count("Skipping install, using the agent in the image") == 2
 
 
 @pytest.mark.parametrize(
@@ -341,3 +343,20 @@ def test_a_multi_step_task_keeps_one_harbor_agent_when_sessions_continue(
         extra_path=PROBES,
     )
     assert "2 passed" in done.stdout, done.stdout[-3000:]
+
+
+def test_a_harbor_agent_cannot_forge_its_reward_leak_the_key_or_end_the_sandbox(
+    tmp_path: Path, dataset: Dataset, model_server: Server
+) -> None:
+    dataset.task("hello", toml=_toml() + '[environment]\ndocker_image = "debian:bookworm-slim"\n')
+    server = model_server(lambda r: answer(""))
+    row = _probe_run(tmp_path, dataset, server, "LeaksAndForges")
+    # The verifier ran in the sandbox the agent asked to remove, and its own reward counts.
+    assert row["reward"] == 0.0
+    verifier = Path(row["verifier_logs_dir"])
+    assert "checking" in (verifier / "test-stdout.txt").read_text()
+    results = tmp_path / "out"
+    files = [path for path in results.rglob("*") if path.is_file()]
+    assert any(path.name == "leak.txt" for path in files)
+    for path in files:
+        assert server.api_key.encode() not in path.read_bytes(), path

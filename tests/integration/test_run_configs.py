@@ -169,3 +169,25 @@ def test_a_dataset_by_reference_is_run_again_from_its_commits_offline(
         (pytester.path / "again/harbor/validation" / name / "rollouts_manifest.json").read_text()
     )
     assert manifest["reference"]["tasks"][0]["git_commit_id"] == commit
+
+
+def test_secrets_are_named_never_written_and_must_be_given_again(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("RUN_CONFIG_TOKEN", secret)
+    dataset.task("hello")
+    run_harbor(
+        pytester, dataset, "--harbor-set=secrets.TOKEN=env:RUN_CONFIG_TOKEN"
+    ).assert_outcomes(passed=1)
+    record = dataset.results_folder(pytester.path / "out") / "run_config_oracle.yaml"
+    text = record.read_text()
+    assert secret not in text and "- TOKEN" in text
+    missing = pytester.runpytest(f"--harbor-config={record}", "--harbor-results-dir=x")
+    assert missing.ret == pytest.ExitCode.USAGE_ERROR
+    missing.stderr.fnmatch_lines(["*the recorded run had the secrets TOKEN*give them again*"])
+    pytester.runpytest(
+        f"--harbor-config={record}",
+        "--harbor-results-dir=again",
+        "--harbor-set=secrets.TOKEN=env:RUN_CONFIG_TOKEN",
+    ).assert_outcomes(passed=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,56 @@ def test_tasks_at_several_commits_take_one_fetch_each(
     )
     fetches = [line for line in log.read_text().splitlines() if " fetch " in line]
     assert len(fetches) == 2
+
+
+def test_a_registry_url_read_once_is_read_from_its_kept_copy_when_unreachable(
+    tmp_path: Path,
+) -> None:
+    """Served on 127.0.0.1, then gone: the copy kept of it is read, with a warning."""
+    import http.server
+    import threading
+
+    write_registry(tmp_path / "registry.json", REGISTRY)
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/registry.json"
+    try:
+        online = read_registry(url, tmp_path / "cache", print)
+    finally:
+        server.shutdown()
+        server.server_close()
+    said: list[str] = []
+    offline = read_registry(url, tmp_path / "cache", said.append)
+    assert offline == online and len(online) == len(REGISTRY)
+    assert len(said) == 1 and "using the copy read before" in said[0]
+
+
+def test_a_registry_task_whose_name_is_no_folder_name_is_refused(
+    tmp_path: Path, repo: TaskRepo
+) -> None:
+    commit = repo.commit()
+    registry = _registry(
+        tmp_path,
+        [
+            {
+                "name": "hello",
+                "git_url": repo.file_url,
+                "git_commit_id": commit,
+                "path": "tasks/hello",
+            },
+            {
+                "name": "../escape",
+                "git_url": repo.file_url,
+                "git_commit_id": commit,
+                "path": "tasks/world",
+            },
+            {"name": "local", "path": "/etc"},
+        ],
+    )
+    resolved = DatasetCache(tmp_path / "cache", print).resolve("harbor:demo", registry)
+    assert [task.name for task in resolved.tasks] == ["hello"]
+    assert "one folder name" in resolved.refused["../escape"]
+    assert "no git_url" in resolved.refused["local"]
+    assert sorted(path.name for path in resolved.path.iterdir()) == ["hello"]
