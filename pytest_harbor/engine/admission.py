@@ -4,7 +4,7 @@ episode's `harbor:task_refused`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
@@ -14,9 +14,9 @@ from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks.config import EnvironmentConfig
 from pytest_harbor.tasks.digest import task_digest
 from pytest_harbor.tasks.errors import TaskLoadError
-from pytest_harbor.tasks.task import Task
+from pytest_harbor.tasks.task import Task, Turn
 
-__all__ = ["check_digest", "refuse_at_seed", "refuse_unrunnable"]
+__all__ = ["check_digest", "refuse_at_seed", "refuse_secrets_beside_root", "refuse_unrunnable"]
 
 
 def refuse_unrunnable(task: Task, capabilities: SandboxCapabilities, provider: str) -> None:
@@ -157,3 +157,30 @@ def check_digest(task: Task, expected: str | None) -> None:
             f"{task.path} changed since its row was written ({expected} then, {now} now); "
             "run again to materialize it afresh",
         )
+
+
+def refuse_secrets_beside_root(
+    task: Task, secrets: dict[str, str], agent_id: Callable[[Turn], str | None]
+) -> None:
+    """Raise EpisodeError (`harbor:task_refused`) when a turn's verifier would get a secret
+    in the sandbox its root agent had: a root agent's processes outlive its turn (the
+    engine cannot tell them from the image's services), and one of them could read the
+    verifier's environment. `agent_id` gives a turn's agent user as numbers, None for
+    root. For the shared verifier only: a snapshot or a separate sandbox holds no process
+    of the agent's."""
+    for turn in task.turns:
+        given = sorted(
+            name
+            for name, value in secrets.items()
+            if value and any(value in text for text in turn.verifier_env.values())
+        )
+        if given and agent_id(turn) is None:
+            where = f"step {turn.name!r}: " if task.config.is_multi_step else ""
+            raise EpisodeError(
+                FailureKind.TASK_REFUSED,
+                f"{where}the verifier gets the secret {', '.join(given)} in its environment, "
+                "but the agent runs as root in the sandbox the verifier shares, where a "
+                "process it leaves could read it; verify from a snapshot "
+                "(--harbor-set verify_from_snapshot=true) or run the agent as another user "
+                "([agent] user in task.toml)",
+            )

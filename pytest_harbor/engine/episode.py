@@ -16,7 +16,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from pytest_harbor.engine.admission import check_digest, refuse_at_seed
+from pytest_harbor.engine.admission import (
+    check_digest,
+    refuse_at_seed,
+    refuse_secrets_beside_root,
+)
 from pytest_harbor.engine.agent_phase import AgentPhase
 from pytest_harbor.engine.attempt import Attempt
 from pytest_harbor.engine.budget import EpisodeBudget, episode_budget
@@ -43,6 +47,7 @@ from pytest_harbor.engine.users import SandboxUsers, named_users
 from pytest_harbor.engine.verification import VerifierRun, clear_for_next_turn, run_collect_hooks
 from pytest_harbor.engine.verifiers import (
     ModeContext,
+    SharedVerifier,
     Verification,
     verifier_mode,
     verifies_separately,
@@ -263,6 +268,12 @@ class Episode:
             attempt.users.ids = dict(attempt.survey.ids)
         except SandboxError as error:
             raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
+        if self._verifier.name == SharedVerifier.name:
+            refuse_secrets_beside_root(
+                self.task,
+                self.settings.secrets,
+                lambda turn: attempt.users.agent_id(turn, self._image_user),
+            )
         self.clock.took("seed_s", started)
 
     def _start_sandbox_now(self) -> tuple[Sandbox, SandboxSurvey | None]:
@@ -399,10 +410,10 @@ class Episode:
         assert survey_ is not None
         try:
             sandbox.set_network(turn.verifier_network)
-            agent_uid = users.agent_uid(turn, self._image_user)
-            if agent_uid is not None and self.task.config.verifier.collect:
+            agent_id = users.agent_id(turn, self._image_user)
+            if agent_id is not None and self.task.config.verifier.collect:
                 doing = "ending the agent's processes"
-                end_user_processes(sandbox, agent_uid)
+                end_user_processes(sandbox, agent_id)
             doing = "running the collect hooks"
             notes.extend(run_collect_hooks(sandbox, self.task, self.workdir, self.clock.within))
             doing = f"verifying {turn.name}"
@@ -412,7 +423,7 @@ class Episode:
                 seed=survey_,
                 into=self._verifier_dir(turn),
                 verifier_user=users.verifier_id(turn),
-                agent_uid=agent_uid,
+                agent_id=agent_id,
             )
             return self._verifier.verify(sandbox, verification)
         except SandboxError as error:

@@ -15,7 +15,7 @@ from pytest_harbor.engine.scripts import (
     check,
     trusted,
 )
-from pytest_harbor.sandboxes.base import ROOT_USER, Sandbox, SandboxError
+from pytest_harbor.sandboxes.base import ROOT_USER, ExecResult, Sandbox, SandboxError
 
 __all__ = [
     "ProcessesSurvived",
@@ -109,25 +109,34 @@ def _ids(stdout: str) -> dict[str, str]:
     return found
 
 
-def end_user_processes(sandbox: Sandbox, uid: str) -> None:
-    """End every process of the user `uid` (a number), atomically with respect to fork
-    (see END_PROCESSES); raises ProcessesSurvived when some could not be ended."""
-    _end(sandbox, uid, frozenset(), f"processes of the agent's user (uid {uid})")
+def end_user_processes(sandbox: Sandbox, agent: str) -> None:
+    """End every process of the agent's user `agent` (`uid:gid`, or `uid`): those the
+    kernel lets that uid signal, ended by a process of that uid (see END_PROCESSES);
+    raises ProcessesSurvived when some could not be ended."""
+    uid, _, gid = agent.partition(":")
+    script = (
+        END_PROCESSES
+        + f'end_user "$1" "$2" || tampered "processes of the agent\'s user (uid {uid}) survived"\n'
+        + "done_\n"
+    )
+    done = sandbox.exec(trusted(script, uid, gid or uid), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S)
+    _checked(done, f"ending the processes of the agent's user (uid {uid})")
 
 
 def end_processes_since(sandbox: Sandbox, before: frozenset[str]) -> None:
     """End, as root, every process of any user that is not in `before` (`pid:start` of
     the processes there when the agent's turn began): all the agent started, however it
     detached. An agent's turn that ran out of time ends this way."""
-    _end(sandbox, "", before, "processes the agent's turn started")
-
-
-def _end(sandbox: Sandbox, uid: str, keep: frozenset[str], what: str) -> None:
-    script = END_PROCESSES + f'end_processes "$1" "$2" || tampered "{what} survived"\ndone_\n'
+    what = "processes the agent's turn started"
+    script = END_PROCESSES + f'end_processes_since "$1" || tampered "{what} survived"\ndone_\n'
     done = sandbox.exec(
-        trusted(script, uid, " ".join(sorted(keep))), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S
+        trusted(script, " ".join(sorted(before))), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S
     )
+    _checked(done, f"ending the {what}")
+
+
+def _checked(done: ExecResult, what: str) -> None:
     try:
-        check(done, f"ending the {what}")
+        check(done, what)
     except Tampered as survived:
-        raise ProcessesSurvived(f"{survived} 20 rounds of kills") from None
+        raise ProcessesSurvived(f"{survived} every round of kills") from None

@@ -5,7 +5,12 @@ have replaced. Each one tells the engine how it went on stderr, in marked lines.
 from __future__ import annotations
 
 from pytest_harbor.redaction import clip_tail
-from pytest_harbor.sandboxes.base import TRUSTED_BUSYBOX, ExecResult, SandboxError
+from pytest_harbor.sandboxes.base import (
+    SEALED_BUSYBOX,
+    TRUSTED_BUSYBOX,
+    ExecResult,
+    SandboxError,
+)
 
 __all__ = [
     "BROKEN",
@@ -53,10 +58,42 @@ broken() {{ echo "{BROKEN} $*" >&2; exit {EXIT_BROKEN}; }}
 done_() {{ echo "{DONE}" >&2; }}
 """
 
+#: Shell functions that read what the kernel alone writes about a process (its threads'
+#: memory, its start time), never text the process can set. The start time is the 20th
+#: field after the last ") " of /proc/PID/stat: the process's name, the one thing in that
+#: file a process sets (up to 15 bytes, newlines and parentheses allowed), comes before
+#: it, and the fields after it are numbers and a state letter, with no ")" among them; so
+#: the last line of the file, cut after its last ") ", is the kernel's, whatever the name.
+#: `alive PID`: some thread of the process still has memory mapped (a zombie, or a thread
+#: group whose every thread has ended, has none; a zombie leader whose other threads run
+#: is alive). Neither forks.
+_ALIVE = """
+alive() {
+  for task in /proc/$1/task/[0-9]*; do
+    read -r size _ 2>/dev/null < "$task/statm" || continue
+    [ "$size" != 0 ] && return 0
+  done
+  return 1
+}
+"""
+_STARTED_AT = """
+started_at() {
+  start="" last=""
+  { while IFS= read -r line || [ -n "$line" ]; do last=$line; done < "/proc/$1/stat"; } 2>/dev/null
+  case $last in *") "*) ;; *) return 1 ;; esac
+  set -- ${last##*) }
+  start=${20}
+  [ -n "$start" ]
+}
+"""
+PROCESS_FACTS = _ALIVE + _STARTED_AT
+
 #: What the sandbox is at the end of the seed, before any agent: the image's bash and
 #: timeout on its PATH (else in the usual folders), and every process with its start time
 #: (which no later process can have: the kernel sets it).
-SURVEY = """
+SURVEY = (
+    PROCESS_FACTS
+    + """
 echo "path:$PATH"
 locate() {
   found=""
@@ -72,14 +109,12 @@ locate timeout
 # (In a function: its `set --` leaves the script's arguments to RESOLVE_USERS.)
 list_processes() {
   for p in /proc/[0-9]*; do
-    read -r stat 2>/dev/null < "$p/stat" || continue
-    rest=${stat##*) }
-    set -- $rest
-    echo "proc:${p#/proc/}:${20}"
+    started_at "${p#/proc/}" && echo "proc:${p#/proc/}:$start"
   done
 }
 list_processes
 """
+)
 
 #: Follows SURVEY: each user named in its arguments (a name, a uid, with a group or not)
 #: as numbers, read from the image's own files before any agent could change them.
@@ -105,50 +140,86 @@ for spec in "$@"; do
 done
 """
 
-#: `end_processes UID KEEP`: as root, end every process of the user UID (a number: any of
-#: its real, effective, saved or file-system uid), or with UID empty every process not in
-#: KEEP ("pid:start" of the processes to keep). Each round first stops every process but
-#: this shell and the sandbox's first (kill -STOP -1: the kernel signals them all in one
-#: pass, and a process with a signal pending cannot fork), so nothing can start another
-#: while the round looks through /proc and kills; then the rest go on (SIGCONT). Rounds
-#: repeat until one finds nothing to kill; returns 1 when 20 rounds did not get there.
-#: Nothing here forks: a sandbox at its pids cap cannot stop it.
-END_PROCESSES = """
-end_processes() {
-  target=$1 keep=" $2 " round=0
-  while [ $round -lt 20 ]; do
-    round=$((round + 1))
+#: The pauses between rounds of kills, in microseconds (a killed process with much memory
+#: takes a while to give it back): about 1.6 s in all before a survivor is reported.
+_PAUSES_US = " ".join(str(min(1000 * 2**n, 200_000)) for n in range(12))
+
+#: Run as the agent's own uid by `end_user` (below), from the sealed busybox: `kill -9 -1`
+#: signals every process this uid may signal (the kernel decides: those whose real or
+#: saved uid is the agent's), in one pass that no fork escapes, then `kill -0` on every
+#: pid finds the ones this uid may still signal, and `alive` keeps those with a thread
+#: left. Rounds repeat until none is; exits 1 naming the survivors otherwise.
+KILL_AS_USER = (
+    _ALIVE
+    + f"""
+for pause in {_PAUSES_US} 0; do
+  kill -9 -1 2>/dev/null
+  left=""
+  for p in /proc/[0-9]*; do
+    pid=${{p#/proc/}}
+    [ "$pid" = "$$" ] && continue
+    kill -0 "$pid" 2>/dev/null || continue
+    alive "$pid" && left="$left $pid"
+  done
+  [ -z "$left" ] && exit 0
+  [ "$pause" = 0 ] || {TRUSTED_BUSYBOX} usleep "$pause"
+done
+echo "left:$left" >&2
+exit 1
+"""
+)
+
+#: `end_user UID GID` (as root): end every process the user UID may signal, which are the
+#: agent's own by the kernel's rule. First every process but this shell and the sandbox's
+#: first is stopped (`kill -STOP -1`, one pass, no fork escapes it), so that none of the
+#: agent's can signal the killer, which runs as the agent's uid (`nsenter -S -G` sets every
+#: uid and gid and drops the groups and capabilities) from the sealed busybox (no process
+#: may trace it or read its memory); then the rest go on. Returns 1 when some survived.
+#:
+#: `end_processes_since KEEP` (as root): end every process not in KEEP ("pid:start" of the
+#: processes to keep), whoever runs it. Each round stops every process at once, kills the
+#: live ones not kept (a zombie leader too: the signal ends its thread group), lets the
+#: rest go on; rounds repeat until one finds none. Returns 1 after the last pause.
+END_PROCESSES = (
+    PROCESS_FACTS
+    + f"""
+kill_as_user='{KILL_AS_USER}'
+end_user() {{
+  case $1 in
+    ""|*[!0-9]*) set -- "$($B id -u "$1" 2>/dev/null)" "$2" ;;
+  esac
+  case $2 in ""|*[!0-9]*) set -- "$1" "$1" ;; esac
+  case $1:$2 in
+    :*|*[!0-9:]*|0:*) echo "not a user to end: $1:$2" >&2; return 1 ;;
+  esac
+  kill -STOP -1 2>/dev/null
+  {SEALED_BUSYBOX} nsenter -F -S "$1" -G "$2" {SEALED_BUSYBOX} sh -c "$kill_as_user" sh
+  ended=$?
+  kill -CONT -1 2>/dev/null
+  return $ended
+}}
+end_processes_since() {{
+  keep=" $1 "
+  for pause in {_PAUSES_US} 0; do
     kill -STOP -1 2>/dev/null
     found=""
     for p in /proc/[0-9]*; do
-      pid=${p#/proc/}
-      [ "$pid" = "$$" ] && continue
-      read -r stat 2>/dev/null < "$p/stat" || continue
-      rest=${stat##*) }
-      set -- $rest
-      # A zombie is dead already: kill cannot end it (the keep-alive reaps orphans).
-      [ "$1" = Z ] && continue
-      if [ -n "$target" ]; then
-        match=""
-        { while read -r key real effective saved filesystem rest; do
-            if [ "$key" = "Uid:" ]; then
-              case " $real $effective $saved $filesystem " in *" $target "*) match=1 ;; esac
-              break
-            fi
-          done < "$p/status"; } 2>/dev/null
-        [ -n "$match" ] || continue
-      else
-        case "$keep" in *" $pid:${20} "*) continue ;; esac
-      fi
+      pid=${{p#/proc/}}
+      [ "$pid" = "$$" ] || [ "$pid" = 1 ] && continue
+      started_at "$pid" || continue
+      case "$keep" in *" $pid:$start "*) continue ;; esac
+      alive "$pid" || continue
       kill -9 "$pid" 2>/dev/null
       found="$found $pid"
     done
     kill -CONT -1 2>/dev/null
     [ -z "$found" ] && return 0
+    [ "$pause" = 0 ] || $B usleep "$pause"
   done
   return 1
-}
+}}
 """
+)
 
 #: `renew DIR NAME`: DIR emptied as a fresh folder, owned by root, mode 755: the old one
 #: is set aside, whole, into $trash/NAME (a rename: nothing to walk through, so neither a
@@ -186,21 +257,21 @@ forget_trash() {
 #: the agent had some other way to start); /tests and /logs/verifier are made anew (the
 #: latter handed to the verifier), the transcript's place is cleared, and the tests and
 #: the transcript are unpacked from stdin. Arguments: bash, whether to empty /tests, the
-#: verifier's user (uid[:gid], or ""), the agent's uid whose processes end (or "").
+#: verifier's user (uid[:gid], or ""), the agent's user whose processes end (uid:gid, or "").
 PREPARE = (
     END_PROCESSES
     + RENEW
     + f"""
-bash=$1 upload=$2 verifier_user=$3 agent_uid=$4
+bash=$1 upload=$2 verifier_user=$3 agent=$4
 for dir in /logs /tests {VERIFIER_LOGS}; do
   if [ -L "$dir" ] || [ ! -d "$dir" ]; then tampered "$dir is no longer a folder"; fi
 done
 if [ ! -f "$bash" ] || [ ! -x "$bash" ]; then
   tampered "$bash, which runs the verifier, is gone"
 fi
-if [ -n "$agent_uid" ]; then
-  end_processes "$agent_uid" "" \\
-    || tampered "processes of the agent's user (uid $agent_uid) survived 20 rounds of kills"
+if [ -n "$agent" ]; then
+  end_user "${{agent%%:*}}" "${{agent#*:}}" \\
+    || tampered "processes of the agent's user (uid ${{agent%%:*}}) survived every round of kills"
 fi
 if [ "$upload" = 1 ]; then renew {TESTS_DIR} tests; fi
 renew {VERIFIER_LOGS} verifier

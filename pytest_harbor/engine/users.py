@@ -61,13 +61,16 @@ class SandboxUsers:
         """The turn's verifier user as `uid:gid`, when the seed read one."""
         return self.ids.get(turn.verifier_user or "")
 
-    def agent_uid(self, turn: Turn, image_user: Callable[[], str]) -> str | None:
-        """The uid whose every process ends before the turn's shared verification: the
-        turn's agent user's (else the image's), unless that is root, whose processes cannot
-        be told from the image's own services (see `verify_from_snapshot`). A user the
-        image did not have at the seed is looked up by name."""
+    def agent_id(self, turn: Turn, image_user: Callable[[], str]) -> str | None:
+        """The user (`uid:gid`) whose every process ends before the turn's shared
+        verification: the turn's agent user's (else the image's), unless that is root, whose
+        processes cannot be told from the image's own services (see `verify_from_snapshot`).
+        A user the image did not have at the seed is given by name, for the engine's script
+        to look up then."""
         user = turn.agent_user or image_user()
         if (user or "").split(":")[0] in ("", "root", "0"):
             return None
-        uid = self.ids.get(user, user).split(":")[0]
-        return None if uid == "0" else uid
+        uid, _, gid = self.ids.get(user, user).partition(":")
+        if uid == "0":
+            return None
+        return f"{uid}:{gid or uid}"

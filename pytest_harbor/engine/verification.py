@@ -129,11 +129,11 @@ def run_verifier(
     into: Path,
     redactor: Redactor,
     verifier_user: str | None = None,
-    agent_uid: str | None = None,
+    agent_id: str | None = None,
     upload_tests: bool = True,
 ) -> VerifierRun:
     """Verify `turn` in `sandbox`: check what the agent may have broken, end every process
-    of the user `agent_uid` (a non-root agent's), make /tests and /logs/verifier anew,
+    of the user `agent_id` (`uid:gid`, a non-root agent's), make /tests and /logs/verifier anew,
     upload the tests (unless the image ships them) and the transcript, run test.sh, read
     the reward through the engine. `verifier_user` is the turn's verifier user as numbers
     (resolved at the seed); the turn's own when not given.
@@ -166,7 +166,7 @@ def run_verifier(
         seed.bash,
         "1" if upload_tests else "0",
         "" if as_root else user or "",
-        agent_uid or "",
+        agent_id or "",
     )
     run_arguments = (seed.bash, f"{budget:g}", f"{grace_s:g}")
     started = time.monotonic()

@@ -640,7 +640,7 @@ def test_a_secret_cut_by_the_file_cap_leaves_no_piece_of_itself(
         dataset.task(
             f"straddle-{offset}",
             toml=(
-                '[verifier]\nenv = { TOKEN = "${API_TOKEN}" }\n'
+                '[agent]\nuser = "nobody"\n[verifier]\nenv = { TOKEN = "${API_TOKEN}" }\n'
                 f'[environment]\ndocker_image = "{BASE_IMAGE}"\n'
             ),
             test_sh=(

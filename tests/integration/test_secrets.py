@@ -16,7 +16,10 @@ pytestmark = pytest.mark.docker
 
 SECRET = "s3cr3t-Zq9-value"
 
+#: A verifier given a secret, after an agent that is not root (a root agent's processes
+#: may outlive its turn in the sandbox the verifier shares: that combination is refused).
 KEYED = (
+    '[agent]\nuser = "nobody"\n'
     '[verifier]\nenv = { TOKEN = "${API_TOKEN}" }\n'
     f'[environment]\ndocker_image = "{BASE_IMAGE}"\n'
 )
@@ -128,3 +131,62 @@ def test_the_secrets_fingerprint_is_keyed_by_the_results_folder(
     refused = run_harbor(pytester, dataset, given, "--harbor-resume")
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     refused.stderr.fnmatch_lines(["*setting secrets: the names or values differ*"])
+
+
+ROOT_AGENT_KEYED = KEYED.replace('[agent]\nuser = "nobody"\n', "")
+#: A root agent's process left behind that copies every environment it can read.
+ENVIRONMENT_THIEF = (
+    "cat > /tmp/steal.sh <<'EOF'\n"
+    "while :; do cat /proc/[0-9]*/environ >> /tmp/stolen 2>/dev/null; sleep 0.05; done\n"
+    "EOF\n"
+    "setsid sh /tmp/steal.sh > /dev/null 2>&1 < /dev/null &\n"
+)
+
+
+def test_a_secret_is_not_handed_to_a_verifier_beside_a_root_agent(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root agent's processes outlive its turn in the sandbox the verifier shares: the
+    episode is refused, naming the settings that would make it safe, and the verifier
+    never runs there."""
+    monkeypatch.setenv("MY_API_TOKEN", SECRET)
+    dataset.task(
+        "root-thief",
+        toml=ROOT_AGENT_KEYED,
+        solve_sh=ENVIRONMENT_THIEF,
+        test_sh='echo "$TOKEN" > /tmp/handed; echo 1 > /logs/verifier/reward.txt\n',
+    )
+    result = run_harbor(pytester, dataset, "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN")
+    result.assert_outcomes(errors=1)
+    (failure,) = dataset.failures(pytester.path / "out")
+    assert failure["failure_kind"] == "harbor:task_refused"
+    reason = str(failure["failure_reason"])
+    assert "API_TOKEN" in reason and "verify_from_snapshot=true" in reason
+    assert "[agent] user" in reason
+    assert SECRET not in result.stdout.str()
+
+
+def test_a_root_agent_verified_from_a_snapshot_gets_its_secret_verified(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot holds none of the agent's processes: the thief left behind is gone,
+    and the verifier has its secret."""
+    monkeypatch.setenv("MY_API_TOKEN", SECRET)
+    dataset.task(
+        "root-snapshot",
+        toml=ROOT_AGENT_KEYED,
+        solve_sh=ENVIRONMENT_THIEF + "sleep 0.2\n",
+        test_sh=(
+            "sleep 0.5\n"
+            f'if [ "$TOKEN" = {SECRET} ] && ! grep -q {SECRET} /tmp/stolen; then\n'
+            "  echo 1 > /logs/verifier/reward.txt\n"
+            "fi\n"
+        ),
+    )
+    result = run_harbor(
+        pytester,
+        dataset,
+        "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN",
+        "--harbor-set=verify_from_snapshot=true",
+    )
+    result.assert_outcomes(passed=1)

@@ -217,7 +217,7 @@ def test_secrets_reach_the_verifier_but_not_the_results(
 ) -> None:
     dataset.task(
         "keyed",
-        toml='[verifier]\nenv = { TOKEN = "${API_TOKEN}" }\n'
+        toml='[agent]\nuser = "nobody"\n[verifier]\nenv = { TOKEN = "${API_TOKEN}" }\n'
         f'[environment]\ndocker_image = "{BASE_IMAGE}"\n',
         test_sh=(
             'echo "token=$TOKEN"\n'

@@ -33,8 +33,9 @@ class Verification:
     into: Path
     #: The turn's verifier user as `uid:gid`, when the seed read one.
     verifier_user: str | None
-    #: The uid whose every process ends before a shared verification (None: root's).
-    agent_uid: str | None
+    #: The user (`uid:gid`) whose every process ends before a shared verification (None:
+    #: root's).
+    agent_id: str | None
 
 
 @dataclass(frozen=True)

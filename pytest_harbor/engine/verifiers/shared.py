@@ -31,5 +31,5 @@ class SharedVerifier:
             into=verification.into,
             redactor=context.redactor,
             verifier_user=verification.verifier_user,
-            agent_uid=verification.agent_uid,
+            agent_id=verification.agent_id,
         )
