@@ -369,3 +369,49 @@ def test_an_exec_the_runtime_could_not_start_is_tried_again(
     calls.clear()
     ran = sandbox.exec(["sh", "-c", "exit 126"], timeout=10)
     assert ran.exit_code == 126 and len(calls) == 1
+
+
+def test_a_tools_image_without_the_applets_the_engine_runs_is_refused(
+    docker_client: docker.DockerClient,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A busybox without `nsenter` could not end an agent's processes as the agent's uid:
+    the tools volume is not made from it, and the message names what it lacks."""
+    import contextlib
+    import io
+    import shutil
+    import subprocess
+    import tarfile
+
+    from pytest_harbor.sandboxes.docker import images
+
+    source = tmp_path / "lister.c"
+    source.write_text('#include <stdio.h>\nint main(void) { puts("sh\\ntar\\nkill"); }\n')
+    compiler = shutil.which("gcc")
+    assert compiler, "gcc builds the stand-in busybox; .ci/setup's machine has it"
+    subprocess.run([compiler, "-static", "-o", str(tmp_path / "busybox"), str(source)], check=True)
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as archive:
+        archive.add(tmp_path / "busybox", arcname="bin/busybox")
+    name = f"pytest-harbor-test-tools:{uuid.uuid4().hex[:8]}"
+    repository, tag = name.split(":")
+    docker_client.api.import_image_from_data(
+        layer.getvalue(),
+        repository=repository,
+        tag=tag,
+        changes=[f"LABEL pytest-harbor.run=test-{tag}"],
+    )
+    image = docker_client.images.get(name)
+    volume = f"pytest-harbor-tools-{image.id.split(':')[-1][:16]}"
+    monkeypatch.setattr(images, "TOOLS_IMAGE", name)
+    try:
+        with pytest.raises(SandboxStartError, match=r"lacks awk, chmod, .*nsenter.*usleep"):
+            images.EngineImages().tools_volume()
+        with pytest.raises(docker.errors.NotFound):
+            docker_client.volumes.get(f"{volume}-ready")
+    finally:
+        for leftover in (volume, f"{volume}-ready"):
+            with contextlib.suppress(docker.errors.NotFound):
+                docker_client.volumes.get(leftover).remove(force=True)
+        docker_client.images.remove(name, force=True)

@@ -54,6 +54,12 @@ from pytest_harbor.threads import join
 
 log = logging.getLogger("pytest_harbor")
 
+#: The applets of the trusted busybox the engine's scripts run (engine/scripts.py and the
+#: docker provider's keep-alive and exec wrapper).
+REQUIRED_APPLETS = frozenset(
+    {"awk", "chmod", "chown", "id", "kill", "mkdir", "mktemp", "mv", "nsenter", "rm", "sh"}
+    | {"head", "sleep", "tail", "tar", "timeout", "usleep"}
+)
 #: The image the trusted tools come from: its /bin/busybox must be statically linked.
 #: Pulled when missing, like a task's image; PYTEST_HARBOR_TOOLS_IMAGE names another.
 TOOLS_IMAGE = os.environ.get("PYTEST_HARBOR_TOOLS_IMAGE", "busybox:musl")
@@ -108,7 +114,8 @@ class EngineImages:
                 api.create_volume(name, labels={CACHE_LABEL: "tools"})
                 helper = api.create_container(
                     image,
-                    command=["true"],
+                    entrypoint=["/bin/busybox"],
+                    command=["--list"],
                     labels={CACHE_LABEL: "tools-helper"},
                     host_config=api.create_host_config(
                         binds={name: {"bind": "/fill", "mode": "rw"}}
@@ -127,6 +134,7 @@ class EngineImages:
                     api.put_archive(
                         helper["Id"], "/fill", pack_files({"busybox-sealed": binary}, 0o111)
                     )
+                _check_applets(api, helper["Id"], image)
             except ENGINE_ERRORS as error:
                 raise SandboxStartError(
                     f"cannot copy /bin/busybox of {image} into the tools volume: {explain(error)}"
@@ -417,3 +425,17 @@ class EngineImages:
             pass
         except ENGINE_ERRORS as error:
             raise SandboxError(f"cannot remove image {image[:19]}: {explain(error)}") from None
+
+
+def _check_applets(api: docker.APIClient, helper: str, image: str) -> None:
+    """Raise SandboxStartError unless the busybox of `image` (in the helper container
+    `helper`, whose command lists its applets) has every applet the engine runs."""
+    api.start(helper)
+    api.wait(helper, timeout=60)
+    listed = set(api.logs(helper, stdout=True, stderr=False).decode(errors="replace").split())
+    missing = sorted(REQUIRED_APPLETS - listed)
+    if missing:
+        raise SandboxStartError(
+            f"the busybox of {image} lacks {', '.join(missing)}, which pytest-harbor's "
+            "verification runs (PYTEST_HARBOR_TOOLS_IMAGE names another image)"
+        )
