@@ -53,6 +53,11 @@ def turn_result(
     kind, reason = reading.failure_kind, reading.failure_reason
     failure = agent.failure
     notes = list(notes)
+    if failure is not None and failure.claimed:
+        notes.append(
+            f"the cause {failure.cause} was read from the agent's own output, which the agent "
+            "can write: the turn was verified and scored"
+        )
     if kind is None and failure is not None:
         kind, reason = FailureKind.for_agent_cause(failure.cause), failure.message
     elif failure is not None:

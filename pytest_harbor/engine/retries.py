@@ -21,9 +21,10 @@ class AgentRetries:
         """None to verify; else the seconds to wait before the episode runs again in a
         fresh sandbox (counted as one retry). Raises EpisodeError when the episode ends
         with no result: the rule says so, its retries are spent, or `turns_done` earlier
-        turns would have to run again."""
+        turns would have to run again. A cause the sandbox claimed (`failure.claimed`)
+        is verified whatever the rule: the agent could have written it."""
         rule = self._policy.rule(failure.cause)
-        if rule.action == "verify":
+        if rule.action == "verify" or failure.claimed:
             return None
         kind = FailureKind.for_agent_cause(failure.cause)
         if rule.action != "retry":

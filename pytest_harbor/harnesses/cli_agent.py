@@ -223,9 +223,11 @@ def _failure(recipe: Recipe, result: ExecResult) -> AgentFailure | None:
     output = result.stdout + "\n" + result.stderr
     for cause, patterns in recipe.causes.items():
         if any(re.search(pattern, output) for pattern in patterns):
+            # The agent's commands print into this output too: the cause is a claim.
             return AgentFailure(
                 cause=cause,  # type: ignore[arg-type]
                 message=f"{recipe.name} exited {result.exit_code}: {_last_line(result)}",
+                claimed=True,
             )
     what = "was not found" if result.exit_code == 127 else f"exited {result.exit_code}"
     return AgentFailure(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -357,22 +358,33 @@ def test_failures_of_a_cli_agent_have_their_causes(
     assert "my key is ***" in stdout
 
 
-def test_a_cli_agent_cause_from_its_output_reaches_the_policy(
+def test_a_cause_the_agents_output_claims_is_recorded_but_scored(
     pytester: pytest.Pytester,
     dataset: Dataset,
     model_server: Callable[..., ScriptedModel],
     install_images: list[str],
 ) -> None:
+    """The CLI's output carries what the agent's commands print: an agent that prints a
+    rate-limit error and makes its CLI exit non-zero must neither get a fresh try (a
+    retry) nor leave the score (no result), whatever the policy says."""
     dataset.task("limited", toml=task_toml(), test_sh=ANSWER_TEST, instruction="ratelimit\n")
     recipe = write_recipe(pytester.path, "fake-limited")
     install_images.append("fake-limited@1.0")
     server = model_server(lambda request: answer("unused"))
-    fake_run(
-        pytester, dataset, server, recipe, "--harbor-set=agent_outcome_policy.rate_limited=fail"
-    ).assert_outcomes(errors=1)
-    failures = dataset.failures(pytester.path / "out", validation=False)
-    assert failures[0]["failure_kind"] == "agent_rate_limited"
-    assert "RateLimitError" in str(failures[0]["failure_reason"])
+    for policy in ("fail", "retry"):
+        fake_run(
+            pytester,
+            dataset,
+            server,
+            recipe,
+            f"--harbor-set=agent_outcome_policy.rate_limited={policy}",
+        ).assert_outcomes(failed=1)
+        (row,) = dataset.rows(pytester.path / "out", validation=False)
+        assert (row["reward"], row["mask_sample"], row["attempts"]) == (0.0, False, 1)
+        assert row["failure_cause"] == "rate_limited"
+        assert "read from the agent's own output" in " ".join(row["turns"][0]["notes"])
+        assert dataset.failures(pytester.path / "out", validation=False) == []
+        shutil.rmtree(pytester.path / "out")
 
 
 def test_an_agent_out_of_time_loses_every_process_it_started(
