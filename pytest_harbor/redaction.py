@@ -1,5 +1,6 @@
 """Secret values (settings `secrets`, the model's API key) replaced by `***` wherever a run
-writes or prints, and cuts of text that leave no recognisable part of one behind."""
+writes or prints (text, and the names of the files it writes), and cuts of text that leave
+no recognisable part of one behind."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, TypeVar
 
+from pytest_harbor.display import escape_controls
 from pytest_harbor.settings import HarborSettings
 
 __all__ = ["CUT", "FRAGMENT_MIN", "MASK", "Redactor", "clip_head", "clip_tail", "run_redactor"]
@@ -63,6 +65,19 @@ class Redactor:
             return value
         value = _whole(value, self._texts, MASK)
         return _at_cuts(value, self._texts, MASK, _CUT_MARKS, start=True, end=True)
+
+    def shown(self, value: str) -> str:
+        """Text from a sandbox as a person is shown it (the terminal, the junit XML):
+        secrets masked and control characters escaped (display.escape_controls). Masked
+        before and after: a secret that holds a control character is found as written,
+        and no escape makes up one."""
+        return self.text(escape_controls(self.text(value)))
+
+    def name(self, value: str) -> str:
+        """One name of a path a run writes (a file or a folder), masked as text is: a
+        secret whole, and a piece of one at either end (a `/` in a secret cuts it into
+        names, as a cut of text would)."""
+        return self.text(value)
 
     def bytes(self, data: builtins.bytes) -> builtins.bytes:
         if not self._bytes:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import shutil
 import tempfile
 import threading
@@ -14,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar, cast
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
 from pytest_harbor.engine.harness_calls import (
     HARNESS_GRACE_S,
@@ -41,7 +41,7 @@ from pytest_harbor.tasks import Task, Turn
 
 __all__ = ["AgentPhase"]
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 #: The least time a session gets to open, whatever `harness_setup_allowance_s` leaves.
 MIN_SETUP_S = 1.0

@@ -8,7 +8,6 @@ the verifier modes (engine/verifiers/) and the result (engine/records.py).
 
 from __future__ import annotations
 
-import logging
 import shutil
 import tempfile
 import time
@@ -16,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine.admission import (
     check_digest,
     refuse_at_seed,
@@ -61,7 +61,7 @@ from pytest_harbor.tasks import Task, Turn
 
 __all__ = ["Episode", "TurnOutput"]
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 
 class Episode:

@@ -10,8 +10,7 @@ fault; a sandbox that still runs is the sandbox's: whatever made the step fail i
 
 from __future__ import annotations
 
-import logging
-
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine.failures import FailureKind
 from pytest_harbor.engine.rewards import RewardReading
 from pytest_harbor.redaction import Redactor
@@ -19,7 +18,7 @@ from pytest_harbor.sandboxes.base import Sandbox, SandboxError
 
 __all__ = ["blame", "fault"]
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 
 def blame(sandbox: Sandbox, error: SandboxError, doing: str) -> RewardReading | None:

@@ -4,8 +4,6 @@ past its deadline."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -13,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from pytest_harbor.display import harbor_logger
+from pytest_harbor.engine.masked_names import mask_folder
 from pytest_harbor.harnesses.base import Deadline, ModelGateSlot
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxStatus, Spawned
@@ -20,7 +20,7 @@ from pytest_harbor.threads import join
 
 __all__ = ["HARNESS_GRACE_S", "CallOutcome", "InProcessGate", "SandboxWindow", "call_harness"]
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 #: How long a call that ran past its deadline has to return after `cancel` is set, before
 #: the episode goes on without it.
@@ -147,7 +147,7 @@ def call_harness(
     """Run `work(window, deadline, cancel)` in a thread; at the deadline set `cancel` and
     close the window, give it `grace_s` to return, then go on without it. An interrupt
     (Ctrl-C, the backstop) in the waiting thread cancels the call too. Files the call left
-    in `host_dir` have secret values masked afterwards."""
+    in `host_dir` have secret values masked afterwards, in their content and their names."""
     deadline = Deadline.after(max(seconds, 0.0))
     cancel = threading.Event()
     window = SandboxWindow(sandbox, deadline, what)
@@ -177,8 +177,8 @@ def call_harness(
         window.close()
         raise
     finally:
-        if host_dir is not None and redactor:
-            _mask_files(host_dir, redactor)
+        if host_dir is not None:
+            mask_folder(host_dir, redactor)
     window.close()
     abandoned = thread.is_alive()
     if abandoned:
@@ -195,18 +195,6 @@ def call_harness(
         seconds=time.monotonic() - started,
         error_after_close=closed_at_error.is_set(),
     )
-
-
-def _mask_files(folder: Path, redactor: Redactor) -> None:
-    if not folder.is_dir():
-        return
-    for path in folder.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            with contextlib.suppress(OSError):
-                data = path.read_bytes()
-                masked = redactor.bytes(data)
-                if masked != data:
-                    path.write_bytes(masked)
 
 
 class _GateSlot:

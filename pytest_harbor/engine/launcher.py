@@ -4,12 +4,12 @@ the harness's install) and how a sandbox is started from them."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine.budget import EpisodeBudget
 from pytest_harbor.engine.clock import EpisodeClock
 from pytest_harbor.engine.compose_tasks import compose_spec
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Background", "SandboxLauncher", "stop_within"]
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 T = TypeVar("T")
 

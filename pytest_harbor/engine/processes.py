@@ -3,10 +3,10 @@ seed, the users of the task as numbers, and the end of what an agent started."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine.scripts import (
     END_PROCESSES,
     RESOLVE_USERS,
@@ -25,7 +25,7 @@ __all__ = [
     "survey",
 ]
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 #: How long an engine script that walks /proc may take.
 _SCRIPT_TIMEOUT_S = 60.0

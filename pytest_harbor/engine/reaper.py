@@ -9,17 +9,17 @@ host name, not their pids).
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from pathlib import Path
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL
 from pytest_harbor.sandboxes.base import SandboxError, SandboxProvider, SweepsLeftovers
 
 __all__ = ["owner_is_alive", "owner_of_this_process", "reap_orphans"]
 
-log = logging.getLogger(__name__)
+log = harbor_logger()
 
 
 def _stat_fields(pid: int) -> list[str] | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from pytest_harbor.engine.failures import FailureKind
+from pytest_harbor.engine.masked_names import MaskedPaths
 from pytest_harbor.engine.processes import SandboxSurvey
 from pytest_harbor.engine.rewards import REWARD_FILES, RewardReading, read_reward
 from pytest_harbor.engine.scripts import (
@@ -249,10 +250,10 @@ class _Copied:
 
 def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _Copied:
     """Copy /logs/verifier into `into` (emptied first), read through the engine's archive
-    API as a stream and written file by file with secrets masked: nothing of it is held
-    whole. A file is cut at FILE_CAP_BYTES; past TOTAL_CAP_BYTES or FILE_COUNT_CAP, files
-    are left out. A reward file that is not a regular file, or is larger than
-    REWARD_CAP_BYTES, is not read (`unusable` says why).
+    API as a stream and written file by file with secrets masked, in content and names
+    (MaskedPaths): nothing of it is held whole. A file is cut at FILE_CAP_BYTES; past
+    TOTAL_CAP_BYTES or FILE_COUNT_CAP, files are left out. A reward file that is not a
+    regular file, or is larger than REWARD_CAP_BYTES, is not read (`unusable` says why).
 
     Nothing the folder holds or does while it is read can fail the copy: a file this
     machine cannot write (a path too long for it, say) is left out and named; a stream
@@ -266,6 +267,7 @@ def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _C
     chunks = sandbox.iter_archive(VERIFIER_LOGS)
     if chunks is None:
         return copied
+    names = MaskedPaths(redactor)
     total = files = 0
     seen: set[str] = set()
     try:
@@ -297,17 +299,19 @@ def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _C
                 if source is None:
                     continue
                 room = min(FILE_CAP_BYTES, TOTAL_CAP_BYTES - total)
+                placed = names.place(parts)
+                written = _shown("/".join(placed))
                 if name in REWARD_FILES:
                     # Read as written (a masked copy could no longer be a number).
                     copied.rewards[name] = source.read()
-                    _write(into, parts, [redactor.bytes(copied.rewards[name])], copied, name)
+                    _write(into, placed, [redactor.bytes(copied.rewards[name])], copied, written)
                 else:
                     cut = member.size > room
                     body = redactor.stream(_read_up_to(source, room), cut=cut)
                     tail = [f"\n[... cut: {member.size - room} more bytes ...]\n".encode()]
-                    _write(into, parts, _chain(body, tail if cut else []), copied, name)
+                    _write(into, placed, _chain(body, tail if cut else []), copied, written)
                     if cut:
-                        copied.note(name)
+                        copied.note(written)
                 total += min(member.size, room)
                 files += 1
     except (tarfile.TarError, OSError, SandboxError, ValueError) as error:
@@ -316,7 +320,7 @@ def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _C
         copied.cut.append(f"(and {copied.unnamed} more, not read)")
     for name in REWARD_FILES:
         if name not in seen and name not in copied.rewards:
-            _read_reward_alone(sandbox, name, into, redactor, copied)
+            _read_reward_alone(sandbox, name, into, redactor, copied, names.place([name]))
     return copied
 
 
@@ -329,10 +333,16 @@ def _unreadable_reward(member: tarfile.TarInfo) -> str | None:
 
 
 def _read_reward_alone(
-    sandbox: Sandbox, name: str, into: Path, redactor: Redactor, copied: _Copied
+    sandbox: Sandbox,
+    name: str,
+    into: Path,
+    redactor: Redactor,
+    copied: _Copied,
+    placed: list[str],
 ) -> None:
     """A reward file the folder's stream did not reach (it broke off, or stopped at the
-    caps): read on its own, with the same checks. Not there: nothing to add."""
+    caps): read on its own, with the same checks, and written at `placed`. Not there:
+    nothing to add."""
     try:
         chunks = sandbox.iter_archive(f"{VERIFIER_LOGS}/{name}")
         if chunks is None:
@@ -346,7 +356,8 @@ def _read_reward_alone(
                 source = archive.extractfile(member)
                 if source is not None:
                     copied.rewards[name] = source.read(REWARD_CAP_BYTES + 1)
-                    _write(into, [name], [redactor.bytes(copied.rewards[name])], copied, name)
+                    data = [redactor.bytes(copied.rewards[name])]
+                    _write(into, placed, data, copied, "/".join(placed))
                 return
     except (tarfile.TarError, OSError, SandboxError, ValueError) as error:
         copied.unusable[name] = f"could not be read ({_shown(str(error))})"

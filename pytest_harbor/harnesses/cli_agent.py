@@ -13,7 +13,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import logging
 import re
 import tarfile
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.harnesses.base import (
     AGENT_LOGS,
     AgentFailure,
@@ -50,7 +50,7 @@ from pytest_harbor.tasks.task import Task
 
 __all__ = ["INSTRUCTION_FILE", "CliAgentHarness", "CliAgentOptions"]
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 #: Where a turn's instruction is written for the agent to read.
 INSTRUCTION_FILE = f"{AGENT_LOGS}/instruction.md"

@@ -7,18 +7,18 @@ every trial of that task gets its failure."""
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Iterable
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine import Episode, EpisodeError
 from pytest_harbor.plugin.run import HarborRun
 from pytest_harbor.tasks.task import Task
 
 __all__ = ["BuildsAhead"]
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 
 class BuildsAhead:

@@ -1,6 +1,7 @@
 """What each report of a harbor item carries: the episode's result or failure as plain
 JSON data (xdist carries a report's attributes from the worker to the controller), with
-every secret value masked in what the terminal and the junit XML show."""
+what the terminal and the junit XML show made safe to show: every secret value masked,
+every control character escaped."""
 
 from __future__ import annotations
 
@@ -64,29 +65,28 @@ def pytest_runtest_makereport(
     if excinfo is not None and isinstance(error, EpisodeError | SandboxError):
         # The engine's own words say what broke; our stack frames would not help.
         report.longrepr = excinfo.getrepr(style="value")
-    _mask_report(report, item.config.stash[HARBOR_RUN].redactor)
+    _make_shown(report, item.config.stash[HARBOR_RUN].redactor)
     # Plain JSON data: xdist carries it (the report's __dict__) to the controller.
     report.__dict__[_DATA] = data
     return report
 
 
-def _mask_report(report: pytest.TestReport, redactor: Redactor) -> None:
-    """No secret value reaches the terminal or the junit XML: the failure text and the
-    captured output are masked."""
-    if not redactor:
-        return
+def _make_shown(report: pytest.TestReport, redactor: Redactor) -> None:
+    """What a report shows (failure text, captured output and log, properties) is as
+    Redactor.shown renders it: no secret value and no raw control character reaches the
+    terminal or the junit XML. A failure whose text changes is shown as that text."""
     longrepr = report.longrepr
     if isinstance(longrepr, tuple):
         path, line, message = longrepr
-        report.longrepr = (path, line, redactor.text(message))
+        report.longrepr = (path, line, redactor.shown(message))
     elif longrepr is not None:
         text = str(longrepr)
-        masked = redactor.text(text)
-        if masked != text:
-            report.longrepr = masked
-    report.sections = [(title, redactor.text(body)) for title, body in report.sections]
+        shown = redactor.shown(text)
+        if shown != text:
+            report.longrepr = shown
+    report.sections = [(title, redactor.shown(body)) for title, body in report.sections]
     report.user_properties = [
-        (name, redactor.text(value) if isinstance(value, str) else value)
+        (name, redactor.shown(value) if isinstance(value, str) else value)
         for name, value in report.user_properties
     ]
 

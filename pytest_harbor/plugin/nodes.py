@@ -11,6 +11,7 @@ import pluggy
 import pytest
 from xdist import get_xdist_worker_id, is_xdist_worker
 
+from pytest_harbor.display import escape_controls
 from pytest_harbor.engine import Episode, EpisodeResult, TurnResult, decide_outcome
 from pytest_harbor.engine.budget import backstop_seconds
 from pytest_harbor.engine.failures import EpisodeError
@@ -43,9 +44,13 @@ _ANSWER_CHARS = 300
 
 class HarborWarning(pytest.PytestWarning):
     """Something pytest-harbor ignored or could not do, worth a look; `line` is the line of
-    task.toml it is about, when it is about one."""
+    task.toml it is about, when it is about one. Its message may quote a task or a
+    sandbox: control characters in it are escaped."""
 
     line: int | None = None
+
+    def __init__(self, message: str) -> None:
+        super().__init__(escape_controls(message))
 
 
 def task_warnings(task: Task) -> list[HarborWarning]:
@@ -440,10 +445,18 @@ def _details(turn: TurnResult, test_stdout: bytes, *, validation: bool) -> str:
         answer = turn.response.strip().replace("\n", " ")
         lines.append(f"agent's answer: {clip_head(answer, _ANSWER_CHARS)}")
     lines.append(f"verifier logs: {turn.verifier_logs_dir}")
-    tail = test_stdout.decode("utf-8", errors="replace").splitlines()[-_TAIL_LINES:]
+    tail = _lines(test_stdout.decode("utf-8", errors="replace"))[-_TAIL_LINES:]
     lines.append("---- last lines of test-stdout.txt ----")
     lines.extend(tail or ["(empty)"])
     if turn.agent_log_tail:
         lines.append("---- last lines of /logs/agent/oracle.txt ----")
-        lines.extend(turn.agent_log_tail.splitlines()[-_TAIL_LINES:])
+        lines.extend(_lines(turn.agent_log_tail)[-_TAIL_LINES:])
     return "\n".join(lines)
+
+
+def _lines(text: str) -> list[str]:
+    """The lines of `text`, split at newlines only: a carriage return or another break
+    str.splitlines knows stays in its line, to be shown escaped (a `\\r` that writes over
+    a line is not a line of its own)."""
+    lines = text.split("\n")
+    return lines[:-1] if lines[-1] == "" else lines

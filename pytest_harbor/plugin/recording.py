@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine import EpisodeResult, FailureKind
 from pytest_harbor.engine.durations import record_history
 from pytest_harbor.plugin.item_reports import harbor_data
@@ -27,7 +27,7 @@ from pytest_harbor.writers.summary import run_summary, write_run_summary
 
 __all__ = ["ResultRecorder"]
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 
 class ResultRecorder:

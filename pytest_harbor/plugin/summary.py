@@ -63,7 +63,7 @@ class TerminalSummary:
         writer = getattr(reporter, "_tw", None)
         if writer is not None and writer.width_of_current_line:
             reporter.write("\n")
-        reporter.write_line(status_line(self.state))
+        reporter.write_line(self.run.redactor.shown(status_line(self.state)))
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         state, layout = self.state, self.run.layout
@@ -74,7 +74,7 @@ class TerminalSummary:
         unmatched = self._unmatched_filters(terminalreporter.config)
         if not ran and not left_out and not unmatched:
             return
-        write = terminalreporter.write_line
+        write = self._writer(terminalreporter)
         terminalreporter.section("harbor")
         for message in unmatched:
             write(message, yellow=True)
@@ -106,6 +106,16 @@ class TerminalSummary:
         if state.check is not None:
             self._write_check(write)
         self._write_run_notes(write)
+
+    def _writer(self, reporter: pytest.TerminalReporter) -> Write:
+        """The section's one way to the terminal: each line as Redactor.shown renders it
+        (task names, reasons and check details may quote a task or a sandbox)."""
+        shown = self.run.redactor.shown
+
+        def write(line: str, **markup: bool) -> None:
+            reporter.write_line(shown(line), **markup)
+
+        return write
 
     def _write_run_notes(self, write: Write) -> None:
         """What the run kept, cut short, removed and built, and what it could not do."""

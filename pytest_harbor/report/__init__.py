@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pytest_harbor.display import escape_controls
 from pytest_harbor.report.page import render_page
 from pytest_harbor.report.results import (
     CHECK,
@@ -36,10 +37,13 @@ __all__ = [
 
 
 def render_report(summary_files: Iterable[Path], out: Path) -> str:
-    """The report's HTML for the tasksets of `summary_files`, its links relative to `out`."""
+    """The report's HTML for the tasksets of `summary_files`, its links relative to `out`.
+    Control and format characters anywhere in it (a verifier's output, a file name) are
+    escaped as text: a bidi override cannot make a line read otherwise than it is."""
     tasksets = [load_taskset(path) for path in summary_files]
     generated_at = datetime.now(UTC).isoformat(timespec="seconds")
-    return render_page(tasksets, out.absolute(), generated_at=generated_at, budget=Budget())
+    page = render_page(tasksets, out.absolute(), generated_at=generated_at, budget=Budget())
+    return escape_controls(page)
 
 
 def write_report(

@@ -190,3 +190,43 @@ def test_a_root_agent_verified_from_a_snapshot_gets_its_secret_verified(
         "--harbor-set=verify_from_snapshot=true",
     )
     result.assert_outcomes(passed=1)
+
+
+def test_a_verifier_that_names_files_after_its_secret_names_none_under_the_results(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MY_API_TOKEN", SECRET)
+    dataset.task(
+        "named-leak",
+        toml=KEYED,
+        test_sh=(
+            "cd /logs/verifier\n"
+            'echo "file" > "$TOKEN.txt"\n'
+            'mkdir "$TOKEN" && echo "inside" > "$TOKEN/inner.txt"\n'
+            # Already there under the name the masked one takes: neither is lost.
+            "echo 'plain' > '***.txt'\n"
+            # The secret cut by a folder: each piece is 8 characters.
+            'mkdir "${TOKEN:0:8}" && echo "split" > "${TOKEN:0:8}/${TOKEN:8}"\n'
+            "echo 1 > reward.txt\n"
+        ),
+    )
+    result = run_harbor(pytester, dataset, "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN", "-rA")
+    result.assert_outcomes(passed=1)
+    out = pytester.path / "out"
+    for path in out.rglob("*"):
+        relative = str(path.relative_to(out))
+        assert SECRET not in relative
+        assert SECRET[:8] not in relative and SECRET[8:] not in relative, relative
+    folder = dataset.results_folder(out) / "verifier" / "named-leak__r0"
+    found = {
+        str(path.relative_to(folder)): path.read_text().strip()
+        for path in folder.rglob("*")
+        if path.is_file() and path.name not in ("trajectory.json", "reward.txt")
+    }
+    # Which of two names that mask alike keeps it depends on the order the copy reads them.
+    assert sorted(found) in (
+        ["***.txt", "***/inner.txt", "***~2.txt", "***~2/***", "test-stdout.txt"],
+        ["***.txt", "***/***", "***~2.txt", "***~2/inner.txt", "test-stdout.txt"],
+    )
+    assert {found["***.txt"], found["***~2.txt"]} == {"file", "plain"}
+    assert sorted(found.values()) == ["", "file", "inside", "plain", "split"]

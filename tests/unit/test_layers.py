@@ -12,7 +12,17 @@ PACKAGE = Path(pytest_harbor.__file__).parent
 
 #: Lowest first. A module's layer is that of its first name below `pytest_harbor`.
 LAYERS = [
-    {"atomic", "strict_json", "threads", "ignore", "labels", "locks", "registry", "agent_outcomes"},
+    {
+        "atomic",
+        "strict_json",
+        "threads",
+        "ignore",
+        "labels",
+        "locks",
+        "registry",
+        "agent_outcomes",
+        "display",
+    },
     {"tasks"},
     {"datasets"},
     {"settings"},

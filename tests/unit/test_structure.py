@@ -1,5 +1,6 @@
 """Structural guarantees: what the plugin loads at import, where names are registered,
-and that whatever writes text must be given the run's redactor."""
+that whatever writes text must be given the run's redactor, and that logs go through the
+logger that escapes them."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import inspect
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import pytest_harbor
 from pytest_harbor import registry
 from pytest_harbor.engine.harness_calls import call_harness
 from pytest_harbor.registry import NameTaken, Registry
@@ -103,3 +106,14 @@ def test_the_docker_provider_of_one_engine_loads_no_fleet_and_no_compose() -> No
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert loaded == "[]"
+
+
+def test_every_module_logs_through_the_logger_that_escapes() -> None:
+    """A logger of its own would print what a sandbox said raw (display.harbor_logger)."""
+    package = Path(pytest_harbor.__file__).parent
+    own = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if "getLogger(" in path.read_text() and path.name != "display.py"
+    ]
+    assert own == []

@@ -4,9 +4,9 @@ where it runs."""
 
 from __future__ import annotations
 
-import logging
 from typing import ClassVar
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine.launcher import stop_within
 from pytest_harbor.engine.verification import VerifierRun, run_verifier
 from pytest_harbor.engine.verifiers.protocol import ModeContext, Verification
@@ -14,7 +14,7 @@ from pytest_harbor.sandboxes.base import Sandbox, SandboxError, SandboxStartErro
 
 __all__ = ["SnapshotVerifier"]
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 
 class SnapshotVerifier:

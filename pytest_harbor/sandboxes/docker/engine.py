@@ -4,7 +4,6 @@ client made once per process, and the errors a call to it may raise."""
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -18,11 +17,12 @@ import docker.tls
 import requests
 import urllib3
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.sandboxes.base import (
     SandboxStartError,
 )
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 
 #: The oldest engine API pytest-harbor works with (Docker Engine 20.10).

@@ -4,7 +4,6 @@ and everything of that episode (its images, its sandbox) happens on that engine.
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -16,6 +15,7 @@ import docker
 import docker.errors
 import requests
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.locks import FileLock, Slots
 from pytest_harbor.sandboxes.base import (
     ImageConfig,
@@ -31,7 +31,7 @@ from pytest_harbor.sandboxes.base import (
 from pytest_harbor.sandboxes.docker.engine import Endpoint
 from pytest_harbor.sandboxes.docker.provider import DockerProvider
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 _T = TypeVar("_T")
 

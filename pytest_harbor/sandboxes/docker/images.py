@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
 import os
 import subprocess
 import tempfile
@@ -19,6 +18,7 @@ import docker
 import docker.errors
 import docker.tls
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.labels import CACHE_LABEL, CONTENT_HASH_LABEL
 from pytest_harbor.sandboxes.archives import (
     pack_files,
@@ -52,7 +52,7 @@ from pytest_harbor.sandboxes.docker.engine import (
 from pytest_harbor.sandboxes.images import build_lock, image_tag_for
 from pytest_harbor.threads import join
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 #: The applets of the trusted busybox the engine's scripts run (engine/scripts.py and the
 #: docker provider's keep-alive and exec wrapper).

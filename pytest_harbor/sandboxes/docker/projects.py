@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import subprocess
 import threading
 from collections.abc import Mapping
@@ -14,6 +13,7 @@ import docker
 import docker.errors
 import docker.tls
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.labels import COMPOSE_PROJECT_LABEL
 from pytest_harbor.sandboxes.base import (
     SandboxError,
@@ -28,7 +28,7 @@ from pytest_harbor.sandboxes.docker.engine import (
 )
 from pytest_harbor.threads import join
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 #: How long `up --wait` may take when the spec sets no limit.
 COMPOSE_UP_S = 900.0

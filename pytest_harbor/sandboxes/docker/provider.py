@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import tempfile
 import threading
@@ -18,6 +17,7 @@ import docker
 import docker.errors
 import docker.tls
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from pytest_harbor.sandboxes.archives import (
     pack_directories,
@@ -54,7 +54,7 @@ from pytest_harbor.sandboxes.docker.projects import (
 from pytest_harbor.sandboxes.docker.sandbox import DEFAULT_NETWORK, ComposeSandbox, DockerSandbox
 from pytest_harbor.threads import join
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 #: The keep-alive sleep of a sandbox with no lifetime; removal is forceful, so the sleep
 #: never needs a signal.

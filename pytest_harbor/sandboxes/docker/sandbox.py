@@ -4,7 +4,6 @@ a Compose project's `main` service."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 import uuid
@@ -15,6 +14,7 @@ import docker
 import docker.errors
 import docker.tls
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from pytest_harbor.sandboxes.archives import (
     pack_files,
@@ -43,7 +43,7 @@ from pytest_harbor.sandboxes.docker.projects import (
 from pytest_harbor.sandboxes.docker.stream import ExecConnection, OutputReader, guarded
 from pytest_harbor.threads import join
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 #: The network a sandbox with network access is on (and that a phase without it leaves).
 DEFAULT_NETWORK = "bridge"

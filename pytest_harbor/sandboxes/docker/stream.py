@@ -5,7 +5,6 @@ process group."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import socket
 import ssl
 import struct
@@ -17,13 +16,14 @@ from docker.utils.socket import STDERR as _STDERR
 from docker.utils.socket import STDOUT as _STDOUT
 from docker.utils.socket import frames_iter
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.sandboxes.base import (
     SandboxError,
 )
 from pytest_harbor.sandboxes.docker.engine import TRANSPORT_ERRORS
 from pytest_harbor.sandboxes.output import CappedOutput
 
-log = logging.getLogger("pytest_harbor")
+log = harbor_logger()
 
 
 class ExecConnection:
