@@ -141,8 +141,10 @@ done
 """
 
 #: The pauses between rounds of kills, in microseconds (a killed process with much memory
-#: takes a while to give it back): about 1.6 s in all before a survivor is reported.
-_PAUSES_US = " ".join(str(min(1000 * 2**n, 200_000)) for n in range(12))
+#: takes a while to give it back, and thousands of them on a busy machine take seconds to
+#: be scheduled to die): about 10 s in all before a survivor is reported. Only a round
+#: that finds a survivor pauses, so an ordinary end costs none of it.
+_PAUSES_US = " ".join(str(min(1000 * 2**n, 500_000)) for n in range(28))
 
 #: Run as the agent's own uid by `end_user` (below), from the sealed busybox: `kill -9 -1`
 #: signals every process this uid may signal (the kernel decides: those whose real or
