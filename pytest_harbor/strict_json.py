@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["as_float", "dumps", "finite"]
+__all__ = ["as_float", "dumps", "finite", "mean"]
 
 
 def finite(value: Any) -> Any:
@@ -32,6 +34,32 @@ def as_float(value: object) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) else None
+
+
+def mean(values: Iterable[float]) -> float:
+    """The mean of `values` (at least one), finite whenever they all are: two rewards of
+    1e308 average 1e308, where their sum overflows. Exact (math.fsum) when the sum is
+    finite; otherwise each value is divided first."""
+    numbers = list(values)
+    if not numbers:
+        raise ValueError("the mean of no values")
+    count = len(numbers)
+    if not all(math.isfinite(number) for number in numbers):
+        return sum(numbers) / count
+    total = _fsum(numbers)
+    if math.isfinite(total):
+        return total / count
+    # Each share is at most the largest value, and so is their sum, but for rounding.
+    average = _fsum(number / count for number in numbers)
+    return max(-sys.float_info.max, min(sys.float_info.max, average))
+
+
+def _fsum(numbers: Iterable[float]) -> float:
+    """math.fsum(), infinite where it raises on an intermediate overflow."""
+    try:
+        return math.fsum(numbers)
+    except OverflowError:
+        return math.inf
 
 
 def dumps(value: Any, **options: Any) -> str:

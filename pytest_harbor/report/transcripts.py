@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_harbor.redaction import CUT
+from pytest_harbor.untrusted import load_json
 
 __all__ = ["TOTAL_LIMIT", "TRAJECTORY_LIMIT", "Budget", "text_tail_html", "transcript_html"]
 
@@ -48,10 +49,10 @@ def transcript_html(path: Path, link: str, budget: Budget) -> str:
         size = path.stat().st_size
         if size > _PARSE_LIMIT:
             return _raw_start(path, link, size, budget)
-        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except OSError as error:
-        return _note(f"Cannot read the trajectory: {escape(str(error))}")
-    except ValueError:
+        data, error = load_json(path.read_bytes())
+    except OSError as problem:
+        return _note(f"Cannot read the trajectory: {escape(str(problem))}")
+    if error is not None:
         return _raw_start(path, link, size, budget)
     steps = data.get("steps") if isinstance(data, dict) else None
     if not isinstance(steps, list):
