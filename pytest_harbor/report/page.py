@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from pytest_harbor import strict_json
 from pytest_harbor.redaction import clip_head
 from pytest_harbor.report.charts import (
     histogram,
@@ -263,10 +264,10 @@ def _task_table(anchor: str, taskset: TasksetResults, base: Path) -> str:
         scored = [
             e.reward for e in episodes if e.status in ("passed", "failed") and e.reward is not None
         ]
-        mean = sum(scored) / len(scored) if scored else None
+        mean = strict_json.mean(scored) if scored else None
         kinds = Counter(e.failure_kind for e in episodes if e.failure_kind)
         durations = [e.duration_s for e in episodes if e.duration_s is not None]
-        duration = sum(durations) / len(durations) if durations else None
+        duration = strict_json.mean(durations) if durations else None
         cells = []
         for repeat in range(repeats):
             if repeat not in found:
