@@ -89,10 +89,10 @@ def _read_json(data: bytes) -> RewardReading:
     rewards: dict[str, float] = {}
     for key, number in value.items():
         if isinstance(number, bool) or not isinstance(number, int | float):
-            return _invalid(source, f"key {key!r} is not a number: {_shown(number)}")
+            return _invalid(source, f"key {_shown(key)} is not a number: {_shown(number)}")
         finite = as_float(number)
         if finite is None:
-            return _invalid(source, f"key {key!r} is not a finite number: {_shown(number)}")
+            return _invalid(source, f"key {_shown(key)} is not a finite number: {_shown(number)}")
         rewards[key] = finite
     reward = rewards["reward"] if "reward" in rewards else mean(rewards.values())
     return RewardReading(reward=reward, rewards=rewards, source=source)
