@@ -16,10 +16,12 @@ __all__ = ["MAX_DEPTH", "Parsed", "load_json"]
 #: row nests anywhere near 100.
 MAX_DEPTH = 100
 
-#: A JSON string (whole, with its escapes) or a bracket outside strings. Possessive, so a
-#: long string is one step of the regular-expression engine, not a backtracking search.
-_TOKENS = re.compile(r'"(?:[^"\\]++|\\.)*+"|[\[\]{}]', re.DOTALL)
+#: A JSON string, whole with its escapes. Possessive, so a long string is one step of the
+#: regular-expression engine, not a backtracking search.
+_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]++")
 _SURROGATES = re.compile("[\ud800-\udfff]")
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class Parsed(NamedTuple):
@@ -53,8 +55,7 @@ def load_json(
         if limit_bytes is not None and len(data) > limit_bytes:
             return Parsed(None, f"is larger than {limit_bytes} bytes ({len(data)})")
         text = _decoded(data)
-        depth = _depth(text)
-        if depth > max_depth:
+        if _depth(text, max_depth) > max_depth:
             return Parsed(None, f"nests arrays or objects deeper than {max_depth} levels")
         if constants == "null":
             value = json.loads(text, parse_int=_integer, parse_constant=_null)
@@ -62,7 +63,9 @@ def load_json(
             value = json.loads(text, parse_int=_integer)
     except (ValueError, RecursionError, MemoryError) as error:
         return Parsed(None, f"is not valid JSON: {_short(error)}")
-    return Parsed(_without_surrogates(value))
+    if _SURROGATES.search(text) or _ESCAPED_SURROGATE.search(text):
+        value = _without_surrogates(value)
+    return Parsed(value)
 
 
 def _decoded(data: bytes | str) -> str:
@@ -71,18 +74,23 @@ def _decoded(data: bytes | str) -> str:
     return data.decode(json.detect_encoding(data), errors="replace").removeprefix("\ufeff")
 
 
-def _depth(text: str) -> int:
-    """The deepest nesting of brackets outside strings: as deep as json can go in `text`
-    (for text json accepts, exactly that; json stops at the first error otherwise)."""
-    depth = deepest = 0
-    for match in _TOKENS.finditer(text):
-        token = match.group()
-        if token in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif token in "]}":
-            depth -= 1
-    return deepest
+def _depth(text: str, max_depth: int) -> int:
+    """How deep json can nest in `text`, or a number past `max_depth` once it is past it.
+
+    The brackets outside strings are kept; each pass removes the innermost pairs (`[]`),
+    so a balanced text empties in as many passes as it is deep. What no pass removes are
+    brackets never matched, and json goes one level deeper into each that opens before it
+    fails: the passes plus those are at least as deep as json goes (for text json accepts,
+    exactly that). Every step is a scan in C, whatever the size of the text.
+    """
+    skeleton = _NOT_BRACKETS.sub("", _STRING.sub("", text)).replace("{", "[").replace("}", "]")
+    passes = 0
+    while "[]" in skeleton:
+        passes += 1
+        if passes > max_depth:
+            break
+        skeleton = skeleton.replace("[]", "")
+    return passes + skeleton.count("[")
 
 
 def _integer(text: str) -> int | float:

@@ -4,6 +4,7 @@ failure it was made to give, never another exception."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -70,6 +71,23 @@ def test_brackets_in_strings_are_not_nesting() -> None:
     text = json.dumps({"command": "[" * DEEP + '\\"]' + "{" * DEEP})
     assert load_json(text).value == json.loads(text)
     assert load_json(deep(MAX_DEPTH)).error is None
+
+
+@fast
+@given(
+    st.recursive(st.just(1), lambda items: st.lists(items, min_size=1, max_size=3), max_leaves=40)
+)
+def test_the_depth_limit_is_exact_for_json(value: object) -> None:
+    """Nested around the limit: refused exactly when deeper than it."""
+
+    def depth(item: object) -> int:
+        return 1 + max(map(depth, item)) if isinstance(item, list) else 0
+
+    wrapped = value
+    for _ in range(MAX_DEPTH - 5):
+        wrapped = [wrapped]
+    parsed = load_json(json.dumps(wrapped))
+    assert (parsed.error is None) == (depth(wrapped) <= MAX_DEPTH)
 
 
 @pytest.mark.parametrize(
@@ -159,21 +177,25 @@ def test_shell_agent_tool_arguments_are_read_or_refused(text: str) -> None:
     assert problem is None or isinstance(problem, str)
 
 
+MODEL = ModelConfig(name="m", base_url="http://localhost/v1")
+
+
+@functools.cache
+def _client() -> ChatClient:
+    return ChatClient(MODEL, retry=RetryPolicy(), request_timeout_s=5, redactor=Redactor([]))
+
+
 @fast
 @given(payloads(), st.sampled_from([200, 400, 429, 500]))
 def test_a_model_endpoint_body_is_a_reply_or_a_classified_error(data: bytes, status: int) -> None:
-    model = ModelConfig(name="m", base_url="http://localhost/v1")
-    client = ChatClient(model, retry=RetryPolicy(), request_timeout_s=5, redactor=Redactor([]))
     response = httpx.Response(status, content=data)
     try:
-        client._read(response, UsageMeter())
+        _client()._read(response, UsageMeter())
     except ChatError:
         pass
     except Exception as error:  # the retryable kind is private
         assert type(error).__name__ == "_Retryable"
-    finally:
-        client.close()
-    assert isinstance(_excerpt(data, model), str)
+    assert isinstance(_excerpt(data, MODEL), str)
 
 
 @fast
