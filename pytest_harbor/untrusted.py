@@ -34,7 +34,6 @@ class Parsed(NamedTuple):
 def load_json(
     data: bytes | str,
     *,
-    limit_bytes: int | None = None,
     max_depth: int = MAX_DEPTH,
     constants: Literal["float", "null"] = "float",
 ) -> Parsed:
@@ -42,7 +41,6 @@ def load_json(
 
     - Bytes are decoded as JSON's own encoding detection says (a UTF-8 BOM is skipped),
       bytes that do not decode become U+FFFD; a BOM at the start of text is skipped too.
-    - Text longer than `limit_bytes` (in bytes when given bytes) is refused unread.
     - Nesting deeper than `max_depth` is refused before json parses anything.
     - `NaN`, `Infinity` and `-Infinity`, which are not JSON, read as Python reads them
       (floats the caller judges as any number that is not finite), or as None
@@ -52,8 +50,6 @@ def load_json(
     - Lone surrogates (`"\\ud800"`, which no file can be written with) become U+FFFD.
     """
     try:
-        if limit_bytes is not None and len(data) > limit_bytes:
-            return Parsed(None, f"is larger than {limit_bytes} bytes ({len(data)})")
         text = _decoded(data)
         if _depth(text, max_depth) > max_depth:
             return Parsed(None, f"nests arrays or objects deeper than {max_depth} levels")

@@ -109,7 +109,7 @@ def test_odd_values_read_as_values(text: str, value: Any) -> None:
 def test_constants_and_limits() -> None:
     assert math.isnan(load_json("[NaN]").value[0])
     assert load_json("[NaN, -Infinity]", constants="null").value == [None, None]
-    assert load_json(b"[1, 2]", limit_bytes=3).error == "is larger than 3 bytes (6)"
+    assert load_json("[[1]]", max_depth=1).error == "nests arrays or objects deeper than 1 levels"
     assert load_json(b'\xef\xbb\xbf{"a": "\xff"}').value == {"a": "\ufffd"}
     assert (load_json(b"").error or "").startswith("is not valid JSON")
 
