@@ -53,7 +53,7 @@ def transcript_html(path: Path, link: str, budget: Budget) -> str:
     except OSError as problem:
         return _note(f"Cannot read the trajectory: {escape(str(problem))}")
     if error is not None:
-        return _raw_start(path, link, size, budget)
+        return _raw_start(path, link, size, budget, f"it {error}")
     steps = data.get("steps") if isinstance(data, dict) else None
     if not isinstance(steps, list):
         return _raw_start(path, link, size, budget)
@@ -163,8 +163,9 @@ def _text(value: object) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)
 
 
-def _raw_start(path: Path, link: str, size: int, budget: Budget) -> str:
-    """A file that is not a readable trajectory (or too large to parse): its start."""
+def _raw_start(path: Path, link: str, size: int, budget: Budget, reason: str | None = None) -> str:
+    """A file that is not a readable trajectory (or too large to parse): its start, and
+    why it is not laid out when that is known."""
     allowance = budget.take(min(budget.per_trajectory, size))
     try:
         with path.open("rb") as stream:
@@ -178,7 +179,11 @@ def _raw_start(path: Path, link: str, size: int, budget: Budget) -> str:
         else ""
     )
     return (
-        _note(f"Not a trajectory the report can lay out as steps.{more}")
+        _note(
+            "Not a trajectory the report can lay out as steps"
+            + (f" ({escape(reason)})" if reason else "")
+            + f".{more}"
+        )
         + f'<pre class="log">{escape(text)}{CUT if allowance < size else ""}</pre>'
     )
 

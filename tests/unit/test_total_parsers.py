@@ -243,5 +243,9 @@ def test_the_report_is_written_whatever_a_trajectory_holds(tmp_path: Path) -> No
     )
     summary = write_results(folder, rows)
     html = render_report([summary], folder / "report.html")
-    assert html.count("trajectory.json") >= 2
-    assert load_taskset(summary).episodes[0].task_id == "deep"
+    assert (
+        "Not a trajectory the report can lay out as steps "
+        f"(it nests arrays or objects deeper than {MAX_DEPTH} levels)" in html
+    )
+    assert "#inf agent" in html and '<pre class="message">\ufffd</pre>' in html
+    assert [episode.task_id for episode in load_taskset(summary).episodes] == ["deep", "huge"]
