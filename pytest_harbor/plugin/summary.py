@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_harbor.display import shown_number
 from pytest_harbor.engine.metrics import TasksetScore
 from pytest_harbor.plugin.reporting import RunReport, first_line
 from pytest_harbor.sandboxes.base import NamesBuilder
@@ -269,7 +270,7 @@ def _duration(seconds: float) -> str:
 
 
 def _write_score(write: Write, taskset: str, score: TasksetScore) -> None:
-    mean = "n/a" if score.mean_reward is None else _reward(score.mean_reward)
+    mean = "n/a" if score.mean_reward is None else shown_number(score.mean_reward)
     counts = ", ".join(
         f"{score.count(status)} {status.replace('_', ' ')}"
         for status in ("passed", "failed", "masked", "no_result")
@@ -315,9 +316,3 @@ def _write_pass_at_k(write: Write, score: TasksetScore) -> None:
         write("  " + task.ljust(width) + "".join(cells))
     if len(tasks) > _PASS_AT_K_ROWS:
         write(f"  ... and {len(tasks) - _PASS_AT_K_ROWS} more tasks (see the run summary)")
-
-
-def _reward(value: float) -> str:
-    """Three decimals; a reward far out of the usual range (a verifier may write 1e308) in
-    four significant digits, not in 309."""
-    return f"{value:.3f}" if abs(value) < 1e6 else f"{value:.4g}"

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from pytest_harbor import strict_json
+from pytest_harbor.display import shown_number
 from pytest_harbor.redaction import clip_head
 from pytest_harbor.report.charts import (
     histogram,
@@ -500,7 +501,7 @@ def _link(path: Path, base: Path, label: str) -> str:
 def _number(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return "\u2013"
-    return f"{value:.3f}"
+    return shown_number(value)
 
 
 def _sort_number(value: float | None) -> str:

@@ -79,5 +79,5 @@ def test_the_reports_task_mean_of_rewards_of_1e308_is_finite(tmp_path: Path) -> 
     rows = [row("huge", repeat, folder=folder, reward=BIG) for repeat in range(2)]
     summary = write_results(folder, rows)
     html = render_report([summary], folder / "report.html")
-    assert f">{BIG:.3f}<" in html  # the task's mean reward
+    assert ">1e+308<" in html  # the task's mean reward
     assert not re.search(r"\b(inf|nan)\b", html, re.IGNORECASE)
