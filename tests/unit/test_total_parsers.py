@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pytest_harbor import strict_json
 from pytest_harbor.engine import FailureKind, read_reward
 from pytest_harbor.engine.durations import read_history
 from pytest_harbor.harnesses.chat import ChatClient, ChatError, RetryPolicy, UsageMeter
@@ -249,3 +250,34 @@ def test_the_report_is_written_whatever_a_trajectory_holds(tmp_path: Path) -> No
     )
     assert "#inf agent" in html and '<pre class="message">\ufffd</pre>' in html
     assert [episode.task_id for episode in load_taskset(summary).episodes] == ["deep", "huge"]
+
+
+@fast
+@given(payloads())
+def test_whatever_was_read_can_be_written_to_a_results_file(data: bytes) -> None:
+    value = load_json(data).value
+    doubled = [value, value]
+    for number in (value, *(value.values() if isinstance(value, dict) else ())):
+        if isinstance(number, int) and not isinstance(number, bool):
+            doubled.append(number * 2)  # a sum of two such numbers
+    strict_json.dumps(doubled, ensure_ascii=False).encode("utf-8")
+
+
+def test_token_counts_an_agent_inflates_do_not_stop_its_trajectory_being_written() -> None:
+    """Two codex turns of 4,300-digit token counts: their sum has more digits than
+    json.dumps writes; the trajectory is written, the count as null."""
+    usage = '{"type": "turn.completed", "usage": {"input_tokens": ' + "9" * 4_300 + "}}"
+    message = '{"type": "item.completed", "item": {"type": "agent_message", "text": "hi"}}'
+    source = ConverterInput(
+        files={},
+        stdout="\n".join([usage, usage, message]),
+        agent="codex",
+        version="1",
+        model="m",
+        session_id="s",
+        instruction="do it",
+    )
+    trajectory, note = convert("codex", source)
+    assert trajectory is not None and note is None
+    written = json.loads(trajectory.to_bytes())
+    assert written["final_metrics"]["total_prompt_tokens"] is None
