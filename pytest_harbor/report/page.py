@@ -212,12 +212,12 @@ def _summary(summary: Mapping[str, Any]) -> str:
     if isinstance(summary.get("usage"), dict):
         usage = as_mapping(summary["usage"])
         items += [
-            ("prompt tokens", f"{usage.get('prompt_tokens', 0):,}"),
-            ("completion tokens", f"{usage.get('completion_tokens', 0):,}"),
-            ("requests", f"{usage.get('requests', 0):,}"),
+            (key.replace("_", " "), _count(usage.get(key, 0)))
+            for key in ("prompt_tokens", "completion_tokens", "requests")
         ]
-        if usage.get("cost_usd") is not None:
-            items.append(("cost", f"${usage['cost_usd']:.4f}"))
+        cost = strict_json.as_float(usage.get("cost_usd"))
+        if cost is not None:
+            items.append(("cost", f"${cost:.4f}"))
     cells = "".join(
         f'<div class="figure"><span class="value">{escape(str(value))}</span>'
         f'<span class="label">{escape(label)}</span></div>'
@@ -502,6 +502,12 @@ def _number(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return "\u2013"
     return shown_number(value)
+
+
+def _count(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, int) or value.bit_length() > 64:
+        return "\u2013"
+    return f"{value:,}"
 
 
 def _sort_number(value: float | None) -> str:

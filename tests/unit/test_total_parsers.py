@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from pytest_harbor import strict_json
 from pytest_harbor.engine import FailureKind, read_reward
 from pytest_harbor.engine.durations import read_history
+from pytest_harbor.harnesses.base import Usage
 from pytest_harbor.harnesses.chat import ChatClient, ChatError, RetryPolicy, UsageMeter
 from pytest_harbor.harnesses.converters import BUILT_IN_CONVERTERS, ConverterInput, convert
 from pytest_harbor.harnesses.harbor_agents.harness import _trajectory
@@ -281,3 +282,23 @@ def test_token_counts_an_agent_inflates_do_not_stop_its_trajectory_being_written
     assert trajectory is not None and note is None
     written = json.loads(trajectory.to_bytes())
     assert written["final_metrics"]["total_prompt_tokens"] is None
+
+
+def test_token_counts_past_any_real_run_stop_at_a_ceiling() -> None:
+    claimed = Usage(prompt_tokens=int("9" * 4_300), completion_tokens=1)
+    total = claimed + claimed
+    assert (total.prompt_tokens, total.completion_tokens) == (Usage.MOST, 2)
+    assert f"{total.prompt_tokens:,}" == "9,223,372,036,854,775,807"
+
+
+def test_the_report_shows_usage_whatever_the_summary_holds(tmp_path: Path) -> None:
+    folder = tmp_path / "ts"
+    usage = {
+        "prompt_tokens": None,
+        "completion_tokens": 10**400,
+        "requests": "many",
+        "cost_usd": "free",
+    }
+    summary = write_results(folder, [row("hello", 0, folder=folder)], usage=usage)
+    html = render_report([summary], folder / "report.html")
+    assert html.count('<span class="value">\u2013</span>') >= 3
