@@ -7,7 +7,7 @@ import logging
 import re
 import unicodedata
 
-__all__ = ["LOGGER", "escape_controls", "harbor_logger"]
+__all__ = ["LOGGER", "escape_controls", "harbor_logger", "shown_number"]
 
 #: The name of the package's logger: every module logs through harbor_logger().
 LOGGER = "pytest_harbor"
@@ -59,6 +59,12 @@ class _EscapedRecords(logging.Filter):
         if shown != message:
             record.msg, record.args = shown, None
         return True
+
+
+def shown_number(value: float) -> str:
+    """A reward or a mean of them: three decimals; one far out of the usual range (a
+    verifier may write 1e308) in four significant digits, not in 309."""
+    return f"{value:.3f}" if abs(value) < 1e6 else f"{value:.4g}"
 
 
 def harbor_logger() -> logging.Logger:

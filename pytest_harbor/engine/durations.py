@@ -8,7 +8,6 @@ takes, so the tasks nothing is known of start first, longest budget first.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -19,6 +18,7 @@ from pytest_harbor.engine.budget import episode_budget
 from pytest_harbor.engine.failures import EpisodeError
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks.task import Task
+from pytest_harbor.untrusted import load_json
 
 __all__ = ["HISTORY_FILE", "expected_seconds", "read_history", "record_history"]
 
@@ -28,15 +28,17 @@ HISTORY_FILE = "durations.json"
 def read_history(folder: Path) -> dict[str, dict[str, float]]:
     """task id -> {"episode_s", "build_s"} as earlier runs recorded them ({} if none)."""
     try:
-        data = json.loads((folder / HISTORY_FILE).read_text())
-    except (OSError, ValueError):
+        data, _ = load_json((folder / HISTORY_FILE).read_bytes())
+    except OSError:
         return {}
     tasks = data.get("tasks") if isinstance(data, dict) else None
     if not isinstance(tasks, dict):
         return {}
     return {
         str(task): {
-            key: float(value) for key, value in record.items() if isinstance(value, (int, float))
+            key: number
+            for key, value in record.items()
+            if (number := strict_json.as_float(value)) is not None
         }
         for task, record in tasks.items()
         if isinstance(record, dict)

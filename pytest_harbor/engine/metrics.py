@@ -9,6 +9,7 @@ from typing import Literal
 
 from pytest_harbor.engine.results import EpisodeResult
 from pytest_harbor.harnesses.base import Usage
+from pytest_harbor.strict_json import mean
 
 __all__ = [
     "EpisodeStatus",
@@ -112,7 +113,7 @@ def score_taskset(
             rewards.append(result.reward)
             samples.setdefault(task_id, []).append(status == "passed")
     if rewards:
-        score.mean_reward = sum(rewards) / len(rewards)
+        score.mean_reward = mean(rewards)
     if repeats > 1:
         for k in pass_at_k_values(repeats):
             per_task = {
@@ -122,5 +123,5 @@ def score_taskset(
             }
             if per_task:
                 score.pass_at_k_per_task[k] = per_task
-                score.pass_at_k[k] = sum(per_task.values()) / len(per_task)
+                score.pass_at_k[k] = mean(per_task.values())
     return score

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pytest_harbor.engine.failures import FailureKind
-from pytest_harbor.strict_json import as_float
+from pytest_harbor.strict_json import as_float, mean
+from pytest_harbor.untrusted import load_json
 
 __all__ = ["REWARD_FILES", "RewardReading", "read_reward"]
 
@@ -49,7 +48,9 @@ def read_reward(
 
     - reward.json must be a JSON object whose values are all numbers (not booleans) that
       are finite as floats (an integer too large for one is not); the episode reward is
-      its `reward` key when present, else the mean of its values, which must not overflow.
+      its `reward` key when present, else the mean of its values (finite: two values of
+      1e308 average 1e308). It may nest arrays and objects at most MAX_DEPTH deep (a value
+      that is one is not a number anyway).
     - reward.txt must hold one number, finite as a float.
     - A missing, empty or invalid file gives reward 0 and a failure kind; so does one in
       `unusable` (a reward file there but not read: a link, a FIFO, too large), with the
@@ -78,10 +79,9 @@ def _read_json(data: bytes) -> RewardReading:
     source = "reward.json"
     if not data.strip():
         return _invalid(source, "is empty")
-    try:
-        value = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as error:
-        return _invalid(source, f"is not valid JSON: {error}")
+    value, error = load_json(data)
+    if error is not None:
+        return _invalid(source, error)
     if not isinstance(value, dict):
         return _invalid(source, f"must be a JSON object of numbers, got {type(value).__name__}")
     if not value:
@@ -89,18 +89,12 @@ def _read_json(data: bytes) -> RewardReading:
     rewards: dict[str, float] = {}
     for key, number in value.items():
         if isinstance(number, bool) or not isinstance(number, int | float):
-            return _invalid(source, f"key {key!r} is not a number: {_shown(number)}")
+            return _invalid(source, f"key {_shown(key)} is not a number: {_shown(number)}")
         finite = as_float(number)
         if finite is None:
-            return _invalid(source, f"key {key!r} is not a finite number: {_shown(number)}")
+            return _invalid(source, f"key {_shown(key)} is not a finite number: {_shown(number)}")
         rewards[key] = finite
-    if "reward" in rewards:
-        reward = rewards["reward"]
-    else:
-        total = sum(rewards.values())
-        if not math.isfinite(total):
-            return _invalid(source, "the mean of its values overflows (their sum is not finite)")
-        reward = total / len(rewards)
+    reward = rewards["reward"] if "reward" in rewards else mean(rewards.values())
     return RewardReading(reward=reward, rewards=rewards, source=source)
 
 

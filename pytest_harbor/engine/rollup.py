@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from pytest_harbor.engine.failures import FailureKind
 from pytest_harbor.engine.results import TurnResult
+from pytest_harbor.strict_json import mean
 
 __all__ = ["RollUp", "roll_up", "stop_reason"]
 
@@ -34,11 +35,10 @@ def roll_up(
     if strategy == "final":
         reward, rewards = turns[-1].reward, turns[-1].verifier_rewards
     else:
-        reward = sum(turn.reward for turn in turns) / len(turns)
+        reward = mean(turn.reward for turn in turns)
         keys = sorted({key for turn in turns for key in (turn.verifier_rewards or {})})
         rewards = {
-            key: sum((turn.verifier_rewards or {}).get(key, 0.0) for turn in turns) / len(turns)
-            for key in keys
+            key: mean((turn.verifier_rewards or {}).get(key, 0.0) for turn in turns) for key in keys
         } or None
     failing = next((turn for turn in turns if turn.step == stopped_after), None) or next(
         (turn for turn in turns if turn.failure_kind is not None), None

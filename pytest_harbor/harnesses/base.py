@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pytest_harbor.agent_outcomes import AgentCause
 from pytest_harbor.harnesses.model import ModelConfig
@@ -144,6 +144,15 @@ class Usage(BaseModel):
     completion_tokens: int = Field(default=0, ge=0)
     requests: int = Field(default=0, ge=0)
     cost_usd: float | None = None
+
+    #: The largest count kept: an agent's log may claim a count of thousands of digits,
+    #: which sums, formats and JSON writers refuse past Python's integer-string limit.
+    MOST: ClassVar[int] = 2**63 - 1
+
+    @field_validator("prompt_tokens", "completion_tokens", "requests")
+    @classmethod
+    def _at_most(cls, count: int) -> int:
+        return min(count, cls.MOST)
 
     def __add__(self, other: Usage) -> Usage:
         costs = [cost for cost in (self.cost_usd, other.cost_usd) if cost is not None]

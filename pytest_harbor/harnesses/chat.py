@@ -19,6 +19,8 @@ from pytest_harbor.agent_outcomes import AgentCause
 from pytest_harbor.harnesses.base import Deadline, ModelGate, Usage
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.redaction import Redactor
+from pytest_harbor.strict_json import as_float
+from pytest_harbor.untrusted import load_json
 
 __all__ = ["ChatClient", "ChatError", "ChatReply", "OutOfTime", "RetryPolicy", "UsageMeter"]
 
@@ -203,7 +205,9 @@ class ChatClient:
                 "api_error", f"the endpoint refused the request (HTTP {status}): {text}", status
             )
         try:
-            data = response.json()
+            data, problem = load_json(response.content)
+            if problem is not None:
+                raise ValueError(f"the body {problem}")
             choice = data["choices"][0]
             message = choice["message"]
             if not isinstance(message, dict):
@@ -220,11 +224,8 @@ class ChatClient:
         return ChatReply(message=message, finish_reason=choice.get("finish_reason"), usage=usage)
 
     def _error_text(self, response: httpx.Response) -> str:
-        try:
-            error = response.json().get("error")
-            text = error.get("message") if isinstance(error, dict) else error
-        except (ValueError, AttributeError):
-            text = None
+        error = _error(response)
+        text = error.get("message") if isinstance(error, dict) else error
         if not text:
             text = response.text
         return self._mask(str(text).strip()[:_BODY_EXCERPT] or response.reason_phrase)
@@ -266,11 +267,14 @@ def _retry_after(response: httpx.Response) -> float | None:
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
+def _error(response: httpx.Response) -> Any:
+    """The `error` member of an error body (None when the body is not such an object)."""
+    data = load_json(response.content).value
+    return data.get("error") if isinstance(data, dict) else None
+
+
 def _error_code(response: httpx.Response) -> str | None:
-    try:
-        error = response.json().get("error")
-    except (ValueError, AttributeError):
-        return None
+    error = _error(response)
     return str(error.get("code")) if isinstance(error, dict) else None
 
 
@@ -280,12 +284,11 @@ def _usage(data: Any, response: httpx.Response) -> Usage:
     if isinstance(data, dict):
         prompt = _count(data.get("prompt_tokens"))
         completion = _count(data.get("completion_tokens"))
-        if isinstance(data.get("cost"), int | float):
-            cost = float(data["cost"])
+        cost = as_float(data.get("cost"))
     header = response.headers.get("x-litellm-response-cost")
     if cost is None and header is not None:
         try:
-            cost = float(header)
+            cost = as_float(float(header))
         except ValueError:
             cost = None
     return Usage(prompt_tokens=prompt, completion_tokens=completion, cost_usd=cost)

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from pytest_harbor.harnesses.atif import AgentInfo, FinalMetrics, Step, Trajectory
+from pytest_harbor.strict_json import as_float
+from pytest_harbor.untrusted import load_json
 
 __all__ = ["BUILT_IN_CONVERTERS", "Converter", "ConverterInput", "StepsBuilder", "convert"]
 
@@ -167,9 +167,8 @@ def _arguments(raw: Any) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
     if isinstance(raw, str):
-        try:
-            parsed = json.loads(raw)
-        except ValueError:
+        parsed, error = load_json(raw)
+        if error is not None:
             return {"input": raw}
         return parsed if isinstance(parsed, dict) else {"input": parsed}
     return {"input": raw}
@@ -180,10 +179,7 @@ def _json_lines(text: str) -> Iterator[dict[str, Any]]:
         line = line.strip()
         if not line.startswith("{"):
             continue
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
+        value, _ = load_json(line)
         if isinstance(value, dict):
             yield value
 
@@ -230,9 +226,8 @@ def openai_messages(
 def _from_openai_messages(source: ConverterInput) -> Trajectory | None:
     """A kept JSON file holding `messages` (or a list of them), or JSON lines of messages."""
     for data in source.files.values():
-        try:
-            value = json.loads(data)
-        except ValueError:
+        value, error = load_json(data)
+        if error is not None:
             value = list(_json_lines(data.decode("utf-8", errors="replace")))
         messages = value.get("messages") if isinstance(value, dict) else value
         if isinstance(messages, list) and messages:
@@ -246,15 +241,17 @@ def _from_mini_swe_agent(source: ConverterInput) -> Trajectory | None:
     for name, data in source.files.items():
         if not name.endswith(".json"):
             continue
-        document = json.loads(data)
-        messages = document.get("messages")
+        document, error = load_json(data)
+        if error is not None:
+            raise ValueError(f"{name} {error}")
+        messages = document.get("messages") if isinstance(document, dict) else None
         if not isinstance(messages, list):
             continue
         builder = openai_messages(source, messages)
         stats = (document.get("info") or {}).get("model_stats") or {}
         cost = stats.get("instance_cost")
         if isinstance(cost, (int, float)) and cost > 0:
-            builder.cost_usd = float(cost)
+            builder.cost_usd = as_float(cost)
         exit_status = (document.get("info") or {}).get("exit_status")
         return builder.trajectory(notes=f"exit status: {exit_status}" if exit_status else None)
     return None
@@ -294,7 +291,7 @@ def _from_claude_code(source: ConverterInput) -> Trajectory | None:
     builder.completion_tokens = _int(usage.get("output_tokens"))
     builder.cached_tokens = _int(usage.get("cache_read_input_tokens"))
     cost = totals.get("total_cost_usd")
-    builder.cost_usd = float(cost) if isinstance(cost, (int, float)) else None
+    builder.cost_usd = as_float(cost)
     return builder.trajectory(
         notes=f"ended: {totals.get('terminal_reason') or totals.get('subtype')}"
     )
@@ -414,8 +411,7 @@ def _from_opencode(source: ConverterInput) -> Trajectory | None:
             builder.prompt_tokens += _int(tokens.get("input")) + _int(cache.get("read"))
             builder.completion_tokens += _int(tokens.get("output"))
             builder.cached_tokens += _int(cache.get("read"))
-            if isinstance(part.get("cost"), (int, float)):
-                cost += float(part["cost"])
+            cost += as_float(part.get("cost")) or 0.0
     if len(builder.steps) == 1:
         return None
     builder.cost_usd = cost or None
@@ -454,9 +450,9 @@ def convert(name: str, source: ConverterInput) -> tuple[Trajectory | None, str |
     """The trajectory `name` makes of `source`, and a note when it made none."""
     try:
         trajectory: object = _load(name)(source)
-    except (ValidationError, ValueError, LookupError, ImportError, TypeError, KeyError) as error:
+    except Exception as error:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        return None, f"the {name} converter failed: {first}"
+        return None, f"the {name} converter failed: {type(error).__name__}: {first}"[:500]
     if trajectory is None:
         return None, f"the {name} converter found no log to convert"
     if not isinstance(trajectory, Trajectory):

@@ -3,10 +3,11 @@ answers before any episode starts."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from pytest_harbor.untrusted import load_json
 
 __all__ = ["DEFAULT_API_KEY_ENV", "ModelConfig", "ModelEndpointError", "check_endpoint"]
 
@@ -90,7 +91,7 @@ def check_endpoint(
         reason = getattr(error, "reason", error)
         raise ModelEndpointError(f"cannot reach {model.models_url}: {reason}") from None
     try:
-        listed = [str(entry["id"]) for entry in json.loads(body)["data"]]
+        listed = [str(entry["id"]) for entry in load_json(body).value["data"]]
     except (ValueError, KeyError, TypeError):
         raise ModelEndpointError(
             f"GET {model.models_url} did not answer with a model list "
@@ -107,13 +108,11 @@ def check_endpoint(
 def _excerpt(body: bytes, model: ModelConfig) -> str:
     """The endpoint's own words: an OpenAI-style error's message, else the body's start."""
     text = body.decode("utf-8", errors="replace").strip()
-    try:
-        error = json.loads(text).get("error")
-        message = error.get("message") if isinstance(error, dict) else error
-        if isinstance(message, str) and message:
-            text = message
-    except (ValueError, AttributeError):
-        pass
+    found = load_json(text).value
+    error = found.get("error") if isinstance(found, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    if isinstance(message, str) and message:
+        text = message
     for secret in model.secret_values():
         text = text.replace(secret, "***")
     return text[:_BODY_EXCERPT]

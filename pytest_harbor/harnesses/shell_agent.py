@@ -48,6 +48,7 @@ from pytest_harbor.harnesses.chat import (
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.base import SandboxError
+from pytest_harbor.untrusted import load_json
 
 __all__ = ["BASH_TOOL", "ShellAgentHarness", "ShellAgentOptions", "cut_output"]
 
@@ -391,12 +392,11 @@ def _arguments(name: str, raw: Any) -> tuple[dict[str, Any], str | None]:
     if name != "bash":
         return {}, f"there is no tool {name!r}; the only tool is `bash`"
     if isinstance(raw, str):
-        try:
-            raw = json.loads(raw) if raw.strip() else {}
-        except ValueError as error:
+        raw, error = load_json(raw) if raw.strip() else ({}, None)
+        if error is not None:
             return (
                 {},
-                f"the arguments are not valid JSON ({error}); "
+                f"the arguments are not valid JSON (they {error}); "
                 'send an object like {"command": "ls"}',
             )
     if not isinstance(raw, dict):

@@ -4,8 +4,6 @@ report and the exit status."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +19,7 @@ from pytest_harbor.plugin.ledger import TrialRecord, split_trial, trial_id, tria
 from pytest_harbor.plugin.nodes import HarborWarning
 from pytest_harbor.plugin.preflight import warn_once
 from pytest_harbor.plugin.reporting import RunReport, first_line
+from pytest_harbor.untrusted import load_json
 from pytest_harbor.writers.failures import FailureRecord
 from pytest_harbor.writers.rollouts import REPORT
 from pytest_harbor.writers.summary import run_summary, write_run_summary
@@ -184,10 +183,7 @@ class ResultRecorder:
             lines = self.run.layout.rollouts_file(taskset).read_text().splitlines()
         except OSError:
             return
-        rows = []
-        for line in lines:
-            with contextlib.suppress(ValueError):
-                rows.append(json.loads(line))
+        rows = [row for row, _ in map(load_json, lines) if isinstance(row, dict)]
         try:
             record_history(self.run.layout.taskset_dir(taskset), rows)
         except OSError as error:

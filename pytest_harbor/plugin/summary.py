@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_harbor.display import shown_number
 from pytest_harbor.engine.metrics import TasksetScore
 from pytest_harbor.plugin.reporting import RunReport, first_line
 from pytest_harbor.sandboxes.base import NamesBuilder
@@ -269,7 +270,7 @@ def _duration(seconds: float) -> str:
 
 
 def _write_score(write: Write, taskset: str, score: TasksetScore) -> None:
-    mean = "n/a" if score.mean_reward is None else f"{score.mean_reward:.3f}"
+    mean = "n/a" if score.mean_reward is None else shown_number(score.mean_reward)
     counts = ", ".join(
         f"{score.count(status)} {status.replace('_', ' ')}"
         for status in ("passed", "failed", "masked", "no_result")

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from pytest_harbor import strict_json
+from pytest_harbor.display import shown_number
 from pytest_harbor.redaction import clip_head
 from pytest_harbor.report.charts import (
     histogram,
@@ -210,12 +212,12 @@ def _summary(summary: Mapping[str, Any]) -> str:
     if isinstance(summary.get("usage"), dict):
         usage = as_mapping(summary["usage"])
         items += [
-            ("prompt tokens", f"{usage.get('prompt_tokens', 0):,}"),
-            ("completion tokens", f"{usage.get('completion_tokens', 0):,}"),
-            ("requests", f"{usage.get('requests', 0):,}"),
+            (key.replace("_", " "), _count(usage.get(key, 0)))
+            for key in ("prompt_tokens", "completion_tokens", "requests")
         ]
-        if usage.get("cost_usd") is not None:
-            items.append(("cost", f"${usage['cost_usd']:.4f}"))
+        cost = strict_json.as_float(usage.get("cost_usd"))
+        if cost is not None:
+            items.append(("cost", f"${cost:.4f}"))
     cells = "".join(
         f'<div class="figure"><span class="value">{escape(str(value))}</span>'
         f'<span class="label">{escape(label)}</span></div>'
@@ -263,10 +265,10 @@ def _task_table(anchor: str, taskset: TasksetResults, base: Path) -> str:
         scored = [
             e.reward for e in episodes if e.status in ("passed", "failed") and e.reward is not None
         ]
-        mean = sum(scored) / len(scored) if scored else None
+        mean = strict_json.mean(scored) if scored else None
         kinds = Counter(e.failure_kind for e in episodes if e.failure_kind)
         durations = [e.duration_s for e in episodes if e.duration_s is not None]
-        duration = sum(durations) / len(durations) if durations else None
+        duration = strict_json.mean(durations) if durations else None
         cells = []
         for repeat in range(repeats):
             if repeat not in found:
@@ -499,7 +501,13 @@ def _link(path: Path, base: Path, label: str) -> str:
 def _number(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return "\u2013"
-    return f"{value:.3f}"
+    return shown_number(value)
+
+
+def _count(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, int) or value.bit_length() > 64:
+        return "\u2013"
+    return f"{value:,}"
 
 
 def _sort_number(value: float | None) -> str:

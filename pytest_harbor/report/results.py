@@ -7,13 +7,13 @@ never an exception.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pytest_harbor.strict_json import as_float
+from pytest_harbor.untrusted import load_json
 from pytest_harbor.writers.folder import INCOMING, PREVIOUS_SUFFIX
 from pytest_harbor.writers.rollouts import CHECK, FAILURES, ROLLOUTS, SUMMARY
 
@@ -293,8 +293,11 @@ def _int(value: object) -> int:
 
 def _loads(text: str) -> Any:
     """JSON as a run writes it; NaN and Infinity (which older versions wrote, and which
-    are not JSON) read as null."""
-    return json.loads(text, parse_constant=lambda _: None)
+    are not JSON) read as null. Raises ValueError with the reason a text has no value."""
+    value, error = load_json(text, constants="null")
+    if error is not None:
+        raise ValueError(error)
+    return value
 
 
 def _timings(row: Mapping[str, Any] | None) -> Mapping[str, Any]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_harbor.redaction import CUT
+from pytest_harbor.untrusted import load_json
 
 __all__ = ["TOTAL_LIMIT", "TRAJECTORY_LIMIT", "Budget", "text_tail_html", "transcript_html"]
 
@@ -48,11 +49,11 @@ def transcript_html(path: Path, link: str, budget: Budget) -> str:
         size = path.stat().st_size
         if size > _PARSE_LIMIT:
             return _raw_start(path, link, size, budget)
-        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except OSError as error:
-        return _note(f"Cannot read the trajectory: {escape(str(error))}")
-    except ValueError:
-        return _raw_start(path, link, size, budget)
+        data, error = load_json(path.read_bytes())
+    except OSError as problem:
+        return _note(f"Cannot read the trajectory: {escape(str(problem))}")
+    if error is not None:
+        return _raw_start(path, link, size, budget, f"it {error}")
     steps = data.get("steps") if isinstance(data, dict) else None
     if not isinstance(steps, list):
         return _raw_start(path, link, size, budget)
@@ -162,8 +163,9 @@ def _text(value: object) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)
 
 
-def _raw_start(path: Path, link: str, size: int, budget: Budget) -> str:
-    """A file that is not a readable trajectory (or too large to parse): its start."""
+def _raw_start(path: Path, link: str, size: int, budget: Budget, reason: str | None = None) -> str:
+    """A file that is not a readable trajectory (or too large to parse): its start, and
+    why it is not laid out when that is known."""
     allowance = budget.take(min(budget.per_trajectory, size))
     try:
         with path.open("rb") as stream:
@@ -177,7 +179,11 @@ def _raw_start(path: Path, link: str, size: int, budget: Budget) -> str:
         else ""
     )
     return (
-        _note(f"Not a trajectory the report can lay out as steps.{more}")
+        _note(
+            "Not a trajectory the report can lay out as steps"
+            + (f" ({escape(reason)})" if reason else "")
+            + f".{more}"
+        )
         + f'<pre class="log">{escape(text)}{CUT if allowance < size else ""}</pre>'
     )
 

@@ -9,7 +9,6 @@ row of the same episode: the files hold each episode once.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from pytest_harbor.engine.results import EpisodeResult
+from pytest_harbor.untrusted import load_json
 from pytest_harbor.writers.failures import FailureRecord
 from pytest_harbor.writers.manifest import RunManifest, read_manifest
 
@@ -96,11 +96,7 @@ def _json_lines(path: Path, point: ResumePoint) -> list[dict[str, Any]]:
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         if not line.strip():
             continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError:
-            point.dropped_lines += 1
-            continue
+        data, _ = load_json(line)
         if isinstance(data, dict):
             found.append(data)
         else:

@@ -8,12 +8,13 @@ was not masked: an agent must neither raise its grade nor take itself out of the
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.fixtures import BASE_IMAGE, PASSING_TEST, Dataset, run_harbor
+from tests.fixtures import BASE_IMAGE, PASSING_TEST, Dataset, multi_step, run_harbor
 
 pytestmark = pytest.mark.docker
 
@@ -601,11 +602,11 @@ def strict(text: str) -> object:
     ("written", "why"),
     [
         ('{"reward": 1' + "0" * 400 + "}", "is not a finite number"),
-        ('{"a": 1e308, "b": 1e308}', "overflows"),
+        ('{"reward": ' + "[" * 3000 + "]" * 3000 + "}", "deeper than 100 levels"),
         ('{"a": 1e400}', "is not a finite number"),
         ("1" + "0" * 400, "does not hold a finite number"),
     ],
-    ids=["401-digits", "mean-overflows", "json-infinity", "text-401-digits"],
+    ids=["401-digits", "nested-3000-deep", "json-infinity", "text-401-digits"],
 )
 def test_reward_values_out_of_range_are_invalid_and_every_file_stays_strict_json(
     pytester: pytest.Pytester, dataset: Dataset, written: str, why: str
@@ -626,6 +627,30 @@ def test_reward_values_out_of_range_are_invalid_and_every_file_stays_strict_json
         ):
             strict(line)
     assert (folder / "report.html").is_file()
+
+
+def test_rewards_of_1e308_average_to_a_finite_mean_everywhere(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    """Two steps of 1e308 (one as the mean of two keys of 1e308): their sums overflow, the
+    means do not, in the row, the summary, the terminal and the report."""
+    multi_step(
+        dataset,
+        "huge",
+        {
+            "s1": ("true\n", "echo 1e308 > /logs/verifier/reward.txt\n"),
+            "s2": ("true\n", """echo '{"a": 1e308, "b": 1e308}' > /logs/verifier/reward.json\n"""),
+        },
+    )
+    result = run_harbor(pytester, dataset)
+    (row,) = dataset.rows(pytester.path / "out")
+    assert (row["reward"], row["failure_kind"]) == (1e308, None)
+    assert [turn["reward"] for turn in row["turns"]] == [1e308, 1e308]
+    summary = dataset.summary(pytester.path / "out")
+    assert summary["counts"]["mean_reward"] == 1e308
+    result.stdout.fnmatch_lines([f"*{dataset.name}: 1 episode, mean reward 1e+308 (*"])
+    report = (dataset.results_folder(pytester.path / "out") / "report.html").read_text()
+    assert not re.search(r"\b(inf|nan)\b", report, re.IGNORECASE)
 
 
 def test_a_secret_cut_by_the_file_cap_leaves_no_piece_of_itself(

@@ -15,6 +15,7 @@ LAYERS = [
     {
         "atomic",
         "strict_json",
+        "untrusted",
         "threads",
         "ignore",
         "labels",

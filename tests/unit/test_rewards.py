@@ -81,8 +81,8 @@ def test_invalid_files_score_zero_with_reason(files: dict[str, bytes], reason: s
     ("files", "why"),
     [
         ({"reward.json": b'{"reward": 1' + b"0" * 400 + b"}"}, "is not a finite number"),
-        ({"reward.json": b'{"a": 1e308, "b": 1e308}'}, "overflows"),
-        ({"reward.json": b'{"a": -1e308, "b": -1e308, "c": 1}'}, "overflows"),
+        ({"reward.json": b'{"reward": ' + b"[" * 3000 + b"]" * 3000 + b"}"}, "deeper than"),
+        ({"reward.json": b'{"reward": 1' + b"0" * 5000 + b"}"}, "is not a finite number"),
         ({"reward.json": b'{"a": 1e999}'}, "is not a finite number"),
         ({"reward.txt": b"1" + b"0" * 400}, "does not hold a finite number"),
         ({"reward.txt": b"-inf"}, "does not hold a finite number"),
@@ -95,6 +95,17 @@ def test_values_out_of_a_floats_range_are_invalid(files: dict[str, bytes], why: 
     assert len(reading.failure_reason or "") < 300  # a 400-digit number is not repeated whole
 
 
-def test_large_values_whose_mean_fits_are_fine() -> None:
-    reading = read_reward({"reward.json": b'{"a": 1e300, "b": 1e300}'})
-    assert (reading.reward, reading.failure_kind) == (1e300, None)
+@pytest.mark.parametrize(
+    ("data", "mean"),
+    [
+        (b'{"a": 1e300, "b": 1e300}', 1e300),
+        (b'{"a": 1e308, "b": 1e308}', 1e308),
+        (b'{"a": -1.5e308, "b": -1.5e308, "c": 0}', -1e308),
+        (b'{"a": 1.7976931348623157e308, "b": 1.7976931348623157e308}', 1.7976931348623157e308),
+    ],
+)
+def test_large_values_average_to_a_finite_mean(data: bytes, mean: float) -> None:
+    """The mean of finite values is finite, however large: their sum may overflow, the
+    mean never does."""
+    reading = read_reward({"reward.json": data})
+    assert (reading.reward, reading.failure_kind) == (pytest.approx(mean), None)

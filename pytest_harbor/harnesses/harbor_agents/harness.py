@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 from collections.abc import Coroutine, Mapping
 from pathlib import Path
@@ -30,6 +29,7 @@ from pytest_harbor.harnesses.base import (
 )
 from pytest_harbor.sandboxes.base import SandboxProvider
 from pytest_harbor.tasks import Task
+from pytest_harbor.untrusted import load_json
 
 __all__ = ["HarborAgentHarness"]
 
@@ -264,10 +264,15 @@ def _trajectory(logs: Path) -> Any:
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        data["schema_version"] = "ATIF-v1.7"
+        data, error = load_json(path.read_bytes())
+    except OSError:
+        return None
+    if error is not None or not isinstance(data, dict):
+        return None
+    data["schema_version"] = "ATIF-v1.7"
+    try:
         return Trajectory.model_validate(data)
-    except (OSError, ValueError, ValidationError):
+    except (ValueError, ValidationError):
         return None
 
 
