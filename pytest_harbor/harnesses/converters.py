@@ -450,9 +450,10 @@ def convert(name: str, source: ConverterInput) -> tuple[Trajectory | None, str |
     """The trajectory `name` makes of `source`, and a note when it made none."""
     try:
         trajectory: object = _load(name)(source)
-    except Exception as error:
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        return None, f"the {name} converter failed: {type(error).__name__}: {first}"[:500]
+    except Exception as error:  # it reads what an agent wrote, however malformed
+        first = str(error).splitlines()[0] if str(error).strip() else ""
+        said = type(error).__name__ + (f": {first}" if first else "")
+        return None, f"the {name} converter failed: {said}"[:500]
     if trajectory is None:
         return None, f"the {name} converter found no log to convert"
     if not isinstance(trajectory, Trajectory):
