@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from typing import NoReturn
 
 import docker
 import docker.errors
@@ -269,3 +270,24 @@ def test_an_engine_named_by_docker_host_over_tls(
     engine = Engine()
     assert engine.api.ping() and engine.tunnelled
     assert not Engine(Endpoint(FIRST_ENGINE)).tunnelled
+
+
+def test_requests_over_the_socket_do_not_read_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The removal of a sandbox runs in a thread while pytest sets and deletes
+    PYTEST_CURRENT_TEST: a request that read the environment for proxies could meet a key
+    gone between listing and reading it (KeyError). Over a unix socket none is read."""
+    from pytest_harbor.sandboxes.docker.engine import Engine
+
+    engine = Engine()
+
+    class Changing(dict[str, str]):
+        def items(self) -> NoReturn:
+            raise KeyError("PYTEST_CURRENT_TEST")
+
+        keys = __iter__ = items
+
+    monkeypatch.setattr(os, "environ", Changing(os.environ))
+    assert engine.api.ping() is True
+    assert engine.api.containers(filters={"label": "pytest-harbor.run=none"}) == []

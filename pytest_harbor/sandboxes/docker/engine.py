@@ -82,9 +82,14 @@ class Endpoint:
 def api_client(kwargs: Mapping[str, Any], *, version: str, timeout: float) -> docker.APIClient:
     """An API client. With TLS, the engine's CA is the TLS settings' alone: the
     environment's CA bundle (REQUESTS_CA_BUNDLE, which requests would put first) and its
-    proxies are not used, whether the engine is named in the options or by DOCKER_HOST."""
+    proxies are not used, whether the engine is named in the options or by DOCKER_HOST.
+    Over a unix socket no proxy applies either: the environment is not read at each
+    request (another thread, pytest's, changes it meanwhile, and reading it raised)."""
     if not kwargs.get("tls"):
-        return docker.APIClient(version=version, timeout=timeout, **kwargs)
+        api = docker.APIClient(version=version, timeout=timeout, **kwargs)
+        if api.base_url == "http+docker://localhost":
+            api.trust_env = False
+        return api
     # Asked for after trust_env is off: "auto" would ask at once, trusting it.
     api = docker.APIClient(
         version=MIN_API_VERSION if version == "auto" else version, timeout=timeout, **kwargs
