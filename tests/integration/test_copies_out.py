@@ -146,6 +146,22 @@ def test_a_file_capability_does_not_reach_the_separate_verifier(
     assert ran_as(row).startswith("ran as 65534"), ran_as(row)
 
 
+def test_artifacts_over_the_cap_score_0_with_the_reason(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    dataset.task(
+        "overcap",
+        toml=separate_toml(),
+        solve_sh="truncate -s 2G /logs/artifacts/big\n",
+        test_sh="echo 1 > /logs/verifier/reward.txt\n",
+    )
+    row, elapsed = timed_row(pytester, dataset)
+    assert (row["reward"], row["mask_sample"]) == (0.0, False)
+    assert row["failure_kind"] == "harbor:artifacts_over_cap"
+    assert "more than 1 GiB of files" in str(row["failure_reason"])
+    assert elapsed < 60, elapsed
+
+
 def test_an_oracle_log_made_a_fifo_fails_the_solution_promptly(
     pytester: pytest.Pytester, dataset: Dataset
 ) -> None:
