@@ -281,8 +281,9 @@ def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _C
     if chunks is None:
         return copied
     total = files = 0
+    stream = bounded(chunks, VERIFIER_FOLDER_COPY, VERIFIER_LOGS)
     try:
-        for archive, member in members(bounded(chunks, VERIFIER_FOLDER_COPY, VERIFIER_LOGS)):
+        for archive, member in members(stream):
             if copied.full:
                 break
             parts = member.name.split("/")[1:]
@@ -312,6 +313,8 @@ def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _C
         copied.note(f"(the rest of the folder: not read: {_shown(str(error))})")
     except (tarfile.TarError, OSError, SandboxError, ValueError) as error:
         copied.note(f"(the rest of the folder: reading it broke off: {_shown(str(error))})")
+    finally:
+        stream.close()  # a copy left early (the names' cap) frees the engine at once
     if copied.full:
         copied.cut.append(f"(and {copied.unnamed} more, not read)")
     return copied

@@ -286,8 +286,9 @@ def _keep_files(context: TurnContext, patterns: list[str]) -> dict[str, bytes]:
     if chunks is None:
         return {}
     kept: dict[str, bytes] = {}
+    stream = bounded(chunks, AGENT_LOGS_COPY, AGENT_LOGS)
     try:
-        for archive, member in members(bounded(chunks, AGENT_LOGS_COPY, AGENT_LOGS)):
+        for archive, member in members(stream):
             relative = _relative(member.name)
             if relative is None or not member.isfile():
                 continue
@@ -305,6 +306,8 @@ def _keep_files(context: TurnContext, patterns: list[str]) -> dict[str, bytes]:
         # What was copied is kept; the rest is lost with the sandbox (a cap reached
         # included: CopyCapped is a SandboxError).
         log.info("copying %s stopped: %s", AGENT_LOGS, error)
+    finally:
+        stream.close()
     return kept
 
 

@@ -138,16 +138,18 @@ def _keep_log(sandbox: Sandbox, target: Path) -> str | None:
         chunks = sandbox.iter_archive(ORACLE_LOG)
         if chunks is None:
             return None
-        for archive, member in members(bounded(chunks, LOG_FILE_COPY, ORACLE_LOG)):
-            source = archive.extractfile(member) if member.isreg() else None
-            if source is None:
-                return f"(solve.sh's log {ORACLE_LOG} is not a regular file: not read)"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with target.open("wb") as handle:
-                handle.write(source.read(LOG_CAP_BYTES))
-                if member.size > LOG_CAP_BYTES:
-                    handle.write(f"\n[... {member.size - LOG_CAP_BYTES} bytes cut ...]\n".encode())
-            return None
+        with bounded(chunks, LOG_FILE_COPY, ORACLE_LOG) as stream:
+            for archive, member in members(stream):
+                source = archive.extractfile(member) if member.isreg() else None
+                if source is None:
+                    return f"(solve.sh's log {ORACLE_LOG} is not a regular file: not read)"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with target.open("wb") as handle:
+                    handle.write(source.read(LOG_CAP_BYTES))
+                    if member.size > LOG_CAP_BYTES:
+                        cut = member.size - LOG_CAP_BYTES
+                        handle.write(f"\n[... {cut} bytes cut ...]\n".encode())
+                return None
     except (tarfile.TarError, OSError, SandboxError) as error:
         return f"(solve.sh's log {ORACLE_LOG} could not be read: {error})"
     return None
