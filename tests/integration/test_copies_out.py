@@ -19,6 +19,7 @@ import docker
 import pytest
 
 from pytest_harbor.sandboxes import SandboxSpec, output
+from pytest_harbor.sandboxes.copies import CopyCapped, CopyLimits, bounded, members
 from pytest_harbor.sandboxes.docker import DockerProvider, DockerSandbox
 from tests.fixtures import BASE_IMAGE, PASSING_TEST, Dataset, run_harbor
 
@@ -196,10 +197,18 @@ def test_an_abandoned_archive_read_does_not_hold_the_next_one(sandbox: DockerSan
         timeout=120,
     )
     assert made.exit_code == 0, made.stderr
+    # Left after one chunk, then ended by its deadline while the engine still sends.
     chunks = sandbox.iter_archive("/many")
     assert chunks is not None
     next(chunks)
     chunks.close()
+    late = sandbox.iter_archive("/many")
+    assert late is not None
+    started = time.monotonic()
+    with pytest.raises(CopyCapped, match=r"stopped after 0\.3 s"):
+        for _ in members(bounded(late, CopyLimits(read_bytes=1 << 40, seconds=0.3), "/many")):
+            time.sleep(0.001)
+    assert time.monotonic() - started < 5
     started = time.monotonic()
     data = sandbox.read_archive("/one")
     assert data is not None and b"x\n" in data
