@@ -53,10 +53,6 @@ class CopyLimits:
     seconds: float
     entries: int | None = None
 
-    def describe(self) -> str:
-        entries = "" if self.entries is None else f", {self.entries} entries"
-        return f"{_size(self.read_bytes)} read{entries}, {self.seconds:g} s"
-
 
 #: /logs/verifier to the results folder: above what is kept of it (256 MiB in 20,000
 #: files), with room for the headers and for files cut at their own cap.
