@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
+from pytest_harbor.engine.rewards import REWARD_FILES
+from pytest_harbor.sandboxes.copies import ARTIFACTS_COPY, REWARD_FILE_COPY, VERIFIER_FOLDER_COPY
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task
 
@@ -108,7 +110,9 @@ def backstop_seconds(task: Task, settings: HarborSettings, *, separate_verifier:
     """The longest a pytest item of the task may run before the backstop stops it: the
     image builds, the wait for a place under the cap, the episode deadline and its cleanup
     (once more, with the pause before it, for each retry `agent_outcome_policy` may make)
-    and a margin. The engine's own deadlines end an episode well before."""
+    and a margin. The engine's own deadlines end an episode well before. The copies out of
+    each verification count here at their caps, not in the deadline (which follows the
+    seed's budget): a copy at its cap must never end an episode without a result."""
     try:
         deadline = episode_budget(task, settings, separate_verifier=separate_verifier).deadline_s
     except EpisodeError:
@@ -116,10 +120,20 @@ def backstop_seconds(task: Task, settings: HarborSettings, *, separate_verifier:
     builds = task.config.environment.build_timeout_sec * (2 if separate_verifier else 1)
     retrying = settings.agent_outcome_policy.most_retries
     attempts = 1 + (retrying.retries if retrying else 0)
+    copies = _copies_seconds(task, separate_verifier)
     return (
         builds
         + (settings.queue_timeout_seconds or 0.0)
-        + (deadline + settings.cleanup_timeout_seconds) * attempts
+        + (deadline + copies + settings.cleanup_timeout_seconds) * attempts
         + (retrying.total_backoff_s if retrying else 0.0)
         + BACKSTOP_MARGIN_S
     )
+
+
+def _copies_seconds(task: Task, separate_verifier: bool) -> float:
+    """The longest the copies of each turn's verification may take at their caps: the
+    reward files, then /logs/verifier; the artifacts before them for a separate one."""
+    per_turn = len(REWARD_FILES) * REWARD_FILE_COPY.seconds + VERIFIER_FOLDER_COPY.seconds
+    if separate_verifier:
+        per_turn += ARTIFACTS_COPY.seconds
+    return per_turn * len(task.turns)

@@ -17,6 +17,9 @@ class FailureKind:
     #: Something in the sandbox ran out of memory (killed by the kernel) or of processes
     #: (the pids cap) and a step of the engine failed for it: scored 0.
     SANDBOX_EXHAUSTED = "harbor:sandbox_exhausted"
+    #: The artifacts for a separate verifier were over a copy's caps (pytest_harbor/
+    #: sandboxes/copies.py): the agent left them, so scored 0.
+    ARTIFACTS_OVER_CAP = "harbor:artifacts_over_cap"
     ENTRYPOINT_FAILED = "harbor:entrypoint_failed"
     SANDBOX_LOST = "harbor:sandbox_lost"
     SOLUTION_FAILED = "harbor:solution_failed"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -15,7 +15,15 @@ from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine.masked_names import mask_folder
 from pytest_harbor.harnesses.base import Deadline, ModelGateSlot
 from pytest_harbor.redaction import Redactor
-from pytest_harbor.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxStatus, Spawned
+from pytest_harbor.sandboxes.base import (
+    ArchiveStream,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxStatus,
+    Spawned,
+)
+from pytest_harbor.sandboxes.copies import HARNESS_COPY, bounded
 from pytest_harbor.threads import join
 
 __all__ = ["HARNESS_GRACE_S", "CallOutcome", "InProcessGate", "SandboxWindow", "call_harness"]
@@ -94,9 +102,10 @@ class SandboxWindow:
         self._may_read()
         return self._sandbox.download(source)
 
-    def iter_archive(self, source: str) -> Iterator[bytes] | None:
+    def iter_archive(self, source: str) -> ArchiveStream | None:
         self._may_read()
-        return self._sandbox.iter_archive(source)
+        chunks = self._sandbox.iter_archive(source)
+        return None if chunks is None else bounded(chunks, HARNESS_COPY, f"reading {source}")
 
     def status(self) -> SandboxStatus:
         self._may_read()

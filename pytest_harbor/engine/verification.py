@@ -35,8 +35,15 @@ from pytest_harbor.engine.scripts import (
     trusted,
 )
 from pytest_harbor.redaction import Redactor
-from pytest_harbor.sandboxes.archives import ChunkReader, pack_tree
+from pytest_harbor.sandboxes.archives import pack_tree
 from pytest_harbor.sandboxes.base import ROOT_USER, Sandbox, SandboxError, service_of
+from pytest_harbor.sandboxes.copies import (
+    REWARD_FILE_COPY,
+    VERIFIER_FOLDER_COPY,
+    CopyCapped,
+    bounded,
+    members,
+)
 from pytest_harbor.tasks import Task, Turn
 
 __all__ = [
@@ -251,76 +258,65 @@ class _Copied:
 def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _Copied:
     """Copy /logs/verifier into `into` (emptied first), read through the engine's archive
     API as a stream and written file by file with secrets masked, in content and names
-    (MaskedPaths): nothing of it is held whole. A file is cut at FILE_CAP_BYTES; past
-    TOTAL_CAP_BYTES or FILE_COUNT_CAP, files are left out. A reward file that is not a
-    regular file, or is larger than REWARD_CAP_BYTES, is not read (`unusable` says why).
+    (MaskedPaths): nothing of it is held whole. The reward files come first, each read on
+    its own within REWARD_FILE_COPY, so that nothing beside them can delay or lose the
+    reward; a reward file that is not a regular file, or is larger than REWARD_CAP_BYTES,
+    is not read (`unusable` says why). Then the rest, within VERIFIER_FOLDER_COPY (bytes
+    read, which counts a sparse file at its full length, entries and seconds): a file is
+    cut at FILE_CAP_BYTES; past TOTAL_CAP_BYTES or FILE_COUNT_CAP, files are left out.
 
     Nothing the folder holds or does while it is read can fail the copy: a file this
     machine cannot write (a path too long for it, say) is left out and named; a stream
-    that breaks off (a file growing or shrinking as it is read) ends the copy, and the
-    reward files it did not reach are read on their own. Raises SandboxError only when the
-    engine could not be asked for the folder at all.
+    that breaks off (a file growing or shrinking as it is read) or reaches a cap ends the
+    copy, and the reason is named. Raises SandboxError only when the engine could not be
+    asked for the folder at all.
     """
     shutil.rmtree(into, ignore_errors=True)
     into.mkdir(parents=True, exist_ok=True)
     copied = _Copied()
+    names = MaskedPaths(redactor)
+    for name in REWARD_FILES:
+        _read_reward_alone(sandbox, name, into, redactor, copied, names)
     chunks = sandbox.iter_archive(VERIFIER_LOGS)
     if chunks is None:
         return copied
-    names = MaskedPaths(redactor)
     total = files = 0
-    seen: set[str] = set()
+    stream = bounded(chunks, VERIFIER_FOLDER_COPY, VERIFIER_LOGS)
     try:
-        with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as archive:
-            for member in archive:
-                if copied.full:
-                    break
-                parts = member.name.split("/")[1:]
-                if not parts or any(part in ("", ".", "..") for part in parts):
-                    continue
-                name = _shown("/".join(parts))
-                if name in REWARD_FILES:
-                    seen.add(name)
-                    reason = _unreadable_reward(member)
-                    if reason is not None:
-                        copied.unusable[name] = reason
-                        if member.isreg():
-                            copied.note(name)
-                        continue
-                if not member.isreg():
-                    continue
-                # The reward files (small, by the check above) are never left out.
-                if name not in REWARD_FILES and (
-                    files >= FILE_COUNT_CAP or total >= TOTAL_CAP_BYTES
-                ):
-                    copied.note(name)
-                    continue
-                source = archive.extractfile(member)
-                if source is None:
-                    continue
-                room = min(FILE_CAP_BYTES, TOTAL_CAP_BYTES - total)
-                placed = names.place(parts)
-                written = _shown("/".join(placed))
-                if name in REWARD_FILES:
-                    # Read as written (a masked copy could no longer be a number).
-                    copied.rewards[name] = source.read()
-                    _write(into, placed, [redactor.bytes(copied.rewards[name])], copied, written)
-                else:
-                    cut = member.size > room
-                    body = redactor.stream(_read_up_to(source, room), cut=cut)
-                    tail = [f"\n[... cut: {member.size - room} more bytes ...]\n".encode()]
-                    _write(into, placed, _chain(body, tail if cut else []), copied, written)
-                    if cut:
-                        copied.note(written)
-                total += min(member.size, room)
-                files += 1
+        for archive, member in members(stream):
+            if copied.full:
+                break
+            parts = member.name.split("/")[1:]
+            if not parts or any(part in ("", ".", "..") for part in parts):
+                continue
+            name = _shown("/".join(parts))
+            if name in REWARD_FILES or not member.isreg():
+                continue  # the reward files were read on their own
+            if files >= FILE_COUNT_CAP or total >= TOTAL_CAP_BYTES:
+                copied.note(name)
+                continue
+            source = archive.extractfile(member)
+            if source is None:
+                continue
+            room = min(FILE_CAP_BYTES, TOTAL_CAP_BYTES - total)
+            placed = names.place(parts)
+            written = _shown("/".join(placed))
+            cut = member.size > room
+            body = redactor.stream(_read_up_to(source, room), cut=cut)
+            tail = [f"\n[... cut: {member.size - room} more bytes ...]\n".encode()]
+            _write(into, placed, _chain(body, tail if cut else []), copied, written)
+            if cut:
+                copied.note(written)
+            total += min(member.size, room)
+            files += 1
+    except CopyCapped as error:
+        copied.note(f"(the rest of the folder: not read: {_shown(str(error))})")
     except (tarfile.TarError, OSError, SandboxError, ValueError) as error:
         copied.note(f"(the rest of the folder: reading it broke off: {_shown(str(error))})")
+    finally:
+        stream.close()  # a copy left early (the names' cap) frees the engine at once
     if copied.full:
         copied.cut.append(f"(and {copied.unnamed} more, not read)")
-    for name in REWARD_FILES:
-        if name not in seen and name not in copied.rewards:
-            _read_reward_alone(sandbox, name, into, redactor, copied, names.place([name]))
     return copied
 
 
@@ -338,27 +334,30 @@ def _read_reward_alone(
     into: Path,
     redactor: Redactor,
     copied: _Copied,
-    placed: list[str],
+    names: MaskedPaths,
 ) -> None:
-    """A reward file the folder's stream did not reach (it broke off, or stopped at the
-    caps): read on its own, with the same checks, and written at `placed`. Not there:
-    nothing to add."""
+    """One reward file, read on its own within REWARD_FILE_COPY and checked, and written
+    below `into` (masked; kept as written for reading). Not there: nothing to add."""
     try:
         chunks = sandbox.iter_archive(f"{VERIFIER_LOGS}/{name}")
         if chunks is None:
             return
-        with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as archive:
-            for member in archive:
-                reason = _unreadable_reward(member)
-                if reason is not None:
-                    copied.unusable[name] = reason
-                    return
-                source = archive.extractfile(member)
-                if source is not None:
-                    copied.rewards[name] = source.read(REWARD_CAP_BYTES + 1)
-                    data = [redactor.bytes(copied.rewards[name])]
-                    _write(into, placed, data, copied, "/".join(placed))
+        stream = bounded(chunks, REWARD_FILE_COPY, f"{VERIFIER_LOGS}/{name}")
+        for archive, member in members(stream):
+            reason = _unreadable_reward(member)
+            if reason is not None:
+                copied.unusable[name] = reason
+                if member.isreg():
+                    copied.note(name)
                 return
+            source = archive.extractfile(member)
+            if source is not None:
+                # Read as written (a masked copy could no longer be a number).
+                copied.rewards[name] = source.read(REWARD_CAP_BYTES + 1)
+                placed = names.place([name])
+                data = [redactor.bytes(copied.rewards[name])]
+                _write(into, placed, data, copied, _shown("/".join(placed)))
+            return
     except (tarfile.TarError, OSError, SandboxError, ValueError) as error:
         copied.unusable[name] = f"could not be read ({_shown(str(error))})"
 

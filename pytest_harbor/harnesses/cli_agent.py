@@ -38,7 +38,6 @@ from pytest_harbor.harnesses.converters import ConverterInput, convert
 from pytest_harbor.harnesses.recipes import Recipe, render
 from pytest_harbor.labels import AGENT_LABEL, RUN_LABEL
 from pytest_harbor.redaction import clip_head, clip_tail
-from pytest_harbor.sandboxes.archives import ChunkReader
 from pytest_harbor.sandboxes.base import (
     ExecResult,
     ImageLayer,
@@ -46,6 +45,7 @@ from pytest_harbor.sandboxes.base import (
     SandboxProvider,
     SandboxStartError,
 )
+from pytest_harbor.sandboxes.copies import AGENT_LOGS_COPY, bounded, members
 from pytest_harbor.tasks.task import Task
 
 __all__ = ["INSTRUCTION_FILE", "CliAgentHarness", "CliAgentOptions"]
@@ -286,24 +286,28 @@ def _keep_files(context: TurnContext, patterns: list[str]) -> dict[str, bytes]:
     if chunks is None:
         return {}
     kept: dict[str, bytes] = {}
+    stream = bounded(chunks, AGENT_LOGS_COPY, AGENT_LOGS)
     try:
-        with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as archive:
-            for member in archive:
-                relative = _relative(member.name)
-                if relative is None or not member.isfile():
-                    continue
-                if not any(fnmatch.fnmatch(relative, pattern) for pattern in patterns):
-                    continue
-                source = archive.extractfile(member)
-                if source is None:
-                    continue
-                data = source.read(_KEPT_FILE_CAP)
-                target = context.logs.host_dir / relative
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
-                kept[relative] = data
-    except (tarfile.TarError, SandboxError, OSError):
-        pass  # what was copied is kept; the rest is lost with the sandbox
+        for archive, member in members(stream):
+            relative = _relative(member.name)
+            if relative is None or not member.isfile():
+                continue
+            if not any(fnmatch.fnmatch(relative, pattern) for pattern in patterns):
+                continue
+            source = archive.extractfile(member)
+            if source is None:
+                continue
+            data = source.read(_KEPT_FILE_CAP)
+            target = context.logs.host_dir / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            kept[relative] = data
+    except (tarfile.TarError, SandboxError, OSError) as error:
+        # What was copied is kept; the rest is lost with the sandbox (a cap reached
+        # included: CopyCapped is a SandboxError).
+        log.info("copying %s stopped: %s", AGENT_LOGS, error)
+    finally:
+        stream.close()
     return kept
 
 

@@ -15,7 +15,7 @@ from pytest_harbor.harnesses.base import (
     TurnContext,
     no_options,
 )
-from pytest_harbor.sandboxes.archives import ChunkReader, pack_folder
+from pytest_harbor.sandboxes.archives import pack_folder
 from pytest_harbor.sandboxes.base import (
     ROOT_USER,
     TRUSTED_BUSYBOX,
@@ -23,6 +23,7 @@ from pytest_harbor.sandboxes.base import (
     Sandbox,
     SandboxError,
 )
+from pytest_harbor.sandboxes.copies import LOG_FILE_COPY, bounded, members
 from pytest_harbor.tasks.task import Task
 
 __all__ = ["OracleHarness"]
@@ -30,6 +31,8 @@ __all__ = ["OracleHarness"]
 SOLUTION_DIR = "/solution"
 ORACLE_LOG = "/logs/agent/oracle.txt"
 _LOG_TAIL_BYTES = 4000
+#: How long reading the end of the log may take.
+_TAIL_TIMEOUT_S = 10.0
 #: Of solve.sh's output, this much is kept with the results (agent/<episode>/oracle.txt).
 LOG_CAP_BYTES = 8 * 1024 * 1024
 _NEXT_TURN = (
@@ -99,34 +102,54 @@ class _OracleSession:
 
 def _ran(context: TurnContext, result: ExecResult) -> AgentRun:
     sandbox = context.sandbox
-    _keep_log(sandbox, context.logs.host_dir / "oracle.txt")
+    trouble = _keep_log(sandbox, context.logs.host_dir / "oracle.txt")
     log_tail = ""
     if result.exit_code != 0 or result.timed_out:
-        # Its end only (the log may be huge), with the engine's own `tail`.
-        tail = sandbox.exec(
-            [TRUSTED_BUSYBOX, "tail", "-c", str(_LOG_TAIL_BYTES), ORACLE_LOG], user=ROOT_USER
-        )
-        log_tail = tail.stdout if tail.exit_code == 0 else ""
+        if trouble is not None:
+            log_tail = trouble
+        else:
+            # Its end only (the log may be huge), with the engine's own `tail`, within a
+            # deadline: the log may have become something else since it was looked at.
+            tail = sandbox.exec(
+                [
+                    TRUSTED_BUSYBOX,
+                    "timeout",
+                    f"{_TAIL_TIMEOUT_S:g}",
+                    TRUSTED_BUSYBOX,
+                    "tail",
+                    "-c",
+                    str(_LOG_TAIL_BYTES),
+                    ORACLE_LOG,
+                ],
+                user=ROOT_USER,
+                timeout=_TAIL_TIMEOUT_S + 5,
+            )
+            log_tail = tail.stdout if tail.exit_code == 0 else ""
     return AgentRun(exit_code=result.exit_code, timed_out=result.timed_out, log_tail=log_tail)
 
 
-def _keep_log(sandbox: Sandbox, target: Path) -> None:
+def _keep_log(sandbox: Sandbox, target: Path) -> str | None:
     """solve.sh's output (stdout and stderr), copied to `target` through the engine's
-    archive API: its first LOG_CAP_BYTES, the cut marked; nothing when it is not a
-    regular file (solve.sh may have made it anything) or cannot be read."""
+    archive API within LOG_FILE_COPY: its first LOG_CAP_BYTES, the cut marked. Returns
+    why it could not be kept when it is not a regular file (solve.sh may have made it
+    anything: a FIFO that would hold every reader) or the copy broke off or reached its
+    cap; None when it was kept, or is not there."""
     try:
         chunks = sandbox.iter_archive(ORACLE_LOG)
         if chunks is None:
-            return
-        with tarfile.open(fileobj=ChunkReader(chunks), mode="r|") as archive:
-            member = next(iter(archive), None)
-            source = archive.extractfile(member) if member is not None and member.isreg() else None
-            if member is None or source is None:
-                return
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with target.open("wb") as handle:
-                handle.write(source.read(LOG_CAP_BYTES))
-                if member.size > LOG_CAP_BYTES:
-                    handle.write(f"\n[... {member.size - LOG_CAP_BYTES} bytes cut ...]\n".encode())
-    except (tarfile.TarError, OSError, SandboxError):
-        return
+            return None
+        with bounded(chunks, LOG_FILE_COPY, ORACLE_LOG) as stream:
+            for archive, member in members(stream):
+                source = archive.extractfile(member) if member.isreg() else None
+                if source is None:
+                    return f"(solve.sh's log {ORACLE_LOG} is not a regular file: not read)"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with target.open("wb") as handle:
+                    handle.write(source.read(LOG_CAP_BYTES))
+                    if member.size > LOG_CAP_BYTES:
+                        cut = member.size - LOG_CAP_BYTES
+                        handle.write(f"\n[... {cut} bytes cut ...]\n".encode())
+                return None
+    except (tarfile.TarError, OSError, SandboxError) as error:
+        return f"(solve.sh's log {ORACLE_LOG} could not be read: {error})"
+    return None

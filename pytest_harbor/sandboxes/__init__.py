@@ -9,6 +9,7 @@ from typing import Any
 
 from pytest_harbor.registry import Registry
 from pytest_harbor.sandboxes.base import (
+    ArchiveStream,
     BuildOptions,
     ExecResult,
     ImageConfig,
@@ -36,6 +37,7 @@ __all__ = [
     "BUILT_IN_PROVIDERS",
     "PROVIDERS",
     "PROVIDER_ENTRY_POINT_GROUP",
+    "ArchiveStream",
     "BuildOptions",
     "ExecResult",
     "ImageConfig",

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import fnmatch
 import io
 import os
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-#: How much of a member's data is passed on at a time.
-_CHUNK = 64 * 1024
-
 __all__ = [
     "ChunkReader",
-    "filter_archive",
     "pack_directories",
     "pack_files",
     "pack_folder",
@@ -87,36 +82,6 @@ def pack_directories(directories: Mapping[str, int]) -> bytes:
             info.mode = mode
             archive.addfile(info)
     return buffer.getvalue()
-
-
-def filter_archive(chunks: Iterable[bytes], exclude: Iterable[str]) -> Iterator[bytes]:
-    """The tar stream `chunks` without members matching an exclude pattern (tar --exclude
-    style: a pattern matches a member's path or any of its components, and what lies
-    below), passed on as it is read: nothing of it is held whole, whatever its size."""
-    patterns = tuple(exclude)
-    with tarfile.open(fileobj=ChunkReader(iter(chunks)), mode="r|") as source:
-        for member in source:
-            parts = member.name.split("/")
-            prefixes = ["/".join(parts[:end]) for end in range(1, len(parts) + 1)]
-            if any(
-                fnmatch.fnmatch(candidate, pattern)
-                for pattern in patterns
-                for candidate in (*parts, *prefixes)
-            ):
-                continue
-            yield member.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-            if not member.isreg():
-                continue
-            data = source.extractfile(member)
-            left = member.size
-            while data is not None and left > 0:
-                chunk = data.read(min(_CHUNK, left))
-                if not chunk:
-                    raise tarfile.ReadError(f"{member.name}: the stream ended inside it")
-                left -= len(chunk)
-                yield chunk
-            yield b"\0" * (-member.size % tarfile.BLOCKSIZE)
-    yield b"\0" * (2 * tarfile.BLOCKSIZE)
 
 
 def unpack_files(data: bytes, strip_components: int = 1) -> dict[str, bytes]:

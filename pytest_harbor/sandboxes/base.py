@@ -18,6 +18,7 @@ __all__ = [
     "SEALED_BUSYBOX",
     "TRUSTED_BUSYBOX",
     "TRUSTED_TOOLS",
+    "ArchiveStream",
     "BuildOptions",
     "ExecResult",
     "ImageConfig",
@@ -241,6 +242,19 @@ class Spawned(Protocol):
         ...
 
 
+class ArchiveStream(Protocol):
+    """A tar stream read from a sandbox, chunk by chunk as it arrives. `close()` ends
+    the transfer at once (the connection to the engine too, not just this object): a
+    reader that stops early calls it, and a deadline may call it from another thread to
+    end a read that waits. A generator is one; so is anything with these two methods."""
+
+    def __iter__(self) -> Iterator[bytes]: ...
+
+    def __next__(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 class Sandbox(Protocol):
     """One running sandbox."""
 
@@ -286,9 +300,10 @@ class Sandbox(Protocol):
         a file `source` comes back under its own name. Nothing there gives {}."""
         ...
 
-    def iter_archive(self, source: str) -> Iterator[bytes] | None:
+    def iter_archive(self, source: str) -> ArchiveStream | None:
         """`source` as read_archive gives it, in chunks as they arrive (nothing held whole);
-        None when it does not exist."""
+        None when it does not exist. The caller bounds what it reads
+        (pytest_harbor.sandboxes.copies) and closes the stream when it stops."""
         ...
 
     def set_network(self, enabled: bool) -> None:

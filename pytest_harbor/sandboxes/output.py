@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections import deque
 
-__all__ = ["EXEC_OUTPUT_CAP", "CappedOutput"]
+__all__ = ["EXEC_OUTPUT_CAP", "EXEC_READ_CAP", "CappedOutput"]
 
 #: The most of one output stream (stdout, or stderr) an exec keeps.
 EXEC_OUTPUT_CAP = 8 * 1024 * 1024
+#: The most of an exec's output (both streams) that is read: past it the command is
+#: ended, so that one printing forever cannot keep this machine busy reading it.
+EXEC_READ_CAP = 1024 * 1024 * 1024
 
 
 class CappedOutput:

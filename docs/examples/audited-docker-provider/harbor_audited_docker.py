@@ -12,7 +12,7 @@ import fcntl
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +34,7 @@ from pytest_harbor.sandboxes import (
     SweepsLeftovers,
     service_of,
 )
-from pytest_harbor.sandboxes.base import Spawned
+from pytest_harbor.sandboxes.base import ArchiveStream, Spawned
 from pytest_harbor.sandboxes.docker import docker_provider
 
 #: The options this provider reads itself.
@@ -246,7 +246,7 @@ class AuditedSandbox:
     def download(self, source: str) -> dict[str, bytes]:
         return self.sandbox.download(source)
 
-    def iter_archive(self, source: str) -> Iterator[bytes] | None:
+    def iter_archive(self, source: str) -> ArchiveStream | None:
         return self.sandbox.iter_archive(source)
 
     def snapshot(self, labels: Mapping[str, str]) -> str:

@@ -5,6 +5,8 @@ which gets only the agent's artifacts."""
 from __future__ import annotations
 
 import tarfile
+import time
+from dataclasses import replace
 from typing import ClassVar
 
 from pytest_harbor.engine.failures import FailureKind
@@ -14,13 +16,19 @@ from pytest_harbor.engine.rewards import RewardReading
 from pytest_harbor.engine.scripts import trusted
 from pytest_harbor.engine.verification import VerifierRun, run_verifier
 from pytest_harbor.engine.verifiers.protocol import ModeContext, Verification
-from pytest_harbor.sandboxes.archives import filter_archive
 from pytest_harbor.sandboxes.base import (
     ROOT_USER,
     Sandbox,
     SandboxError,
     SandboxStartError,
     service_of,
+)
+from pytest_harbor.sandboxes.copies import (
+    ARTIFACTS_COPY,
+    ARTIFACTS_KEPT_BYTES,
+    CopyCapped,
+    RepackedArtifact,
+    bounded,
 )
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task
@@ -81,6 +89,14 @@ class SeparateVerifier:
                 )
             try:
                 self._copy_artifacts(sandbox, verifier)
+            except CopyCapped as error:
+                # The agent decides what the artifacts hold: too much is its doing.
+                return VerifierRun(
+                    RewardReading.failed(
+                        FailureKind.ARTIFACTS_OVER_CAP,
+                        f"the agent's artifacts were not copied to the verifier: {error}",
+                    )
+                )
             except SandboxError as error:
                 return VerifierRun(context.fault(sandbox, error, "copying the agent's artifacts"))
             return context.blamed_on(
@@ -120,25 +136,40 @@ class SeparateVerifier:
     def _copy_artifacts(self, source: Sandbox, target: Sandbox) -> None:
         """`/logs/artifacts` and each declared artifact, at the same path in `target`,
         streamed from one engine call to the other (never held whole: the agent decides
-        how large they are). A stream that breaks (a file changing as it is read) fails
-        the copy: SandboxError."""
+        how large they are) and re-packed on the way (repack_artifacts: owned by root, no
+        set-id bit, no file capability, no device or FIFO, no link out), all of them
+        within ARTIFACTS_COPY and ARTIFACTS_KEPT_BYTES together. Past a cap: CopyCapped.
+        A stream that breaks (a file changing as it is read) fails the copy:
+        SandboxError."""
         declared = [
             (artifact.source, artifact.exclude, artifact.service)
             for artifact in self._task.config.artifacts
         ]
         workdir = self._context.workdir or "/"
+        started, read, kept = time.monotonic(), 0, 0
         for path, exclude, service in [(ARTIFACTS_DIR, [], None), *declared]:
             absolute = path if path.startswith("/") else f"{workdir}/{path}"
             origin = source if service in (None, "main") else service_of(source, service)
             chunks = origin.iter_archive(absolute)
             if chunks is None:
                 continue
+            # One budget for the whole set: what one artifact used, the next one lacks.
+            limits = replace(
+                ARTIFACTS_COPY,
+                read_bytes=ARTIFACTS_COPY.read_bytes - read,
+                seconds=max(ARTIFACTS_COPY.seconds - (time.monotonic() - started), 0.001),
+            )
+            stream = bounded(chunks, limits, "the agent's artifacts")
+            repacked = RepackedArtifact(stream, exclude, ARTIFACTS_KEPT_BYTES - kept)
             parent = absolute.rstrip("/").rsplit("/", 1)[0] or "/"
-            target.exec(trusted('$B mkdir -p "$1"', parent), user=ROOT_USER)
             try:
-                target.write_archive(filter_archive(chunks, exclude), parent)
+                target.exec(trusted('$B mkdir -p "$1"', parent), user=ROOT_USER)
+                target.write_archive(repacked, parent)
             except (tarfile.TarError, OSError, ValueError) as error:
                 raise SandboxError(f"copying {absolute} broke off: {error}") from None
+            finally:
+                stream.close()
+            read, kept = read + stream.read, kept + repacked.kept
 
 
 def _lost(error: SandboxError) -> VerifierRun:

@@ -7,7 +7,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import docker
@@ -24,10 +24,13 @@ from pytest_harbor.sandboxes.archives import (
 from pytest_harbor.sandboxes.base import (
     ROOT_USER,
     TRUSTED_BUSYBOX,
+    ArchiveStream,
     ExecResult,
     SandboxError,
     SandboxStatus,
 )
+from pytest_harbor.sandboxes.copies import HARNESS_COPY, CopyCapped, bounded
+from pytest_harbor.sandboxes.docker.archive import open_archive
 from pytest_harbor.sandboxes.docker.engine import (
     ENGINE_ERRORS,
     KILL_GRACE_S,
@@ -40,7 +43,7 @@ from pytest_harbor.sandboxes.docker.projects import (
     remove_container,
     remove_project,
 )
-from pytest_harbor.sandboxes.docker.stream import ExecConnection, OutputReader, guarded
+from pytest_harbor.sandboxes.docker.stream import ExecConnection, OutputReader
 from pytest_harbor.threads import join
 
 log = harbor_logger()
@@ -168,7 +171,8 @@ class DockerSandbox:
         for thread in threads:
             thread.start()
         timed_out = not join(threads[0], timeout)
-        if timed_out:
+        if timed_out or reader.capped:
+            # Past its deadline, or its output past what is read: the command ends.
             self._kill_group(reader.wait_for_pid(KILL_GRACE_S))
             if not join(threads[0], KILL_GRACE_S):
                 connection.close()
@@ -234,7 +238,10 @@ class DockerSandbox:
 
     def read_archive(self, source: str) -> bytes | None:
         chunks = self.iter_archive(source)
-        return None if chunks is None else b"".join(chunks)
+        if chunks is None:
+            return None
+        with bounded(chunks, HARNESS_COPY, f"reading {source}") as stream:
+            return b"".join(stream)
 
     def write_archive(self, data: bytes | Iterable[bytes], into: str) -> None:
         try:
@@ -245,23 +252,25 @@ class DockerSandbox:
             ) from None
 
     def download(self, source: str) -> dict[str, bytes]:
+        what = f"sandbox {self._id[:12]}: download of {source}"
         try:
-            chunks, stat = engine_for(self._endpoint).api.get_archive(self._id, source)
-            data = b"".join(chunks)
+            chunks, stat = open_archive(engine_for(self._endpoint).api, self._id, source)
+            with bounded(chunks, HARNESS_COPY, what) as stream:
+                data = b"".join(stream)
         except docker.errors.NotFound as error:
             self._path_missing(error)
             return {}
         except ENGINE_ERRORS as error:
-            raise SandboxError(
-                f"sandbox {self._id[:12]}: download of {source} failed: {explain(error)}"
-            ) from None
+            raise SandboxError(f"{what} failed: {explain(error)}") from None
+        except CopyCapped as error:
+            raise SandboxError(str(error)) from None
         # A folder comes back as `folder/...`: drop that first part. A file as itself.
-        is_folder = bool(stat.get("mode", 0) & _GO_MODE_DIR)
+        is_folder = bool((stat or {}).get("mode", 0) & _GO_MODE_DIR)
         return unpack_files(data, strip_components=1 if is_folder else 0)
 
-    def iter_archive(self, source: str) -> Iterator[bytes] | None:
+    def iter_archive(self, source: str) -> ArchiveStream | None:
         try:
-            chunks, _ = engine_for(self._endpoint).api.get_archive(self._id, source)
+            chunks, _ = open_archive(engine_for(self._endpoint).api, self._id, source)
         except docker.errors.NotFound as error:
             self._path_missing(error)
             return None
@@ -269,7 +278,7 @@ class DockerSandbox:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: reading {source} failed: {explain(error)}"
             ) from None
-        return guarded(chunks, f"sandbox {self._id[:12]}: reading {source} failed")
+        return chunks
 
     def set_network(self, enabled: bool) -> None:
         if enabled == self._online:

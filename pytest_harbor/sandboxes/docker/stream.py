@@ -17,10 +17,7 @@ from docker.utils.socket import STDOUT as _STDOUT
 from docker.utils.socket import frames_iter
 
 from pytest_harbor.display import harbor_logger
-from pytest_harbor.sandboxes.base import (
-    SandboxError,
-)
-from pytest_harbor.sandboxes.docker.engine import TRANSPORT_ERRORS
+from pytest_harbor.sandboxes import output
 from pytest_harbor.sandboxes.output import CappedOutput
 
 log = harbor_logger()
@@ -101,12 +98,26 @@ class OutputReader:
         self._reads_pid = reads_pid
         #: Why the output stream broke off, when it did for a reason other than a close.
         self.broken: str | None = None
+        #: Bytes of output read, and whether reading stopped at EXEC_READ_CAP.
+        self.read = 0
+        self.capped = False
         if not reads_pid:
             self._pid_known.set()
 
     def run(self) -> None:
         try:
             for stream, data in self._connection.frames():
+                self.read += len(data)
+                if self.read > output.EXEC_READ_CAP:
+                    self.capped = True
+                    # Closed at once: the engine, held by a connection nobody reads,
+                    # would hold the next exec of the sandbox too (the kill among them).
+                    self._connection.close()
+                    self.out.append(
+                        f"\n[... output not read past {output.EXEC_READ_CAP} bytes: "
+                        "the command was ended ...]\n".encode()
+                    )
+                    return
                 if stream == _STDOUT:
                     self.out.append(data)
                 elif stream == _STDERR:
@@ -136,11 +147,3 @@ class OutputReader:
         if self._reads_pid and self._pid is None:
             self._take_pid()
         return self._err.value()
-
-
-def guarded(chunks: Iterator[bytes], what: str) -> Iterator[bytes]:
-    """The chunks, a dropped connection turned into a SandboxError."""
-    try:
-        yield from chunks
-    except TRANSPORT_ERRORS as error:
-        raise SandboxError(f"{what}: {error}") from None
