@@ -30,7 +30,8 @@ from pytest_harbor.harnesses.shell_agent import _arguments
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.report import load_taskset, render_report
 from pytest_harbor.report.transcripts import Budget, transcript_html
-from pytest_harbor.sandboxes.archives import filter_archive, unpack_files
+from pytest_harbor.sandboxes.archives import unpack_files
+from pytest_harbor.sandboxes.copies import CopyLimits, RepackedArtifact, bounded
 from pytest_harbor.untrusted import MAX_DEPTH, load_json
 from pytest_harbor.writers.resume import ResumePoint, _json_lines
 from tests.unit.hostile import DEEP, DEEP_TEXTS, deep, json_texts, payloads
@@ -223,7 +224,7 @@ def test_the_durations_record_is_read_or_empty(data: bytes) -> None:
     st.lists(st.binary(min_size=1, max_size=120).filter(lambda raw: b"\0" not in raw), max_size=5)
 )
 def test_archive_member_names_never_leave_the_folder(names: list[bytes]) -> None:
-    """Unpacked, no name leaves the folder; filtered, every name passes on as it was."""
+    """Unpacked, no name leaves the folder; re-packed, every name passes on as it was."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
         for raw in names:
@@ -234,11 +235,27 @@ def test_archive_member_names_never_leave_the_folder(names: list[bytes]) -> None
     for name in files:
         assert not name.startswith("/") and ".." not in name.split("/")
     data = buffer.getvalue()
-    chunks = [data[start : start + 700] for start in range(0, len(data), 700)]
-    passed = b"".join(filter_archive(chunks, ["*.log"]))
+    limits = CopyLimits(read_bytes=10**9, seconds=30.0, entries=1000)
+    passed = b"".join(RepackedArtifact(bounded(_Chunks(data), limits, "names"), ["*.log"]))
     assert _names(passed) == [
         name for name in _names(data) if not any(part.endswith(".log") for part in name.split("/"))
     ]
+
+
+class _Chunks:
+    """`data` as an archive stream of 700-byte chunks."""
+
+    def __init__(self, data: bytes) -> None:
+        self._chunks = iter([data[start : start + 700] for start in range(0, len(data), 700)])
+
+    def __iter__(self) -> _Chunks:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        pass
 
 
 def _names(archive_bytes: bytes) -> list[str]:
