@@ -258,12 +258,15 @@ class _Copied:
 def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _Copied:
     """Copy /logs/verifier into `into` (emptied first), read through the engine's archive
     API as a stream and written file by file with secrets masked, in content and names
-    (MaskedPaths): nothing of it is held whole. The reward files come first, each read on
-    its own within REWARD_FILE_COPY, so that nothing beside them can delay or lose the
-    reward; a reward file that is not a regular file, or is larger than REWARD_CAP_BYTES,
-    is not read (`unusable` says why). Then the rest, within VERIFIER_FOLDER_COPY (bytes
-    read, which counts a sparse file at its full length, entries and seconds): a file is
-    cut at FILE_CAP_BYTES; past TOTAL_CAP_BYTES or FILE_COUNT_CAP, files are left out.
+    (MaskedPaths): nothing of it is held whole. The copy is bounded by
+    VERIFIER_FOLDER_COPY (bytes read, which counts a sparse file at its full length,
+    entries and seconds): a file is cut at FILE_CAP_BYTES; past TOTAL_CAP_BYTES or
+    FILE_COUNT_CAP, files are left out (the reward files are never left out for these).
+    A reward file that is not a regular file, or is larger than REWARD_CAP_BYTES, is not
+    read (`unusable` says why). When the copy stops before the folder's end (a cap, a
+    stream that broke off), each reward file it had not reached is read on its own within
+    REWARD_FILE_COPY: nothing beside them can delay the reward past that, or lose it;
+    a copy that reaches the end costs no second read.
 
     Nothing the folder holds or does while it is read can fail the copy: a file this
     machine cannot write (a path too long for it, say) is left out and named; a stream
@@ -275,23 +278,45 @@ def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _C
     into.mkdir(parents=True, exist_ok=True)
     copied = _Copied()
     names = MaskedPaths(redactor)
-    for name in REWARD_FILES:
-        _read_reward_alone(sandbox, name, into, redactor, copied, names)
+    seen: set[str] = set()
+    if not _copy_folder(sandbox, into, redactor, copied, names, seen):
+        for name in REWARD_FILES:
+            if name not in seen:
+                _read_reward_alone(sandbox, name, into, redactor, copied, names)
+    if copied.full:
+        copied.cut.append(f"(and {copied.unnamed} more, not read)")
+    return copied
+
+
+def _copy_folder(
+    sandbox: Sandbox,
+    into: Path,
+    redactor: Redactor,
+    copied: _Copied,
+    names: MaskedPaths,
+    seen: set[str],
+) -> bool:
+    """The copy of /logs/verifier (copy_verifier_folder); the reward files it meets are
+    named in `seen`. Whether it read the folder to its end (or found no folder)."""
     chunks = sandbox.iter_archive(VERIFIER_LOGS)
     if chunks is None:
-        return copied
+        return True
     total = files = 0
     stream = bounded(chunks, VERIFIER_FOLDER_COPY, VERIFIER_LOGS)
     try:
         for archive, member in members(stream):
             if copied.full:
-                break
+                return False
             parts = member.name.split("/")[1:]
             if not parts or any(part in ("", ".", "..") for part in parts):
                 continue
             name = _shown("/".join(parts))
-            if name in REWARD_FILES or not member.isreg():
-                continue  # the reward files were read on their own
+            if name in REWARD_FILES:
+                seen.add(name)
+                _take_reward(archive, member, name, into, redactor, copied, names)
+                continue
+            if not member.isreg():
+                continue
             if files >= FILE_COUNT_CAP or total >= TOTAL_CAP_BYTES:
                 copied.note(name)
                 continue
@@ -311,13 +336,13 @@ def copy_verifier_folder(sandbox: Sandbox, into: Path, redactor: Redactor) -> _C
             files += 1
     except CopyCapped as error:
         copied.note(f"(the rest of the folder: not read: {_shown(str(error))})")
+        return False
     except (tarfile.TarError, OSError, SandboxError, ValueError) as error:
         copied.note(f"(the rest of the folder: reading it broke off: {_shown(str(error))})")
+        return False
     finally:
         stream.close()  # a copy left early (the names' cap) frees the engine at once
-    if copied.full:
-        copied.cut.append(f"(and {copied.unnamed} more, not read)")
-    return copied
+    return True
 
 
 def _unreadable_reward(member: tarfile.TarInfo) -> str | None:
@@ -336,30 +361,47 @@ def _read_reward_alone(
     copied: _Copied,
     names: MaskedPaths,
 ) -> None:
-    """One reward file, read on its own within REWARD_FILE_COPY and checked, and written
-    below `into` (masked; kept as written for reading). Not there: nothing to add."""
+    """One reward file, read on its own within REWARD_FILE_COPY (_take_reward). Not
+    there: nothing to add."""
     try:
         chunks = sandbox.iter_archive(f"{VERIFIER_LOGS}/{name}")
         if chunks is None:
             return
         stream = bounded(chunks, REWARD_FILE_COPY, f"{VERIFIER_LOGS}/{name}")
-        for archive, member in members(stream):
-            reason = _unreadable_reward(member)
-            if reason is not None:
-                copied.unusable[name] = reason
-                if member.isreg():
-                    copied.note(name)
+        try:
+            for archive, member in members(stream):
+                _take_reward(archive, member, name, into, redactor, copied, names)
                 return
-            source = archive.extractfile(member)
-            if source is not None:
-                # Read as written (a masked copy could no longer be a number).
-                copied.rewards[name] = source.read(REWARD_CAP_BYTES + 1)
-                placed = names.place([name])
-                data = [redactor.bytes(copied.rewards[name])]
-                _write(into, placed, data, copied, _shown("/".join(placed)))
-            return
+        finally:
+            stream.close()
     except (tarfile.TarError, OSError, SandboxError, ValueError) as error:
         copied.unusable[name] = f"could not be read ({_shown(str(error))})"
+
+
+def _take_reward(
+    archive: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    name: str,
+    into: Path,
+    redactor: Redactor,
+    copied: _Copied,
+    names: MaskedPaths,
+) -> None:
+    """The reward file `member` checked, kept as written for reading, and written below
+    `into` masked."""
+    reason = _unreadable_reward(member)
+    if reason is not None:
+        copied.unusable[name] = reason
+        if member.isreg():
+            copied.note(name)
+        return
+    source = archive.extractfile(member)
+    if source is not None:
+        # Read as written (a masked copy could no longer be a number).
+        copied.rewards[name] = source.read(REWARD_CAP_BYTES + 1)
+        placed = names.place([name])
+        data = [redactor.bytes(copied.rewards[name])]
+        _write(into, placed, data, copied, _shown("/".join(placed)))
 
 
 def _write(

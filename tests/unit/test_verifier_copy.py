@@ -141,3 +141,31 @@ def test_past_the_named_cap_the_copy_stops_reading(
     copied = copy(tmp_path, sandbox)
     assert len(copied.cut) == 11 and copied.cut[-1].startswith("(and ")
     assert len(list((tmp_path / "out").iterdir())) == 5
+
+
+def test_a_folder_read_to_its_end_is_the_one_read(tmp_path: Path) -> None:
+    """The reward files come with the folder when its copy reaches the end: no second
+    read through the engine (each costs tens of milliseconds)."""
+    sandbox = FakeSandbox(
+        {
+            "/logs/verifier": archive(
+                ("", None), ("out.txt", b"log"), ("reward.json", b'{"reward": 0.5}')
+            )
+        }
+    )
+    copied = copy(tmp_path, sandbox)
+    assert copied.rewards == {"reward.json": b'{"reward": 0.5}'} and copied.cut == []
+    assert sandbox.asked == ["/logs/verifier"]
+    assert (tmp_path / "out" / "reward.json").read_bytes() == b'{"reward": 0.5}'
+
+
+def test_a_reward_file_the_copy_reached_before_a_cap_is_not_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(verification, "FILE_COUNT_CAP", 1)
+    monkeypatch.setattr(verification, "CUT_NAMES_CAP", 2)
+    files = [(f"f{index}", b"x") for index in range(10)]
+    sandbox = FakeSandbox({"/logs/verifier": archive(("", None), ("reward.txt", b"1\n"), *files)})
+    copied = copy(tmp_path, sandbox)
+    assert copied.rewards == {"reward.txt": b"1\n"}
+    assert sandbox.asked == ["/logs/verifier", "/logs/verifier/reward.json"]
