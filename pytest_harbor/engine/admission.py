@@ -160,27 +160,39 @@ def check_digest(task: Task, expected: str | None) -> None:
 
 
 def refuse_secrets_beside_root(
-    task: Task, secrets: dict[str, str], agent_id: Callable[[Turn], str | None]
+    task: Task, secrets: dict[str, str], agent_id: Callable[[Turn], str | None], verifier: str
 ) -> None:
     """Raise EpisodeError (`harbor:task_refused`) when a turn's verifier would get a secret
-    in the sandbox its root agent had: a root agent's processes outlive its turn (the
-    engine cannot tell them from the image's services), and one of them could read the
-    verifier's environment. `agent_id` gives a turn's agent user as numbers, None for
-    root. For the shared verifier only: a snapshot or a separate sandbox holds no process
-    of the agent's."""
+    where a root agent had been, that turn's or an earlier one's: in the sandbox it shared
+    (a root agent's processes outlive its turn, into the later turns too, and the engine
+    cannot tell them from the image's services), or in a snapshot of its file system (it
+    may have edited the `bash` or the tools test.sh runs). `agent_id` gives a turn's agent
+    user as numbers, None for root; `verifier` is the verification mode's name. A separate
+    verifier's sandbox holds nothing of the agent's but the declared artifacts."""
+    root: Turn | None = None
     for turn in task.turns:
+        if root is None and agent_id(turn) is None:
+            root = turn
         given = sorted(
             name
             for name, value in secrets.items()
             if value and any(value in text for text in turn.verifier_env.values())
         )
-        if given and agent_id(turn) is None:
-            where = f"step {turn.name!r}: " if task.config.is_multi_step else ""
-            raise EpisodeError(
-                FailureKind.TASK_REFUSED,
-                f"{where}the verifier gets the secret {', '.join(given)} in its environment, "
-                "but the agent runs as root in the sandbox the verifier shares, where a "
-                "process it leaves could read it; verify from a snapshot "
-                "(--harbor-set verify_from_snapshot=true) or run the agent as another user "
-                "([agent] user in task.toml)",
-            )
+        if not given or root is None:
+            continue
+        multi = task.config.is_multi_step
+        where = f"step {turn.name!r}: " if multi else ""
+        who = f"the agent of step {root.name!r}" if multi else "the agent"
+        place = (
+            "in a snapshot of the file system it had, where a program it edited (bash, "
+            "a tool test.sh runs) could read it"
+            if verifier == "snapshot"
+            else "in the sandbox the verifier shares, where a process it leaves could read it"
+        )
+        raise EpisodeError(
+            FailureKind.TASK_REFUSED,
+            f"{where}the verifier gets the secret {', '.join(given)} in its environment, but "
+            f"{who} runs as root {place}; verify in a separate sandbox "
+            "([verifier.environment] in task.toml) or run the agent as another user "
+            "([agent] user in task.toml)",
+        )

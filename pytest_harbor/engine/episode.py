@@ -48,6 +48,7 @@ from pytest_harbor.engine.verification import VerifierRun, clear_for_next_turn, 
 from pytest_harbor.engine.verifiers import (
     ModeContext,
     SharedVerifier,
+    SnapshotVerifier,
     Verification,
     verifier_mode,
     verifies_separately,
@@ -268,11 +269,12 @@ class Episode:
             attempt.users.ids = dict(attempt.survey.ids)
         except SandboxError as error:
             raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
-        if self._verifier.name == SharedVerifier.name:
+        if self._verifier.name in (SharedVerifier.name, SnapshotVerifier.name):
             refuse_secrets_beside_root(
                 self.task,
                 self.settings.secrets,
                 lambda turn: attempt.users.agent_id(turn, self._image_user),
+                self._verifier.name,
             )
         self.clock.took("seed_s", started)
 

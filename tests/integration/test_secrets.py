@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
+from tests.fixtures import BASE_IMAGE, Dataset, multi_step, run_harbor
 
 pytestmark = pytest.mark.docker
 
@@ -161,27 +161,36 @@ def test_a_secret_is_not_handed_to_a_verifier_beside_a_root_agent(
     (failure,) = dataset.failures(pytester.path / "out")
     assert failure["failure_kind"] == "harbor:task_refused"
     reason = str(failure["failure_reason"])
-    assert "API_TOKEN" in reason and "verify_from_snapshot=true" in reason
+    assert "API_TOKEN" in reason and "[verifier.environment]" in reason
     assert "[agent] user" in reason
     assert SECRET not in result.stdout.str()
 
 
-def test_a_root_agent_verified_from_a_snapshot_gets_its_secret_verified(
+#: A root agent's wrapper over the image's bash, which the verifier runs test.sh with:
+#: it copies the environment where the agent's files go, then runs the real bash.
+BASH_WRAPPER = (
+    "cp /usr/bin/bash /usr/bin/bash.real\n"
+    "cat > /tmp/bash <<'EOF'\n"
+    "#!/usr/bin/bash.real\n"
+    "env >> /logs/verifier/exfil.txt; env >> /tmp/stolen\n"
+    'exec /usr/bin/bash.real "$@"\n'
+    "EOF\n"
+    "chmod 755 /tmp/bash && mv /tmp/bash /usr/bin/bash\n"
+)
+
+
+def test_a_root_agent_verified_from_a_snapshot_gets_no_secret(
     pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The snapshot holds none of the agent's processes: the thief left behind is gone,
-    and the verifier has its secret."""
+    """A snapshot carries none of the agent's processes but all of its files: a root agent
+    that put a wrapper over bash would have test.sh's environment. Refused, as beside a
+    root agent in its own sandbox."""
     monkeypatch.setenv("MY_API_TOKEN", SECRET)
     dataset.task(
         "root-snapshot",
         toml=ROOT_AGENT_KEYED,
-        solve_sh=ENVIRONMENT_THIEF + "sleep 0.2\n",
-        test_sh=(
-            "sleep 0.5\n"
-            f'if [ "$TOKEN" = {SECRET} ] && ! grep -q {SECRET} /tmp/stolen; then\n'
-            "  echo 1 > /logs/verifier/reward.txt\n"
-            "fi\n"
-        ),
+        solve_sh=BASH_WRAPPER,
+        test_sh="echo 1 > /logs/verifier/reward.txt\n",
     )
     result = run_harbor(
         pytester,
@@ -189,7 +198,59 @@ def test_a_root_agent_verified_from_a_snapshot_gets_its_secret_verified(
         "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN",
         "--harbor-set=verify_from_snapshot=true",
     )
+    result.assert_outcomes(errors=1)
+    (failure,) = dataset.failures(pytester.path / "out")
+    assert failure["failure_kind"] == "harbor:task_refused"
+    reason = str(failure["failure_reason"])
+    assert "snapshot" in reason and "[verifier.environment]" in reason
+    assert not list((pytester.path / "out").rglob("exfil.txt"))
+
+
+def test_a_root_agent_verified_in_a_separate_sandbox_gets_its_secret_verified(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verifier's own sandbox holds none of the agent's processes or programs: the
+    thief and the bash wrapper are left behind, and the verifier has its secret."""
+    monkeypatch.setenv("MY_API_TOKEN", SECRET)
+    dataset.task(
+        "root-separate",
+        toml=ROOT_AGENT_KEYED + f'[verifier.environment]\ndocker_image = "{BASE_IMAGE}"\n',
+        solve_sh=ENVIRONMENT_THIEF + BASH_WRAPPER + "sleep 0.2\n",
+        test_sh=(
+            f'if [ "$TOKEN" = {SECRET} ] && [ ! -e /usr/bin/bash.real ]; then\n'
+            "  echo 1 > /logs/verifier/reward.txt\n"
+            "fi\n"
+        ),
+    )
+    result = run_harbor(pytester, dataset, "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN")
     result.assert_outcomes(passed=1)
+    assert not list((pytester.path / "out").rglob("exfil.txt"))
+
+
+def test_a_root_agent_of_an_earlier_step_refuses_a_later_steps_secret(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root agent's processes outlive its step into the next: a later step's verifier
+    given a secret is refused though that step's agent is not root."""
+    monkeypatch.setenv("MY_API_TOKEN", SECRET)
+    passing = "echo 1 > /logs/verifier/reward.txt\n"
+    multi_step(
+        dataset,
+        "root-first",
+        {"one": (ENVIRONMENT_THIEF, passing), "two": ("true\n", passing)},
+        step_toml={
+            "two": (
+                '[steps.agent]\nuser = "nobody"\n'
+                '[steps.verifier]\nenv = { TOKEN = "${API_TOKEN}" }\n'
+            )
+        },
+    )
+    result = run_harbor(pytester, dataset, "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN")
+    assert result.parseoutcomes().get("passed", 0) == 0
+    (failure,) = dataset.failures(pytester.path / "out")
+    assert failure["failure_kind"] == "harbor:task_refused"
+    assert "step 'two'" in str(failure["failure_reason"])
+    assert "step 'one'" in str(failure["failure_reason"])
 
 
 def test_a_verifier_that_names_files_after_its_secret_names_none_under_the_results(
