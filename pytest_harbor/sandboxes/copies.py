@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import posixpath
 import tarfile
 import threading
 import time
@@ -262,9 +261,14 @@ def _excluded(name: str, patterns: tuple[str, ...]) -> bool:
 
 
 def _inside(name: str, target: str) -> bool:
-    """Whether a symbolic link `name` to `target` stays within the archive's top entry."""
-    if not target or target.startswith("/"):
-        return False
-    top = name.split("/", 1)[0]
-    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
-    return resolved == top or resolved.startswith(top + "/")
+    """Whether a symbolic link `name` to `target` stays within the artifact: a link below
+    its top entry (which resolves from the folder it is in) to a relative path that never
+    goes up. A lexical check of `..` is not enough, since links chain (`d -> .` and
+    `x -> d/d/../../secret` read as inside, and resolve above the folder); with no `..`
+    in any link, every resolution only goes down from a folder of the artifact."""
+    return (
+        "/" in name.strip("/")
+        and bool(target)
+        and not target.startswith("/")
+        and ".." not in target.split("/")
+    )

@@ -122,6 +122,31 @@ def test_a_set_uid_artifact_runs_as_its_caller_in_the_separate_verifier(
     assert ran_as(row).startswith("ran as 65534"), ran_as(row)
 
 
+def test_a_link_that_chains_out_of_the_artifacts_reaches_nothing_of_the_verifiers(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    """`d -> .` and `answer.txt -> d/d/../../tests/expected.txt` read as inside the
+    artifacts by their text, and on disk resolve to the verifier's own answer. Neither
+    link reaches the verifier, and the task is not solved."""
+    solve = (
+        "ln -s . /logs/artifacts/d\nln -s d/d/../../tests/expected.txt /logs/artifacts/answer.txt\n"
+    )
+    test = (
+        'if [ "$(cat /logs/artifacts/answer.txt 2>/dev/null)" = "$(cat /tests/expected.txt)" ]'
+        "; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
+    )
+    dataset.task(
+        "chained",
+        toml=separate_toml().replace("[agent]\n", '[agent]\nuser = "nobody"\n'),
+        solve_sh=solve,
+        test_sh=test,
+        extra_files={"tests/expected.txt": "kumquat-7f3a9c\n"},
+    )
+    row, _ = timed_row(pytester, dataset)
+    assert row["verifier_mode"] == "separate"
+    assert (row["reward"], row["mask_sample"]) == (0.0, False)
+
+
 def test_a_file_capability_does_not_reach_the_separate_verifier(
     pytester: pytest.Pytester, dataset: Dataset
 ) -> None:

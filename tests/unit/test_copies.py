@@ -150,6 +150,21 @@ def test_devices_fifos_links_out_and_excluded_members_are_left_out() -> None:
     assert set(repacked(data, exclude=("*.log",))) == {"a", "a/file", "a/in", "a/hard"}
 
 
+def test_links_that_chain_out_of_the_artifact_are_left_out() -> None:
+    """`d -> .` makes `d/d/../../x` read as inside while it resolves above the folder:
+    no link with `..` is kept, and no top entry that is itself a link."""
+    data = tar(
+        info("a", tarfile.DIRTYPE),
+        info("a/d", tarfile.SYMTYPE, linkname="."),
+        info("a/answer.txt", tarfile.SYMTYPE, linkname="d/d/../../tests/expected.txt"),
+        info("a/sub", tarfile.DIRTYPE),
+        info("a/sub/up", tarfile.SYMTYPE, linkname="../d"),
+        info("a/sub/down", tarfile.SYMTYPE, linkname="./deeper/file"),
+        info("top", tarfile.SYMTYPE, linkname="."),
+    )
+    assert set(repacked(data)) == {"a", "a/d", "a/sub", "a/sub/down"}
+
+
 def test_artifacts_over_the_kept_cap_stop_the_copy() -> None:
     data = tar(info("a/one"), info("a/two"), content={"a/one": b"x" * 600, "a/two": b"y" * 600})
     with pytest.raises(CopyCapped, match="more than 1000 bytes of files"):
