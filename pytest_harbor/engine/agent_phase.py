@@ -73,6 +73,9 @@ class AgentPhase:
         self._own_logs_dir: Path | None = None
         self._session: HarnessSession | None = None
         self._who = "solve.sh" if harness.validates else "the agent"
+        #: A root agent has had the sandbox in this attempt: it can stop it (end its first
+        #: process, whose limits root may lower), so a stopped sandbox is not the engine's.
+        self.root_had_sandbox = False
 
     @property
     def has_session(self) -> bool:
@@ -300,9 +303,21 @@ class AgentPhase:
         if isinstance(error, SandboxError) and not call.error_after_close:
             try:
                 status = sandbox.status()
-                gone = not status.present or (not status.running and not status.out_of_memory)
+                stopped = status.present and not status.running and not status.out_of_memory
+                gone = not status.present or stopped
             except SandboxError:
-                gone = True
+                stopped, gone = False, True
+            if stopped and self.root_had_sandbox:
+                return AgentRun(
+                    failure=AgentFailure(
+                        cause="agent_crashed",
+                        message=(
+                            f"the sandbox stopped during {doing}, which a root agent can "
+                            f"bring about: {self.redactor.text(str(error))}"
+                        ),
+                        claimed=True,
+                    )
+                )
             if gone:
                 raise EpisodeError(
                     FailureKind.SANDBOX_LOST,

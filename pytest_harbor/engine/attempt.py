@@ -26,6 +26,8 @@ class Attempt:
     survey: SandboxSurvey | None = None
     #: The image's ENTRYPOINT, started at the seed.
     entrypoint: Spawned | None = None
+    #: A root agent has had the sandbox: it can have stopped it (engine/faults.py).
+    root_had_sandbox: bool = False
     _noted: bool = field(default=False, repr=False)
     _masked: RewardReading | None = field(default=None, repr=False)
 

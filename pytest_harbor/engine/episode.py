@@ -334,6 +334,9 @@ class Episode:
             return self._record(
                 turn, AgentRun(), VerifierRun(reading), TurnTimings(agent_s=0.0, verify_s=0.0)
             )
+        if self._attempt.users.agent_id(turn, self._image_user) is None:
+            self._attempt.root_had_sandbox = True
+        self._agent.root_had_sandbox = self._attempt.root_had_sandbox
         started = time.monotonic()
         agent = self._open_session(sandbox, turn)
         setup_s = time.monotonic() - started
@@ -439,7 +442,10 @@ class Episode:
         return self.launcher.image_config().user
 
     def _fault(self, sandbox: Sandbox, error: SandboxError, doing: str) -> RewardReading:
-        return fault(sandbox, error, doing, episode=self.id, redactor=self.redactor)
+        root = self._attempt.root_had_sandbox
+        return fault(
+            sandbox, error, doing, episode=self.id, redactor=self.redactor, root_had_it=root
+        )
 
     def _processes_now(self, sandbox: Sandbox) -> frozenset[str]:
         """The processes there as the turn begins: the seed's survey for the first turn of

@@ -5,7 +5,8 @@ failure it can have caused scores the episode 0, or a policy learns to cause it.
 in the sandbox decides which: the engine asks its provider how the sandbox is (status()),
 and only what the provider sees is trusted. An engine that does not answer, or a sandbox
 that is gone or stopped (nothing inside a sandbox can stop or remove it), is the engine's
-fault; a sandbox that still runs is the sandbox's: whatever made the step fail is in it.
+fault, unless a root agent has had it (root can end the first process); a sandbox that
+still runs is the sandbox's: whatever made the step fail is in it.
 """
 
 from __future__ import annotations
@@ -21,10 +22,15 @@ __all__ = ["blame", "fault"]
 log = harbor_logger()
 
 
-def blame(sandbox: Sandbox, error: SandboxError, doing: str) -> RewardReading | None:
+def blame(
+    sandbox: Sandbox, error: SandboxError, doing: str, *, root_had_it: bool = False
+) -> RewardReading | None:
     """`doing` failed with `error` after an agent had `sandbox`: the reading that scores
     the episode 0 when the sandbox is to blame, or None when the engine is (the caller
-    masks the sample, or ends the episode with no result)."""
+    masks the sample, or ends the episode with no result). With `root_had_it` (a root
+    agent has had the sandbox), a sandbox that stopped is to blame: root can end the
+    first process (by lowering its limits as its own uid, then making it start a
+    program)."""
     try:
         status = sandbox.status()
     except SandboxError:
@@ -34,6 +40,12 @@ def blame(sandbox: Sandbox, error: SandboxError, doing: str) -> RewardReading | 
             FailureKind.SANDBOX_EXHAUSTED,
             f"{doing} failed ({error}): a process in the sandbox ran out of memory and the "
             "kernel killed it",
+        )
+    if status.present and not status.running and root_had_it:
+        return RewardReading.failed(
+            FailureKind.VERIFIER_TAMPERED,
+            f"{doing} failed ({error}): the sandbox stopped, which a root agent can bring "
+            "about (its first process ended)",
         )
     if not status.present or not status.running:
         return None
@@ -49,12 +61,18 @@ def blame(sandbox: Sandbox, error: SandboxError, doing: str) -> RewardReading | 
 
 
 def fault(
-    sandbox: Sandbox, error: SandboxError, doing: str, *, episode: str, redactor: Redactor
+    sandbox: Sandbox,
+    error: SandboxError,
+    doing: str,
+    *,
+    episode: str,
+    redactor: Redactor,
+    root_had_it: bool = False,
 ) -> RewardReading:
     """The reading of a step of `episode` that failed once an agent had `sandbox`: scored
-    0 when the sandbox is to blame (logged), a masked sample (`harbor:sandbox_lost`) when
-    the engine is."""
-    blamed = blame(sandbox, error, doing)
+    0 when the sandbox is to blame (logged; blame()), a masked sample
+    (`harbor:sandbox_lost`) when the engine is."""
+    blamed = blame(sandbox, error, doing, root_had_it=root_had_it)
     if blamed is not None:
         log.warning("%s: %s", episode, redactor.text(blamed.failure_reason or ""))
         return blamed

@@ -55,8 +55,9 @@ def turn_result(
     notes = list(notes)
     if failure is not None and failure.claimed:
         notes.append(
-            f"the cause {failure.cause} was read from the agent's own output, which the agent "
-            "can write: the turn was verified and scored"
+            f"the cause {failure.cause} is one the agent can bring about (read from the "
+            "agent's own output, or a sandbox a root agent stopped): the turn was verified "
+            "and scored"
         )
     if kind is None and failure is not None:
         kind, reason = FailureKind.for_agent_cause(failure.cause), failure.message

@@ -173,7 +173,8 @@ class AgentFailure:
     #: The HTTP status of the model call that failed, when there was one.
     status_code: int | None = None
     #: The cause was read from what the sandbox produced (an in-sandbox agent's output),
-    #: which the agent can write: a claim, not something the engine saw. A claimed cause
+    #: which the agent can write, or is one the agent can bring about (a root agent can
+    #: end its sandbox's first process): a claim, not something the engine saw. A claimed cause
     #: is recorded, and the turn is verified and scored whatever `agent_outcome_policy`
     #: says (a retry would be a fresh try for the asking, no result a way out of the score).
     claimed: bool = False

@@ -801,3 +801,40 @@ def test_an_agent_that_runs_its_episode_out_of_time_after_its_turn_is_still_scor
     )
     assert (row["reward"], row["mask_sample"]) == (0.0, False)
     assert "past the episode's deadline" in " ".join(row["turns"][0]["notes"])  # type: ignore[index]
+
+
+#: As root: take the first process's own uid (root may), lower its address-space limit
+#: (the kernel lets a process of the same uid), then kill the sleep it waits on: it must
+#: start another, cannot, and ends, and the sandbox stops with it.
+STOP_THE_SANDBOX = textwrap.dedent(
+    """\
+    U=$(awk '/^Uid/{print $2}' /proc/1/status); G=$(awk '/^Gid/{print $2}' /proc/1/status)
+    setpriv --reuid="$U" --regid="$G" --clear-groups prlimit --pid 1 --as=65536:65536
+    for p in /proc/[0-9]*; do
+      [ "$(awk '/^PPid/{print $2}' "$p/status" 2>/dev/null)" = 1 ] || continue
+      [ "$(awk '/^Uid/{print $2}' "$p/status")" = "$U" ] && kill -9 "${p#/proc/}"
+    done
+    sleep 3
+    """
+)
+
+
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_a_sandbox_the_agent_stops_is_scored_not_masked(
+    pytester: pytest.Pytester, dataset: Dataset, user: str
+) -> None:
+    """A root agent can end the sandbox's first process: the sandbox it stopped scores 0,
+    never a masked sample or an episode with no result. A non-root agent cannot (its
+    prlimit is refused), and its episode is verified as usual."""
+    dataset.task(
+        "stopper",
+        toml=agent_toml(user=None if user == "root" else user),
+        solve_sh=STOP_THE_SANDBOX,
+        test_sh=HONEST,
+    )
+    row = graded(pytester, dataset)
+    assert (row["reward"], row["mask_sample"]) == (0.0, False)
+    if user == "root":
+        assert row["failure_kind"] in ("harbor:verifier_tampered", "harbor:agent_crashed")
+    else:
+        assert row["failure_kind"] is None
