@@ -429,6 +429,7 @@ class Episode:
                 into=self._verifier_dir(turn),
                 verifier_user=users.verifier_id(turn),
                 agent_id=agent_id,
+                more_turns=turn.name != self.task.turns[-1].name,
             )
             return self._verifier.verify(sandbox, verification)
         except SandboxError as error:

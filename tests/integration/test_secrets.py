@@ -291,3 +291,29 @@ def test_a_verifier_that_names_files_after_its_secret_names_none_under_the_resul
     )
     assert {found["***.txt"], found["***~2.txt"]} == {"file", "plain"}
     assert sorted(found.values()) == ["", "file", "inside", "plain", "split"]
+
+
+def test_what_a_verification_leaves_running_does_not_reach_the_next_step(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step one's verifier (as `nobody`, given the secret) leaves a process running,
+    which holds its environment; step two's agent, also `nobody`, reads every environment
+    it may. The verification's processes end with it: the agent finds nothing."""
+    monkeypatch.setenv("MY_API_TOKEN", SECRET)
+    look = (
+        "for e in /proc/[0-9]*/environ; do tr '\\0' '\\n' < \"$e\" 2>/dev/null; done"
+        " | grep -c '^TOKEN=' > /tmp/found\n"
+    )
+    multi_step(
+        dataset,
+        "leftover",
+        {
+            "one": ("true\n", "sleep 300 &\necho 1 > /logs/verifier/reward.txt\n"),
+            "two": (look, '[ "$(cat /tmp/found)" = 0 ] && echo 1 > /logs/verifier/reward.txt\n'),
+        },
+        toml='[agent]\nuser = "nobody"\n[verifier]\nuser = "nobody"\n',
+        step_toml={"one": '[steps.verifier]\nenv = { TOKEN = "${API_TOKEN}" }\n'},
+    )
+    run_harbor(pytester, dataset, "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN")
+    (row,) = dataset.rows(pytester.path / "out")
+    assert [turn["reward"] for turn in row["turns"]] == [1.0, 1.0]  # type: ignore[index]

@@ -36,6 +36,9 @@ class Verification:
     #: The user (`uid:gid`) whose every process ends before a shared verification (None:
     #: root's).
     agent_id: str | None
+    #: Another turn follows in the same sandbox: what the verification started ends
+    #: with it (a process it left holds its environment, secrets too).
+    more_turns: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,16 @@
 """The shared mode: the verifier runs in the agent's own sandbox, once the agent's
-processes are gone (the default)."""
+processes are gone (the default). When another turn follows, every process the
+verification started ends with it: one left running would hold the verifier's
+environment (its secrets) where the next turn's agent could read it."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+from pytest_harbor.engine.processes import end_processes_since, survey
 from pytest_harbor.engine.verification import VerifierRun, run_verifier
 from pytest_harbor.engine.verifiers.protocol import ModeContext, Verification
-from pytest_harbor.sandboxes.base import Sandbox
+from pytest_harbor.sandboxes.base import Sandbox, SandboxError
 
 __all__ = ["SharedVerifier"]
 
@@ -20,7 +23,8 @@ class SharedVerifier:
 
     def verify(self, sandbox: Sandbox, verification: Verification) -> VerifierRun:
         context, turn = self._context, verification.turn
-        return run_verifier(
+        before = survey(sandbox).processes if verification.more_turns else None
+        run = run_verifier(
             sandbox,
             turn,
             workdir=context.workdir,
@@ -33,3 +37,10 @@ class SharedVerifier:
             verifier_user=verification.verifier_user,
             agent_id=verification.agent_id,
         )
+        if before is not None:
+            try:
+                end_processes_since(sandbox, before)
+            except SandboxError as error:
+                doing = f"ending what the verification of {turn.name} left running"
+                return VerifierRun(context.fault(sandbox, error, doing))
+        return run
