@@ -176,7 +176,7 @@ def run_verifier(
         "" if as_root else user or "",
         agent_id or "",
     )
-    run_arguments = (seed.bash, f"{budget:g}", f"{grace_s:g}")
+    run_arguments = (seed.bash, _decimal(budget), _decimal(grace_s))
     started = time.monotonic()
     if as_root:
         # One exec: the run's arguments follow the preparation's.
@@ -418,6 +418,12 @@ def _write(
     except (OSError, ValueError) as error:
         copied.note(f"{name} (not written here: {type(error).__name__})")
         # The rest of the member is skipped by the archive itself.
+
+
+def _decimal(seconds: float) -> str:
+    """Seconds as `timeout` reads them: a plain decimal (never `3e+09`), at most 2**31 - 1
+    (a task may ask for any finite timeout)."""
+    return f"{min(seconds, 2**31 - 1):.3f}".rstrip("0").rstrip(".")
 
 
 def _chain(*parts: Iterator[bytes] | list[bytes]) -> Iterator[bytes]:

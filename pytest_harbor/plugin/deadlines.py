@@ -24,6 +24,11 @@ __all__ = ["pytest_timeout_cancel_timer", "pytest_timeout_set_timer"]
 _CANCEL = pytest.StashKey[Callable[[], None]]()
 
 
+#: The longest alarm set, about three years: the platform's timer refuses a time past its
+#: range (3e9 s raised OverflowError and ended the whole session).
+MAX_ALARM_S = 1e8
+
+
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
     if not isinstance(item, HarborTurnItem):
@@ -66,5 +71,6 @@ def _alarm(seconds: float, item: HarborTurnItem, reason: str) -> Callable[[], No
         signal.signal(signal.SIGALRM, previous)
 
     previous = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # A task may ask for any finite timeout: past what the timer holds, none is set.
+    signal.setitimer(signal.ITIMER_REAL, min(seconds, MAX_ALARM_S))
     return cancel

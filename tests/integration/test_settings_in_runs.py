@@ -261,3 +261,19 @@ def test_artifacts_dir_keeps_validation_and_agent_runs_apart(
     assert (Path(oracle_row["verifier_logs_dir"]) / "reward.txt").read_text() == "1\n"
     assert Path(nop_row["verifier_logs_dir"]).is_dir()
     assert oracle_row["verifier_logs_dir"] != nop_row["verifier_logs_dir"]
+
+
+def test_a_task_with_timeouts_past_the_timers_range_runs(
+    pytester: pytest.Pytester, harbor_dataset: Dataset
+) -> None:
+    """Any finite timeout a task asks for is taken (3e9 s and more once ended the whole
+    session with an OverflowError from the alarm): the task runs, and so do the others."""
+    harbor_dataset.task(
+        "forever",
+        toml=(
+            "[agent]\ntimeout_sec = 1e300\n[verifier]\ntimeout_sec = 3e9\n"
+            f'[environment]\ndocker_image = "{BASE_IMAGE}"\n'
+        ),
+    )
+    harbor_dataset.task("plain", toml=f'[environment]\ndocker_image = "{BASE_IMAGE}"\n')
+    run_harbor(pytester, harbor_dataset).assert_outcomes(passed=2)

@@ -83,6 +83,13 @@ done
 _KEEPALIVE_ENTRYPOINT = [SEALED_BUSYBOX, "sh", "-c", _KEEPALIVE, "sh"]
 
 
+def _lifetime(ttl_s: float) -> int:
+    """A sandbox's lifetime in whole seconds, at least 1, at most _FOREVER_S (what the
+    keep-alive's arithmetic holds: a task's timeouts of 1e300 s made one that ended at
+    once)."""
+    return min(_FOREVER_S, max(1, math.ceil(ttl_s)))
+
+
 class DockerProvider:
     """Starts one container per sandbox: keep-alive sleep, labels, limits, forceful removal."""
 
@@ -177,7 +184,7 @@ class DockerProvider:
         # The keep-alive is the sandbox's lifetime: a leaked one ends by itself, and the
         # reaper removes it. It is not removed by the engine as it ends: a sandbox that
         # stopped must still be there to say why (status()).
-        lifetime = _FOREVER_S if spec.ttl_s is None else max(1, math.ceil(spec.ttl_s))
+        lifetime = _FOREVER_S if spec.ttl_s is None else _lifetime(spec.ttl_s)
         try:
             host_config = api.create_host_config(
                 network_mode=self.network if spec.network else "none",
@@ -224,7 +231,7 @@ class DockerProvider:
         sleep as its first process, the trusted tools mounted), its other services first,
         as their depends_on conditions and health checks say (`up --wait`)."""
         engine = engine_for(self.endpoint)
-        lifetime = _FOREVER_S if spec.ttl_s is None else max(1, math.ceil(spec.ttl_s))
+        lifetime = _FOREVER_S if spec.ttl_s is None else _lifetime(spec.ttl_s)
         tools = self.tools_volume()
         main: dict[str, Any] = {
             # Compose reads `$` as its own variables': `$$` is a `$` for the shell.
