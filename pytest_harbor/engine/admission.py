@@ -159,6 +159,15 @@ def check_digest(task: Task, expected: str | None) -> None:
         )
 
 
+def secrets_given(turn: Turn, secrets: dict[str, str]) -> list[str]:
+    """The names of the secrets `turn`'s verifier gets in its environment."""
+    return sorted(
+        name
+        for name, value in secrets.items()
+        if value and any(value in text for text in turn.verifier_env.values())
+    )
+
+
 def refuse_secrets_beside_root(
     task: Task, secrets: dict[str, str], agent_id: Callable[[Turn], str | None], verifier: str
 ) -> None:
@@ -173,11 +182,7 @@ def refuse_secrets_beside_root(
     for turn in task.turns:
         if root is None and agent_id(turn) is None:
             root = turn
-        given = sorted(
-            name
-            for name, value in secrets.items()
-            if value and any(value in text for text in turn.verifier_env.values())
-        )
+        given = secrets_given(turn, secrets)
         if not given or root is None:
             continue
         multi = task.config.is_multi_step

@@ -36,8 +36,8 @@ class Verification:
     #: The user (`uid:gid`) whose every process ends before a shared verification (None:
     #: root's).
     agent_id: str | None
-    #: Another turn follows in the same sandbox: what the verification started ends
-    #: with it (a process it left holds its environment, secrets too).
+    #: Another turn follows in the same sandbox: what a verification given a secret
+    #: started ends with it (a process it left holds the secret in its environment).
     more_turns: bool = False
 
 

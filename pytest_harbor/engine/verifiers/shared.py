@@ -1,12 +1,13 @@
 """The shared mode: the verifier runs in the agent's own sandbox, once the agent's
-processes are gone (the default). When another turn follows, every process the
-verification started ends with it: one left running would hold the verifier's
-environment (its secrets) where the next turn's agent could read it."""
+processes are gone (the default). A verification given a secret, with another turn to
+follow, ends every process it started: one left running would hold the secret in its
+environment, where the next turn's agent could read it."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+from pytest_harbor.engine.admission import secrets_given
 from pytest_harbor.engine.processes import end_processes_since, survey
 from pytest_harbor.engine.verification import VerifierRun, run_verifier
 from pytest_harbor.engine.verifiers.protocol import ModeContext, Verification
@@ -23,7 +24,8 @@ class SharedVerifier:
 
     def verify(self, sandbox: Sandbox, verification: Verification) -> VerifierRun:
         context, turn = self._context, verification.turn
-        before = survey(sandbox).processes if verification.more_turns else None
+        secret = secrets_given(turn, context.launcher.settings.secrets)
+        before = survey(sandbox).processes if verification.more_turns and secret else None
         run = run_verifier(
             sandbox,
             turn,
