@@ -56,8 +56,10 @@ def mean(values: Iterable[float]) -> float:
     total = _fsum(numbers)
     if math.isfinite(total):
         return total / count
-    # Each share is at most the largest value, and so is their sum, but for rounding.
-    average = _fsum(number / count for number in numbers)
+    # Each share is at most the largest value, and so is their sum, but for rounding
+    # (plain addition: the exact sum of rounded shares may lie past the largest float,
+    # where math.fsum raises, and the rounding is what the clamp below is for).
+    average = sum(number / count for number in numbers)
     return max(-sys.float_info.max, min(sys.float_info.max, average))
 
 

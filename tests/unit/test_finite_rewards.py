@@ -38,6 +38,7 @@ def test_the_mean_is_exact_when_the_sum_fits() -> None:
     assert mean([0.1] * 10) == 0.1
     assert mean([LARGEST, LARGEST, LARGEST]) == LARGEST
     assert mean([LARGEST, -LARGEST]) == 0.0
+    assert mean([-LARGEST, -LARGEST, -LARGEST]) == -LARGEST  # once +LARGEST
     assert math.isnan(mean([math.inf, -math.inf]))
 
 
