@@ -114,6 +114,10 @@ class HarborSettings(BaseModel):
     #: once, so that one episode cannot take the machine's from the others; null: no cap.
     sandbox_pids_limit: int | None = Field(default=DEFAULT_PIDS_LIMIT, ge=64)
     secrets: dict[str, str] = {}
+    #: pytest-harbor's own: the host variables a task's `${NAME}` templates may read
+    #: (in any env table); no other reaches a task, and a secret's value never reaches
+    #: a table but a verifier's.
+    host_env: list[str] = []
     task_mcp_grants: Literal["off", "optional", "required"] = "off"
     turn_sessions: Literal["fresh", "continue"] = "fresh"
     compose_variables: dict[str, str] = {}

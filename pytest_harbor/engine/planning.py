@@ -64,6 +64,7 @@ def plan_taskset(
     provider: str,
     selection: Selection = Selection(),
     secrets: Mapping[str, str] | None = None,
+    host_env: Mapping[str, str] | None = None,
     repeats: int | None = None,
     admit_any_harness: bool = False,
     check: Callable[[Task], None] | None = None,
@@ -73,6 +74,7 @@ def plan_taskset(
     Raises TaskLoadError for what spoils the whole taskset: a bad dataset.toml, a harness
     it does not admit, an override naming no task, two tasks with one id, no tasks at all.
     `check` may refuse a task (TaskLoadError) for what only the run knows (its settings).
+    `host_env` holds the host variables the tasks' `${NAME}` may read (none by default).
     """
     dataset = DatasetConfig() if (root / "task.toml").is_file() else read_dataset_config(root)
     _admit(root, dataset, harness, admit_any_harness)
@@ -102,7 +104,7 @@ def plan_taskset(
         if not selection.admits(task_dir.name):
             continue
         try:
-            task = load_task(task_dir, secrets=secrets, dataset=dataset)
+            task = load_task(task_dir, environ=host_env, secrets=secrets, dataset=dataset)
             refuse_unrunnable(task, capabilities, provider)
             if check is not None:
                 check(task)

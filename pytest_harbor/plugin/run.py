@@ -235,6 +235,9 @@ class HarborRun:
             provider=self._provider.name,
             selection=Selection(self.options.only_tasks, self.options.exclude_tasks),
             secrets=self.settings.secrets,
+            host_env={
+                name: os.environ[name] for name in self.settings.host_env if name in os.environ
+            },
             repeats=self.options.repeats,
             admit_any_harness=self.options.allow_unsupported_pairing,
             check=self._check_compose if self._provider.capabilities.compose else None,

@@ -134,9 +134,11 @@ def load_task(
     """Load and validate one task folder; raise TaskLoadError naming the file and key.
 
     `dataset` applies a dataset.toml's `[gym]` overrides (before validation) and defaults;
-    `secrets` fill `${NAME}` in verifier env tables only, before the environment does.
+    `secrets` fill `${NAME}` in verifier env tables only, before `environ` does: the host
+    variables a template may read (none when not given; a run gives those `host_env`
+    names). A table the agent's sandbox gets that would hold a secret's value is refused.
     """
-    environ = os.environ if environ is None else environ
+    environ = {} if environ is None else environ
     task_file = path / TASK_FILE
     if path.is_symlink():
         raise TaskLoadError(path, "a task folder must not be a symlink")
@@ -349,16 +351,33 @@ _EnvTable = EnvironmentConfig | VerifierConfig | SolutionConfig | StepVerifierCo
 
 
 def _resolve_table(
-    task_file: Path, key: str, table: _EnvTable, *sources: Mapping[str, str]
+    task_file: Path,
+    key: str,
+    table: _EnvTable,
+    *sources: Mapping[str, str],
+    unshown: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
+    """`table`'s env with its templates filled from `sources`; a value that holds one of
+    the `unshown` secrets (a table the agent's sandbox gets) is refused."""
     resolved: dict[str, str] = {}
     for name, value in table.env.items():
         result = resolve_env_value(value, *sources)
+        held = [
+            secret for secret, text in (unshown or {}).items() if text and result and text in result
+        ]
+        if held:
+            raise TaskLoadError(
+                task_file,
+                f"{value} would give the secret {held[0]} to the agent's sandbox: secrets "
+                "reach [verifier].env and [steps.verifier].env only",
+                key=f"{key}.env.{name}",
+            )
         if result is None:
             raise TaskLoadError(
                 task_file,
-                f"{value} names a variable that is not set and has no default "
-                "(write ${NAME:-default} to give one)",
+                f"{value} names a variable that is not set and has no default (write "
+                "${NAME:-default} to give one; a host variable reaches a task only when the "
+                "host_env setting names it)",
                 key=f"{key}.env.{name}",
             )
         resolved[name] = result
@@ -372,12 +391,19 @@ def _resolve_env_templates(
     secrets: Mapping[str, str],
 ) -> TaskConfig:
     def resolve(key: str, table: Any, *sources: Mapping[str, str]) -> Any:
-        return table.model_copy(update={"env": _resolve_table(task_file, key, table, *sources)})
+        env = _resolve_table(task_file, key, table, *sources)
+        return table.model_copy(update={"env": env})
+
+    def agents(key: str, table: Any) -> Any:
+        """A table the agent's sandbox gets (or a separate verifier's image starts with):
+        host variables only, and no secret's value."""
+        env = _resolve_table(task_file, key, table, environ, unshown=secrets)
+        return table.model_copy(update={"env": env})
 
     verifier = resolve("verifier", config.verifier, secrets, environ)
     if verifier.environment is not None:
         verifier = verifier.model_copy(
-            update={"environment": resolve("verifier.environment", verifier.environment, environ)}
+            update={"environment": agents("verifier.environment", verifier.environment)}
         )
     steps = None
     if config.steps is not None:
@@ -391,9 +417,9 @@ def _resolve_env_templates(
         ]
     return config.model_copy(
         update={
-            "environment": resolve("environment", config.environment, environ),
+            "environment": agents("environment", config.environment),
             "verifier": verifier,
-            "solution": resolve("solution", config.solution, environ),
+            "solution": agents("solution", config.solution),
             "steps": steps,
         }
     )

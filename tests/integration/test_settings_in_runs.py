@@ -277,3 +277,31 @@ def test_a_task_with_timeouts_past_the_timers_range_runs(
     )
     harbor_dataset.task("plain", toml=f'[environment]\ndocker_image = "{BASE_IMAGE}"\n')
     run_harbor(pytester, harbor_dataset).assert_outcomes(passed=2)
+
+
+def test_a_host_variable_reaches_a_task_only_when_host_env_names_it(
+    pytester: pytest.Pytester, harbor_dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dataset's `${NAME}` in `[environment].env` copied any host variable into the
+    agent's sandbox; it reads one only when the run's host_env setting names it."""
+    monkeypatch.setenv("HARBOR_TEST_HOST_VALUE", "from-the-host")
+    harbor_dataset.task(
+        "copier",
+        toml=(
+            f'[environment]\ndocker_image = "{BASE_IMAGE}"\n'
+            'env = { COPIED = "${HARBOR_TEST_HOST_VALUE:-withheld}" }\n'
+        ),
+        solve_sh='echo "$COPIED" > /tmp/answer\n',
+        test_sh="cp /tmp/answer /logs/verifier/seen.txt; echo 1 > /logs/verifier/reward.txt\n",
+    )
+
+    def seen(*args: str) -> str:
+        folder = f"out-{len(args)}"
+        pytester.runpytest(
+            f"--harbor-dataset={harbor_dataset.path}", f"--harbor-results-dir={folder}", *args
+        )
+        (row,) = harbor_dataset.rows(pytester.path / folder)
+        return (Path(str(row["verifier_logs_dir"])) / "seen.txt").read_text()
+
+    assert seen() == "withheld\n"
+    assert seen("--harbor-set=host_env=[HARBOR_TEST_HOST_VALUE]") == "from-the-host\n"

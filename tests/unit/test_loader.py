@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from pytest_harbor.tasks import discover_task_dirs, is_dataset_dir, load_task
+from pytest_harbor.tasks.errors import TaskLoadError
 from pytest_harbor.tasks.loader import strip_canary
 from tests.fixtures import write_task
 
@@ -149,3 +150,45 @@ def test_legacy_reward_mode_is_dropped_with_a_note_unless_aggregate(
     assert loaded.notes == notes
     assert loaded.config.multi_step_reward_strategy is None
     assert "multi_step_reward_mode" not in loaded.config.model_dump()
+
+
+def test_a_task_reads_no_host_variable_unless_given_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A template reads only the host variables handed to load_task (a run hands it those
+    the host_env setting names): a dataset from elsewhere cannot copy the host's."""
+    monkeypatch.setenv("HARBOR_T_HOST_ONLY", "from the host")
+    task = write_task(
+        tmp_path,
+        "copier",
+        toml="""
+            [environment]
+            docker_image = "img"
+            env = { COPIED = "${HARBOR_T_HOST_ONLY:-not given}" }
+            [verifier]
+            env = { ALSO = "${HARBOR_T_HOST_ONLY:-not given}" }
+        """,
+    )
+    loaded = load_task(task)
+    assert loaded.config.environment.env == {"COPIED": "not given"}
+    assert loaded.config.verifier.env == {"ALSO": "not given"}
+    given = load_task(task, environ={"HARBOR_T_HOST_ONLY": "allowed"})
+    assert given.config.environment.env == {"COPIED": "allowed"}
+
+
+@pytest.mark.parametrize("table", ["environment", "solution", "verifier.environment"])
+def test_a_secrets_value_never_reaches_a_table_of_the_agents(tmp_path: Path, table: str) -> None:
+    """By its name as a host variable or however else: a value that holds a secret's, in a
+    table the agent's sandbox (or a separate verifier's image) gets, is refused."""
+    image = '[environment]\ndocker_image = "img"\n'
+    tables = {
+        "environment": image + 'env = { K = "${MY_VAR}" }\n',
+        "solution": image + '[solution]\nenv = { K = "${MY_VAR}" }\n',
+        "verifier.environment": (
+            image + '[verifier.environment]\ndocker_image = "img"\nenv = { K = "${MY_VAR}" }\n'
+        ),
+    }
+    task = write_task(tmp_path, "leaker", toml=tables[table])
+    with pytest.raises(TaskLoadError, match=r"would give the secret API_TOKEN") as raised:
+        load_task(task, environ={"MY_VAR": "s3cret-value"}, secrets={"API_TOKEN": "s3cret-value"})
+    assert raised.value.key == f"{table}.env.K"
