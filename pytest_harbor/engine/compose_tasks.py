@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,7 +37,13 @@ def compose_spec(task: Task, settings: HarborSettings) -> ComposeSpec | None:
     environment = task.config.environment
     dockerfile = task.environment_dir / "Dockerfile"
     key = json.dumps(
-        [str(task.path), task.digest, settings.compose_variables, [str(p) for p in overlays]],
+        [
+            str(task.path),
+            task.digest,
+            settings.compose_variables,
+            settings.host_env,
+            [str(p) for p in overlays],
+        ],
         sort_keys=True,
     )
     with _lock:
@@ -60,6 +67,7 @@ def compose_spec(task: Task, settings: HarborSettings) -> ComposeSpec | None:
             task_env=environment.env,
             variables=settings.compose_variables,
             overlays=overlays,
+            host={name: os.environ[name] for name in settings.host_env if name in os.environ},
         )
     except ComposeRefused as error:
         raise TaskLoadError(error.file, str(error), key=error.key) from None

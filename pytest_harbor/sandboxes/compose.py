@@ -111,6 +111,22 @@ def run_config(files: list[Path], project_dir: Path, env: Mapping[str, str]) -> 
     return data
 
 
+#: What the docker CLI needs of this process's environment to run `docker compose config`
+#: (none of it a secret); a Compose file's `${NAME}` can read these and the run's host_env.
+CLI_VARIABLES = (
+    "PATH",
+    "HOME",
+    "TMPDIR",
+    "XDG_CONFIG_HOME",
+    "XDG_RUNTIME_DIR",
+    "DOCKER_HOST",
+    "DOCKER_CONTEXT",
+    "DOCKER_CONFIG",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
+)
+
+
 def read_compose(
     task_path: Path,
     file: Path | None,
@@ -120,9 +136,12 @@ def read_compose(
     task_env: Mapping[str, str],
     variables: Mapping[str, str],
     overlays: list[Path],
+    host: Mapping[str, str] | None = None,
 ) -> ComposeSpec:
     """Read and check a task's Compose file (with the run's overlay files after it; or
-    those alone, around the task's own image); ComposeRefused names what cannot run."""
+    those alone, around the task's own image); ComposeRefused names what cannot run.
+    Its `${NAME}`s read `host` (the host variables the run allows), never the rest of
+    this process's environment."""
     environment_dir = task_path / "environment"
     if not environment_dir.is_dir():
         environment_dir = task_path
@@ -137,7 +156,9 @@ def read_compose(
             base = {"services": {"main": {"image": main_image}}}
         base_file = Path(scratch) / "base.json"
         base_file.write_text(json.dumps(base or {"services": {}}))
-        env = _interpolation_env(environment_dir, task_env, variables, main_build, main_image)
+        env = _interpolation_env(
+            environment_dir, task_env, variables, main_build, main_image, host or {}
+        )
         try:
             config = run_config([base_file, *files], environment_dir, env)
         except ValueError as error:
@@ -151,10 +172,12 @@ def _interpolation_env(
     variables: Mapping[str, str],
     main_build: Path | None,
     main_image: str | None,
+    host: Mapping[str, str],
 ) -> dict[str, str]:
-    """Harbor's precedence: infrastructure variables, then the task's env, then this
-    process's, then `environment/.env` (Compose reads it itself); `compose_variables` only
-    fill names none of those set."""
+    """Harbor's precedence: infrastructure variables, then the task's env, then the host
+    variables the run allows (`host`: of this process's environment, only those and what
+    the docker CLI needs to run, CLI_VARIABLES), then `environment/.env` (Compose reads it
+    itself); `compose_variables` only fill names none of those set."""
     dotenv = environment_dir / ".env"
     in_dotenv = set()
     if dotenv.is_file():
@@ -167,12 +190,14 @@ def _interpolation_env(
         infra["MAIN_IMAGE_NAME"] = image_tag_for(main_build)
     if main_image is not None:
         infra["PREBUILT_IMAGE_NAME"] = main_image
+    process = {name: os.environ[name] for name in CLI_VARIABLES if name in os.environ}
+    process.update(host)
     env = {
         name: value
         for name, value in variables.items()
-        if name not in os.environ and name not in task_env and name not in in_dotenv
+        if name not in process and name not in task_env and name not in in_dotenv
     }
-    return {**env, **os.environ, **task_env, **infra}
+    return {**env, **process, **task_env, **infra}
 
 
 def check_config(task_path: Path, file: Path, config: Mapping[str, Any]) -> ComposeSpec:

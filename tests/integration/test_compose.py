@@ -220,6 +220,30 @@ def test_compose_variables_fill_what_the_file_leaves_unset(
     ).assert_outcomes(passed=1)
 
 
+def test_a_compose_file_reads_a_host_variable_only_when_host_env_names_it(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`${API_TOKEN}` in a stranger's Compose file read any host variable; now only those
+    the run's host_env names (the file's default otherwise)."""
+    monkeypatch.setenv("API_TOKEN", "from-the-host")
+    compose_task(
+        dataset,
+        "reader",
+        "services:\n" + MAIN_WAITS + API,
+        test_sh=TOKEN_IS.format(token="default-token"),
+    )
+    run_harbor(pytester, dataset).assert_outcomes(passed=1)
+    allowed = pytester.runpytest(
+        f"--harbor-dataset={dataset.path}",
+        "--harbor-results-dir=allowed",
+        "--harbor-set=host_env=[API_TOKEN]",
+    )
+    allowed.assert_outcomes(failed=1)
+    (row,) = dataset.rows(pytester.path / "allowed")
+    seen = (Path(str(row["verifier_logs_dir"])) / "test-stdout.txt").read_text()
+    assert "token: from-the-host" in seen
+
+
 def test_a_compose_overlay_adds_services_and_a_prompt_template(
     pytester: pytest.Pytester, dataset: Dataset
 ) -> None:
