@@ -327,6 +327,10 @@ class DockerSandbox:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: the engine does not say how it is: {explain(error)}"
             ) from None
+        if state.get("Status") in ("removing", "dead"):
+            # The engine is removing it (its first process was killed for that, and the
+            # container stays a moment after): gone, whoever asked.
+            return SandboxStatus(present=False)
         running = bool(state.get("Running"))
         return SandboxStatus(
             present=True,
