@@ -21,6 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from pytest_harbor.sandboxes.base import BuildOptions
+from pytest_harbor.sandboxes.compose_model import (
+    RESERVED_LABEL_PREFIXES,
+    ComposeRefused,
+    read_project,
+)
+from pytest_harbor.sandboxes.compose_source import check_source
 from pytest_harbor.sandboxes.images import image_tag_for
 
 __all__ = [
@@ -36,15 +42,6 @@ __all__ = [
 
 #: Compose runs get this long for `config`; `up` has the sandbox's own start limit.
 CONFIG_TIMEOUT_S = 60.0
-
-
-class ComposeRefused(ValueError):
-    """A Compose file that cannot run here; `key` names the place in it."""
-
-    def __init__(self, file: Path, message: str, key: str | None = None) -> None:
-        super().__init__(message)
-        self.file = file
-        self.key = key
 
 
 def project_name(episode: str, unique: str) -> str:
@@ -147,6 +144,9 @@ def read_compose(
         environment_dir = task_path
     files = [path for path in (file, *overlays) if path is not None]
     named = files[0]
+    if file is not None:
+        # Before Compose reads what the file names (another file, an env_file).
+        check_source(task_path, file)
     with tempfile.TemporaryDirectory(prefix="harbor-compose-") as scratch:
         # Harbor's base file: `main` from the task's Dockerfile or prebuilt image.
         base: dict[str, Any] = {}
@@ -201,9 +201,11 @@ def _interpolation_env(
 
 
 def check_config(task_path: Path, file: Path, config: Mapping[str, Any]) -> ComposeSpec:
-    """The canonical configuration of the task at `task_path` checked: ComposeRefused
+    """The canonical configuration of the task at `task_path` read into the model of what
+    a Compose file may hold (compose_model.py) and written out from it: ComposeRefused
     names the first key of `file` that cannot run here."""
-    services: dict[str, Any] = config.get("services") or {}
+    project = read_project(task_path, file, config)
+    services: dict[str, Any] = project.get("services") or {}
     if "main" not in services:
         raise ComposeRefused(
             file,
@@ -211,44 +213,16 @@ def check_config(task_path: Path, file: Path, config: Mapping[str, Any]) -> Comp
             "environment/Dockerfile or [environment].docker_image",
             "services.main",
         )
-    for kind in ("networks", "volumes"):
-        for key, value in (config.get(kind) or {}).items():
-            if (value or {}).get("external"):
-                raise ComposeRefused(
-                    file,
-                    f"external {kind[:-1]} {key!r} would be shared with other episodes; refused",
-                    f"{kind}.{key}.external",
-                )
     root = task_path.resolve()
     builds: dict[str, ServiceBuild] = {}
     for name, service in services.items():
         where = f"services.{name}"
-        for key, refused in (
-            ("privileged", service.get("privileged") is True),
-            ("network_mode", str(service.get("network_mode", "")) == "host"),
-            ("pid", service.get("pid") == "host"),
-            ("ipc", service.get("ipc") == "host"),
-            ("userns_mode", service.get("userns_mode") == "host"),
-        ):
-            if refused:
-                raise ComposeRefused(
-                    file, f"{key}: {service[key]} reaches the host; refused", f"{where}.{key}"
-                )
-        for index, volume in enumerate(service.get("volumes") or []):
-            if volume.get("type") == "bind":
-                source = Path(str(volume.get("source", ""))).resolve()
-                if source != root and root not in source.parents:
-                    raise ComposeRefused(
-                        file,
-                        f"binds {volume.get('source')}, outside the task folder",
-                        f"{where}.volumes[{index}]",
-                    )
         build = service.get("build")
         if build:
             builds[name] = _service_build(file, root, f"{where}.build", build)
         elif not service.get("image"):
             raise ComposeRefused(file, "has neither an image nor a build", where)
-    return ComposeSpec(file, config, builds)
+    return ComposeSpec(file, project, builds)
 
 
 #: Build keys that cannot change the image and that this builder leaves aside: a cache to
@@ -290,8 +264,17 @@ def _service_build(file: Path, root: Path, where: str, build: Mapping[str, Any])
             continue
         if key in ("dockerfile_inline", "target"):
             options[key] = str(value)
-        elif key in ("args", "labels"):
+        elif key == "args":
             options[key] = _pairs(value)
+        elif key == "labels":
+            options[key] = _pairs(value)
+            for label, _ in options[key]:
+                if label.startswith(RESERVED_LABEL_PREFIXES):
+                    raise ComposeRefused(
+                        file,
+                        f"the label {label} is the engine's own; a task may not set it",
+                        f"{where}.labels.{label}",
+                    )
         elif key == "extra_hosts":
             options[key] = _hosts(value)
         elif key in ("no_cache", "pull"):

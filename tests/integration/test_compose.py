@@ -176,7 +176,7 @@ def test_bad_compose_files_are_refused_naming_file_and_key(
         "no-parse": "does not parse as Compose",
         "no-main": "services.main: no `main` service",
         "privileged": "services.main.privileged: privileged: True reaches the host",
-        "host-bind": "services.main.volumes[0]: binds /etc, outside the task folder",
+        "host-bind": "services.main.volumes[0].source: binds /etc, outside the task folder",
         "external-volume": "volumes.shared.external: external volume 'shared'",
         "missing-image": "services.db.image: image pytest-harbor-no-such-image:1 is not on",
         "build-ssh": "services.main.build.ssh: ssh hands this machine's SSH agent",
