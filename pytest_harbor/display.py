@@ -7,7 +7,7 @@ import logging
 import re
 import unicodedata
 
-__all__ = ["LOGGER", "escape_controls", "harbor_logger", "shown_number"]
+__all__ = ["LOGGER", "escape_controls", "harbor_logger", "shown_number", "unshowable"]
 
 #: The name of the package's logger: every module logs through harbor_logger().
 LOGGER = "pytest_harbor"
@@ -27,6 +27,16 @@ def escape_controls(text: str) -> str:
     (`\\x1b`, `\\r`, `\\x9b`, `\\u202e`), newlines and tabs kept; a CR before a newline
     is dropped (a line end, not a write over the line)."""
     return _CANDIDATES.sub(_escape_run, text)
+
+
+def unshowable(text: str) -> str:
+    """The characters of `text` that escape_controls() writes as escapes (newlines and
+    tabs among them, which no name may hold either), each once, in order."""
+    return "".join(
+        dict.fromkeys(
+            char for char in text if char in "\n\t" or unicodedata.category(char) in _ESCAPED
+        )
+    )
 
 
 def _escape_run(match: re.Match[str]) -> str:

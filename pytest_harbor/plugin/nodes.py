@@ -96,7 +96,9 @@ class HarborTaskset(_HarborNode, pytest.Collector):
 
     def __init__(self, *, target: Target, **kwargs: Any) -> None:
         # Ids name the taskset, not the folder's path: `quickstart/hello::r0::episode`.
-        super().__init__(name=target.taskset, nodeid=cast(Any, target.taskset), **kwargs)
+        # A name is shown escaped (a folder whose name holds control characters is refused).
+        taskset = escape_controls(target.taskset)
+        super().__init__(name=taskset, nodeid=cast(Any, taskset), **kwargs)
         self.target = target
         self._hook_path = target.hook_path
 
@@ -110,18 +112,19 @@ class HarborTaskset(_HarborNode, pytest.Collector):
         try:
             plan = run.plan(self.target)
         except TaskLoadError as error:
-            raise self.CollectError(str(error)) from None
+            raise self.CollectError(escape_controls(str(error))) from None
         entries: list[tuple[Path, Task | None, TaskLoadError | None]] = [
             (task.path, task, None) for task in plan.tasks
         ]
         if not run.options.skip_unloadable:
             entries += [(path, None, failure) for path, failure in plan.failures.items()]
+        taskset = escape_controls(self.target.taskset)
         for path, task, load_error in sorted(entries, key=lambda entry: entry[0]):
             yield HarborTask.from_parent(
                 self,
-                name=path.name,
+                name=escape_controls(path.name),
                 path=path,
-                nodeid=task_node_id(self.target.taskset, path.name),
+                nodeid=task_node_id(taskset, escape_controls(path.name)),
                 plan=plan,
                 task=task,
                 load_error=load_error,

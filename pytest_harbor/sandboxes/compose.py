@@ -28,6 +28,7 @@ from pytest_harbor.sandboxes.compose_model import (
 )
 from pytest_harbor.sandboxes.compose_source import check_source
 from pytest_harbor.sandboxes.images import image_tag_for
+from pytest_harbor.tasks.dockerfiles import MAX_DOCKERFILE_BYTES, check_dockerfile_text
 
 __all__ = [
     "ComposeRefused",
@@ -266,6 +267,14 @@ def _service_build(file: Path, root: Path, where: str, build: Mapping[str, Any])
             options[key] = str(value)
         elif key == "args":
             options[key] = _pairs(value)
+            for name, _ in options[key]:
+                if name.upper().startswith("BUILDKIT_"):
+                    raise ComposeRefused(
+                        file,
+                        f"the build argument {name} sets how BuildKit builds (its frontend, "
+                        "its cache); a task may not set it",
+                        f"{where}.args.{name}",
+                    )
         elif key == "labels":
             options[key] = _pairs(value)
             for label, _ in options[key]:
@@ -299,6 +308,14 @@ def _service_build(file: Path, root: Path, where: str, build: Mapping[str, Any])
                 f"{where}.{key}",
             )
     dockerfile = _dockerfile(file, root, where, context, build, "dockerfile_inline" in options)
+    named = dockerfile or context / "Dockerfile"
+    text = options.get("dockerfile_inline")
+    if text is None and named.stat().st_size > MAX_DOCKERFILE_BYTES:
+        raise ComposeRefused(file, f"{named} is over {MAX_DOCKERFILE_BYTES} bytes", f"{where}")
+    problem = check_dockerfile_text(text or named.read_text(errors="replace"))
+    if problem is not None:
+        shown = "its dockerfile_inline" if text is not None else str(named)
+        raise ComposeRefused(file, f"{shown}, {problem}", f"{where}.dockerfile")
     return ServiceBuild(context, BuildOptions(dockerfile=dockerfile, **options))
 
 

@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from pytest_harbor.display import unshowable
 from pytest_harbor.tasks.typos import closest
 
 __all__ = [
@@ -422,6 +423,11 @@ def _portable_name(name: str) -> str:
     if bad:
         raise ValueError(
             f"step name {name!r} contains characters not allowed in a folder name: {''.join(bad)!r}"
+        )
+    if unshowable(name):
+        raise ValueError(
+            f"step name {name!r} contains control or format characters "
+            f"({unshowable(name)!r}): a name shows in ids, reports and terminals"
         )
     if name[-1] in ". ":
         raise ValueError(f"step name {name!r} must not end with a dot or a space")

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pytest_harbor.display import escape_controls, unshowable
 from pytest_harbor.tasks.config import (
     EnvironmentConfig,
     SolutionConfig,
@@ -23,6 +24,7 @@ from pytest_harbor.tasks.config import (
 )
 from pytest_harbor.tasks.dataset import DatasetConfig
 from pytest_harbor.tasks.digest import TaskFolderError, task_digest
+from pytest_harbor.tasks.dockerfiles import check_dockerfile
 from pytest_harbor.tasks.errors import TaskLoadError, describe_validation_error, error_key
 from pytest_harbor.tasks.task import COMPOSE_FILES, SINGLE_STEP_TURN, Task, Turn
 from pytest_harbor.tasks.typos import key_line, near_miss
@@ -35,6 +37,7 @@ __all__ = [
     "is_task_dir",
     "load_task",
     "matches_any",
+    "refuse_unshowable_name",
     "resolve_env_value",
     "strip_canary",
 ]
@@ -93,6 +96,18 @@ def is_dataset_dir(path: Path, test_file_patterns: Iterable[str] = ()) -> bool:
     return has_task
 
 
+def refuse_unshowable_name(path: Path, what: str) -> None:
+    """A folder whose name holds control or format characters is refused (the name is
+    a pytest id, a label, a file name and a line in the terminal and the junit XML): the
+    error shows the name escaped."""
+    bad = unshowable(path.name)
+    if bad:
+        raise TaskLoadError(
+            path.parent / escape_controls(path.name),
+            f"the {what}'s name holds control or format characters ({bad!r}); rename it",
+        )
+
+
 def matches_any(name: str, patterns: Sequence[str]) -> bool:
     """Task selection: a name or a glob, as `--harbor-only-tasks a,b*` gives them."""
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
@@ -140,6 +155,7 @@ def load_task(
     """
     environ = {} if environ is None else environ
     task_file = path / TASK_FILE
+    refuse_unshowable_name(path, "task folder")
     if path.is_symlink():
         raise TaskLoadError(path, "a task folder must not be a symlink")
     _refuse_links_out(path)
@@ -247,6 +263,12 @@ def _check_layout(path: Path, config: TaskConfig) -> None:
             "(or a Compose file)",
             key="environment.docker_image",
         )
+    built = [path / "tests" / "Dockerfile"]
+    if config.environment.docker_image is None:
+        built.append(environment / "Dockerfile")
+    for dockerfile in built:
+        if dockerfile.is_file():
+            check_dockerfile(dockerfile)
     bundled = _bundles_tests(path, config)
     if (path / "tests" / "verifier.py").is_file() and not (path / "tests" / "test.sh").is_file():
         raise TaskLoadError(

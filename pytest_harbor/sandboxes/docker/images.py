@@ -107,11 +107,15 @@ class EngineImages:
         # A second, empty volume says the first is complete: one question to the engine,
         # where looking inside the volume takes a helper container.
         ready = f"{name}-ready"
-        if self._volume_exists(api, ready) and self._volume_exists(api, name):
+        if self._volume_exists(api, ready, "tools-ready") and self._volume_exists(
+            api, name, "tools"
+        ):
             return name
         with self._lock(name):
             try:
                 api.create_volume(name, labels={CACHE_LABEL: "tools"})
+                # An existing volume of that name is returned as it is: ours, or refused.
+                self._volume_exists(api, name, "tools")
                 helper = api.create_container(
                     image,
                     entrypoint=["/bin/busybox"],
@@ -144,18 +148,28 @@ class EngineImages:
                     api.remove_container(helper["Id"], force=True)
             try:
                 api.create_volume(ready, labels={CACHE_LABEL: "tools-ready"})
+                self._volume_exists(api, ready, "tools-ready")
             except ENGINE_ERRORS as error:
                 raise SandboxStartError(f"cannot make the tools volume: {explain(error)}") from None
         return name
 
     @staticmethod
-    def _volume_exists(api: docker.APIClient, name: str) -> bool:
+    def _volume_exists(api: docker.APIClient, name: str, role: str) -> bool:
+        """Whether the volume `name` is on the engine, made by pytest-harbor for `role`
+        (its label says so, which no task can set: a Compose file's labels of ours are
+        refused, and its volumes are named after their episode). One of that name with
+        another label is refused rather than mounted into every sandbox."""
         try:
-            api.inspect_volume(name)
+            labels = api.inspect_volume(name).get("Labels") or {}
         except docker.errors.NotFound:
             return False
         except ENGINE_ERRORS as error:
             raise SandboxStartError(f"cannot ask for the tools volume: {explain(error)}") from None
+        if labels.get(CACHE_LABEL) != role:
+            raise SandboxStartError(
+                f"the volume {name} on this engine was not made by pytest-harbor (no label "
+                f"{CACHE_LABEL}={role}); remove it (docker volume rm {name})"
+            )
         return True
 
     def prepare_image(self, source: ImageSource) -> str:

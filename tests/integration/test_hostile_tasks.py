@@ -1,0 +1,154 @@
+"""A task as an adversary beyond its Compose file: Dockerfiles that ask the builder for
+the engine's shared cache, the host's network or a frontend of their own; a volume on
+the engine named like the trusted tools' that pytest-harbor did not make; a task folder
+named with control characters. Each is refused naming the file (and line or key), the
+rest of the run goes on, and nothing was built or mounted."""
+
+from __future__ import annotations
+
+import json
+import uuid
+import xml.dom.minidom
+from collections.abc import Iterator
+
+import docker
+import pytest
+
+from pytest_harbor.labels import RUN_LABEL
+from pytest_harbor.sandboxes.base import SandboxStartError
+from pytest_harbor.sandboxes.docker import images as engine_images
+from pytest_harbor.sandboxes.images import image_tag_for
+from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
+
+pytestmark = pytest.mark.docker
+
+POISON = "FROM {image}\nRUN --mount=type=cache,target=/root/.cache echo planted > /root/.cache/x\n"
+
+
+def test_a_dockerfile_asking_for_more_than_its_context_is_refused_and_not_built(
+    pytester: pytest.Pytester, harbor_dataset: Dataset, docker_client: docker.DockerClient
+) -> None:
+    """A task's own Dockerfile, a separate verifier's, and a Compose service's: each
+    refused by file and line (or key) before any build; the fine task runs."""
+    own = harbor_dataset.task("cache-mount", toml="", dockerfile=POISON.format(image=BASE_IMAGE))
+    frontend = harbor_dataset.task(
+        "frontend", toml="", dockerfile=f"# syntax=attacker/frontend:1\nFROM {BASE_IMAGE}\n"
+    )
+    verifier = harbor_dataset.task(
+        "verifier-host-network",
+        toml=f'[environment]\ndocker_image = "{BASE_IMAGE}"\n',
+        extra_files={"tests/Dockerfile": f"FROM {BASE_IMAGE}\nRUN --network=host true\n"},
+    )
+    service = harbor_dataset.task(
+        "service-cache-mount",
+        toml=f'[environment]\ndocker_image = "{BASE_IMAGE}"\n',
+        extra_files={
+            "environment/db/Dockerfile": POISON.format(image=BASE_IMAGE),
+            "environment/docker-compose.yaml": (
+                "services:\n  main:\n    depends_on: [db]\n  db:\n    build: ./db\n"
+            ),
+        },
+    )
+    syntax_arg = harbor_dataset.task(
+        "syntax-argument",
+        toml=f'[environment]\ndocker_image = "{BASE_IMAGE}"\n',
+        extra_files={
+            "environment/db/Dockerfile": f"FROM {BASE_IMAGE}\n",
+            "environment/docker-compose.yaml": (
+                "services:\n  main: {}\n  db:\n    build:\n      context: ./db\n"
+                "      args: {BUILDKIT_SYNTAX: attacker/frontend:1}\n"
+            ),
+        },
+    )
+    harbor_dataset.task("fine")
+    result = run_harbor(pytester, harbor_dataset, "--harbor-skip-unloadable")
+    result.assert_outcomes(passed=1)
+    folder = harbor_dataset.results_folder(pytester.path / "out")
+    skipped = json.loads((folder / "skipped.json").read_text())
+    expected = {
+        "cache-mount": f"{own}/environment/Dockerfile: line 2: RUN --mount=type=cache",
+        "frontend": f"{frontend}/environment/Dockerfile: line 1: # syntax=attacker/frontend",
+        "verifier-host-network": f"{verifier}/tests/Dockerfile: line 2: RUN --network=host",
+        "service-cache-mount": (
+            f"{service}/environment/docker-compose.yaml: services.db.build.dockerfile: "
+            f"{service}/environment/db/Dockerfile, line 2: RUN --mount=type=cache"
+        ),
+        "syntax-argument": (
+            f"{syntax_arg}/environment/docker-compose.yaml: "
+            "services.db.build.args.BUILDKIT_SYNTAX: the build argument BUILDKIT_SYNTAX"
+        ),
+    }
+    assert sorted(skipped) == sorted(expected)
+    for name, words in expected.items():
+        assert skipped[name].startswith(words), skipped[name]
+    for context in (own / "environment", service / "environment" / "db"):
+        with pytest.raises(docker.errors.ImageNotFound):
+            docker_client.images.get(image_tag_for(context))
+
+
+@pytest.fixture
+def other_tools_image(docker_client: docker.DockerClient) -> Iterator[str]:
+    """A tools image of its own (busybox:musl with one more layer), so the tools volume's
+    name is this test's alone."""
+    run = f"test-tools-{uuid.uuid4().hex[:8]}"
+    container = docker_client.containers.create("busybox:musl", ["true"], labels={RUN_LABEL: run})
+    image = container.commit(repository="pytest-harbor-test-tools", tag=run)
+    container.remove()
+    yield f"pytest-harbor-test-tools:{run}"
+    docker_client.images.remove(image.id, force=True)
+
+
+def test_a_volume_named_like_the_tools_volume_that_pytest_harbor_did_not_make_is_refused(
+    docker_client: docker.DockerClient, other_tools_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planted before the engine made its own, with no label of ours: never mounted into
+    a sandbox; the error says what to remove."""
+    monkeypatch.setattr(engine_images, "TOOLS_IMAGE", other_tools_image)
+    digest = docker_client.images.get(other_tools_image).id.split(":")[-1]
+    name = f"pytest-harbor-tools-{digest[:16]}"
+    planted = [
+        docker_client.volumes.create(name, labels={RUN_LABEL: "planted"}),
+        docker_client.volumes.create(f"{name}-ready", labels={RUN_LABEL: "planted"}),
+    ]
+    try:
+        with pytest.raises(SandboxStartError) as caught:
+            engine_images.EngineImages().tools_volume()
+        assert f"the volume {name}-ready on this engine was not made by pytest-harbor" in str(
+            caught.value
+        )
+        planted[1].remove()
+        with pytest.raises(SandboxStartError) as caught:
+            engine_images.EngineImages().tools_volume()
+        assert f"the volume {name} on this engine was not made by pytest-harbor" in str(
+            caught.value
+        )
+    finally:
+        for volume in docker_client.volumes.list(filters={"name": name}):
+            volume.remove(force=True)
+
+
+def test_a_task_folder_named_with_control_characters_is_refused_and_shown_escaped(
+    pytester: pytest.Pytester, harbor_dataset: Dataset
+) -> None:
+    """A terminal escape, a bell and a carriage return in a task folder's name: the task is
+    refused, its id shown escaped in the terminal and the junit XML (still valid XML), and
+    the rest of the run goes on."""
+    hostile = "esc\x1b]0;PWNED\x07\x1b[31mred\rX"
+    harbor_dataset.task(hostile)
+    harbor_dataset.task("fine")
+    result = run_harbor(
+        pytester, harbor_dataset, "--harbor-skip-unloadable", "--junitxml=junit.xml"
+    )
+    result.assert_outcomes(passed=1)
+    output = "\n".join(result.outlines + result.errlines)
+    assert "\x1b" not in output and "\x07" not in output
+    assert "esc\\x1b]0;PWNED\\x07\\x1b[31mred\\rX" in output
+    skipped = json.loads(
+        (harbor_dataset.results_folder(pytester.path / "out") / "skipped.json").read_text()
+    )
+    assert "control or format characters" in skipped[hostile]
+    xml.dom.minidom.parse(str(pytester.path / "junit.xml"))
+    unrefused = run_harbor(pytester, harbor_dataset, "--junitxml=junit2.xml")
+    unrefused.assert_outcomes(errors=1)
+    assert "\x1b" not in "\n".join(unrefused.outlines)
+    xml.dom.minidom.parse(str(pytester.path / "junit2.xml"))
