@@ -22,7 +22,7 @@ from pytest_harbor.tasks import (
     read_dataset_config,
 )
 from pytest_harbor.tasks.dataset import DATASET_FILE
-from pytest_harbor.tasks.loader import MAX_TASK_DEPTH, refuse_unshowable_name
+from pytest_harbor.tasks.loader import MAX_TASK_DEPTH, refuse_unusable_name
 
 __all__ = ["Selection", "TasksetPlan", "plan_taskset"]
 
@@ -77,7 +77,7 @@ def plan_taskset(
     `host_env` holds the host variables the tasks' `${NAME}` may read (none by default).
     """
     if not (root / "task.toml").is_file():
-        refuse_unshowable_name(root, "dataset folder")
+        refuse_unusable_name(root, "dataset folder")
     dataset = DatasetConfig() if (root / "task.toml").is_file() else read_dataset_config(root)
     _admit(root, dataset, harness, admit_any_harness)
     task_dirs = discover_task_dirs(root)

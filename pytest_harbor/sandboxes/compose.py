@@ -27,6 +27,7 @@ from pytest_harbor.sandboxes.compose_model import (
     read_project,
 )
 from pytest_harbor.sandboxes.compose_source import check_source
+from pytest_harbor.sandboxes.docker.engine import CLI_VARIABLES
 from pytest_harbor.sandboxes.images import image_tag_for
 from pytest_harbor.tasks.dockerfiles import MAX_DOCKERFILE_BYTES, check_dockerfile_text
 
@@ -107,22 +108,6 @@ def run_config(files: list[Path], project_dir: Path, env: Mapping[str, str]) -> 
         raise ValueError(message.splitlines()[-1] if message else "docker compose config failed")
     data: dict[str, Any] = json.loads(done.stdout)
     return data
-
-
-#: What the docker CLI needs of this process's environment to run `docker compose config`
-#: (none of it a secret); a Compose file's `${NAME}` can read these and the run's host_env.
-CLI_VARIABLES = (
-    "PATH",
-    "HOME",
-    "TMPDIR",
-    "XDG_CONFIG_HOME",
-    "XDG_RUNTIME_DIR",
-    "DOCKER_HOST",
-    "DOCKER_CONTEXT",
-    "DOCKER_CONFIG",
-    "DOCKER_CERT_PATH",
-    "DOCKER_TLS_VERIFY",
-)
 
 
 def read_compose(

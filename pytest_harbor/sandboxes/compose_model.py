@@ -20,11 +20,22 @@ from typing import Any, NoReturn
 
 from pytest_harbor.labels import LABEL_PREFIX
 
-__all__ = ["RESERVED_LABEL_PREFIXES", "SERVICE", "ComposeRefused", "read_project"]
+__all__ = [
+    "RESERVED_LABEL_PREFIXES",
+    "RESERVED_NAME_PREFIX",
+    "SERVICE",
+    "TOOLS_KEY",
+    "ComposeRefused",
+    "read_project",
+]
 
 #: Label keys a task may not set: ours (the reaper and the sweeps read them) and Compose's
 #: (the engine finds a project's containers and its `main` by them).
 RESERVED_LABEL_PREFIXES = (LABEL_PREFIX, "com.docker.compose.", "com.docker.")
+#: Names of services, volumes, networks, secrets and configs a task may not give: the
+#: engine adds its own under them (the trusted tools' volume is TOOLS_KEY).
+RESERVED_NAME_PREFIX = "pytest-harbor"
+TOOLS_KEY = RESERVED_NAME_PREFIX + "-tools"
 
 
 class ComposeRefused(ValueError):
@@ -121,6 +132,13 @@ def _string_map(reading: Reading, value: Any, key: str) -> dict[str, Any]:
     }
 
 
+def _environment(reading: Reading, value: Any, key: str) -> dict[str, Any]:
+    """`environment`: a name with no value is left out. Compose would fill it at `up`
+    from its own environment; the file's `${NAME}`s have read all a task may."""
+    entries = _string_map(reading, value, key)
+    return {name: item for name, item in entries.items() if item is not None}
+
+
 def _labels(reading: Reading, value: Any, key: str) -> dict[str, Any]:
     labels = _string_map(reading, value, key)
     for name in labels:
@@ -175,6 +193,25 @@ def _map_of(check: Check) -> Check:
         if not isinstance(value, Mapping):
             reading.refuse(key, f"must be a mapping, not {type(value).__name__}")
         return {str(name): check(reading, item, f"{key}.{name}") for name, item in value.items()}
+
+    return read
+
+
+def _named(check: Check) -> Check:
+    """The project's own services, volumes, networks, secrets or configs: none named
+    like what the engine adds (RESERVED_NAME_PREFIX)."""
+
+    def read(reading: Reading, value: Any, key: str) -> dict[str, Any]:
+        for name in value if isinstance(value, Mapping) else ():
+            if str(name).lower().startswith(RESERVED_NAME_PREFIX):
+                reading.refuse(
+                    f"{key}.{name}",
+                    f"the name {name} is the engine's own (it adds its trusted tools' "
+                    f"volume as {TOOLS_KEY}); a task may not use a name beginning "
+                    f"{RESERVED_NAME_PREFIX}",
+                )
+        entries: dict[str, Any] = _map_of(check)(reading, value, key)
+        return entries
 
     return read
 
@@ -347,7 +384,7 @@ SERVICE: dict[str, Check] = {
     "build": _build,
     "command": _optional(_scalars),
     "entrypoint": _optional(_scalars),
-    "environment": _string_map,
+    "environment": _environment,
     "working_dir": _scalar,
     "user": _scalar,
     "hostname": _scalar,
@@ -527,11 +564,11 @@ _CONFIG = fields(
 )
 PROJECT = {
     "name": _drop,  # each episode names its own
-    "services": _map_of(fields(SERVICE, SERVICE_REFUSED)),
-    "networks": _map_of(_NETWORK),
-    "volumes": _map_of(_VOLUME_DECLARED),
-    "secrets": _map_of(_SECRET),
-    "configs": _map_of(_CONFIG),
+    "services": _named(fields(SERVICE, SERVICE_REFUSED)),
+    "networks": _named(_NETWORK),
+    "volumes": _named(_VOLUME_DECLARED),
+    "secrets": _named(_SECRET),
+    "configs": _named(_CONFIG),
 }
 TOP_LEVEL_REFUSED = {
     "include": "merges other Compose files, which may lie outside the task folder",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -18,25 +19,39 @@ __all__ = ["build_hash", "build_lock", "context_hash", "image_tag_for"]
 
 
 def context_hash(folder: Path) -> str:
-    """SHA-256 over `path NUL mode NUL sha256(content) LF` of every file, sorted by path.
+    """SHA-256 over one record per entry the builder is sent, sorted by path: a file's
+    `path NUL f MODE NUL sha256(content)`, a folder's `path NUL d MODE` (an empty one
+    too), a symlink's `path NUL l NUL target`, anything else's `path NUL ? MODE`.
 
-    The executable bit is part of the record because `COPY` keeps it.
+    The permission bits are in the record because `COPY` keeps them, and the kind
+    because a link is copied as a link: two contexts a build would tell apart never share
+    a name (and an image built from one is never used for the other). Nothing but
+    regular files is opened (a FIFO would never end).
     """
     records: list[bytes] = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = sorted(name for name in dirs if not is_ignored(name))
-        for name in files:
+        for name in [*dirs, *files]:
             if is_ignored(name):
                 continue
             path = Path(root) / name
             relative = path.relative_to(folder).as_posix()
-            mode = "x" if os.access(path, os.X_OK) else "-"
-            with path.open("rb") as handle:
-                content = hashlib.file_digest(handle, "sha256").hexdigest()
-            records.append(f"{relative}\0{mode}\0{content}\n".encode())
+            info = path.lstat()
+            mode = f"{stat.S_IMODE(info.st_mode):o}"
+            if stat.S_ISLNK(info.st_mode):
+                record = f"{relative}\0l\0{os.readlink(path)}"
+            elif stat.S_ISDIR(info.st_mode):
+                record = f"{relative}\0d{mode}"
+            elif stat.S_ISREG(info.st_mode):
+                with path.open("rb") as handle:
+                    content = hashlib.file_digest(handle, "sha256").hexdigest()
+                record = f"{relative}\0f{mode}\0{content}"
+            else:
+                record = f"{relative}\0?{mode}"
+            records.append(f"{record}\n".encode(errors="surrogateescape"))
     digest = hashlib.sha256()
-    for record in sorted(records):
-        digest.update(record)
+    for line in sorted(records):
+        digest.update(line)
     return digest.hexdigest()
 
 

@@ -37,7 +37,7 @@ __all__ = [
     "is_task_dir",
     "load_task",
     "matches_any",
-    "refuse_unshowable_name",
+    "refuse_unusable_name",
     "resolve_env_value",
     "strip_canary",
 ]
@@ -96,15 +96,25 @@ def is_dataset_dir(path: Path, test_file_patterns: Iterable[str] = ()) -> bool:
     return has_task
 
 
-def refuse_unshowable_name(path: Path, what: str) -> None:
-    """A folder whose name holds control or format characters is refused (the name is
-    a pytest id, a label, a file name and a line in the terminal and the junit XML): the
-    error shows the name escaped."""
+#: The longest task or dataset folder name, in bytes: the name goes into the names of
+#: files and folders of the results (with suffixes), which may hold 255.
+MAX_NAME_BYTES = 128
+
+
+def refuse_unusable_name(path: Path, what: str) -> None:
+    """A folder whose name holds control or format characters (the name is a pytest id,
+    a label, a file name and a line in the terminal and the junit XML), or is longer than
+    MAX_NAME_BYTES, is refused; the error shows the name escaped."""
     bad = unshowable(path.name)
+    shown = path.parent / escape_controls(path.name)
     if bad:
         raise TaskLoadError(
-            path.parent / escape_controls(path.name),
-            f"the {what}'s name holds control or format characters ({bad!r}); rename it",
+            shown, f"the {what}'s name holds control or format characters ({bad!r}); rename it"
+        )
+    size = len(path.name.encode(errors="surrogateescape"))
+    if size > MAX_NAME_BYTES:
+        raise TaskLoadError(
+            shown, f"the {what}'s name is {size} bytes long (at most {MAX_NAME_BYTES}); rename it"
         )
 
 
@@ -155,7 +165,7 @@ def load_task(
     """
     environ = {} if environ is None else environ
     task_file = path / TASK_FILE
-    refuse_unshowable_name(path, "task folder")
+    refuse_unusable_name(path, "task folder")
     if path.is_symlink():
         raise TaskLoadError(path, "a task folder must not be a symlink")
     _refuse_links_out(path)

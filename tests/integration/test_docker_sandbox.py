@@ -415,3 +415,31 @@ def test_a_tools_image_without_the_applets_the_engine_runs_is_refused(
             with contextlib.suppress(docker.errors.NotFound):
                 docker_client.volumes.get(leftover).remove(force=True)
         docker_client.images.remove(name, force=True)
+
+
+def test_sandboxes_with_the_network_cannot_reach_each_other(
+    start: StartSandbox, docker_client: docker.DockerClient
+) -> None:
+    """Two sandboxes of one run on the engine: one serves on a port, the other cannot
+    reach it (the engine's default bridge would let it: a task's sandbox could reach
+    another episode's services); the server reaches its own."""
+    server = start(image="busybox:musl")
+    client = start(image="busybox:musl")
+    box = "/bin/busybox"
+    serve = f"while true; do {box} nc -l -p 8080 -e {box} echo hello; done"
+    # Detached, straight through the engine: it serves while the test goes on.
+    started = docker_client.api.exec_create(server.id, [box, "sh", "-c", serve])
+    docker_client.api.exec_start(started["Id"], detach=True)
+    attrs = docker_client.api.inspect_container(server.id)["NetworkSettings"]["Networks"]
+    ((network, settings),) = attrs.items()
+    assert network.startswith("hb-isolated-")
+
+    def ask(sandbox: DockerSandbox, address: str) -> str:
+        asked = sandbox.exec([box, "sh", "-c", f"{box} nc -w 3 {address} 8080 </dev/null"])
+        return asked.stdout.strip()
+
+    deadline = time.monotonic() + 10
+    while ask(server, "127.0.0.1") != "hello":
+        assert time.monotonic() < deadline, "the server never answered"
+        time.sleep(0.2)
+    assert ask(client, settings["IPAddress"]) == ""

@@ -131,6 +131,17 @@ ATTACKS = {
         MAIN + "    annotations: {a: b}\n",
         "services.main.annotations: annotations is not supported here (supported:",
     ),
+    "tools-key": (
+        "services:\n  main: {}\n  side:\n    image: busybox:musl\n"
+        "    volumes: ['pytest-harbor-tools-5506afae318c5c7c:/t']\n"
+        "volumes:\n  pytest-harbor-tools-5506afae318c5c7c: {}\n",
+        "volumes.pytest-harbor-tools-5506afae318c5c7c: the name "
+        "pytest-harbor-tools-5506afae318c5c7c is the engine's own",
+    ),
+    "tools-service": (
+        "services:\n  main: {}\n  pytest-harbor-tools:\n    image: busybox:musl\n",
+        "services.pytest-harbor-tools: the name pytest-harbor-tools is the engine's own",
+    ),
     "oom-shield": (
         MAIN + "    oom_score_adj: -1000\n",
         "services.main.oom_score_adj: -1000: only 0 to 1000",
@@ -208,6 +219,28 @@ def test_a_volume_named_like_the_engines_tools_volume_is_the_episodes_own(
         labels={"pytest-harbor.run": "test-tools-listing"},
     )
     assert b"pwned" not in listing
+
+
+def test_a_variable_named_without_a_value_takes_nothing_from_the_host(
+    pytester: pytest.Pytester, harbor_dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`environment: [NAME]` asks Compose for the variable of the environment `up` runs
+    in: the host's value never reaches the service (nor does it when host_env allows it
+    only for `${NAME}`: the file says `NAME: ${NAME}` then)."""
+    monkeypatch.setenv("CANARY_SECRET", CANARY)
+    task = harbor_dataset.task(
+        "no-value",
+        toml=TOML,
+        test_sh=(
+            'if [ -z "${CANARY_SECRET:-}" ]; then echo 1; else echo 0; fi'
+            " > /logs/verifier/reward.txt\n"
+        ),
+    )
+    (task / "environment").mkdir()
+    (task / "environment" / "docker-compose.yaml").write_text(
+        f"{MAIN}    environment: [CANARY_SECRET]\n"
+    )
+    run_harbor(pytester, harbor_dataset).assert_outcomes(passed=1)
 
 
 def test_a_bind_of_the_task_folder_is_read_only(

@@ -127,14 +127,17 @@ def test_a_volume_named_like_the_tools_volume_that_pytest_harbor_did_not_make_is
             volume.remove(force=True)
 
 
-def test_a_task_folder_named_with_control_characters_is_refused_and_shown_escaped(
+def test_a_task_folder_named_with_control_characters_or_at_length_is_refused(
     pytester: pytest.Pytester, harbor_dataset: Dataset
 ) -> None:
     """A terminal escape, a bell and a carriage return in a task folder's name: the task is
-    refused, its id shown escaped in the terminal and the junit XML (still valid XML), and
+    refused, its id shown escaped in the terminal and the junit XML (still valid XML); a
+    name of 200 bytes (which crashed the run when its results were written) is refused;
     the rest of the run goes on."""
     hostile = "esc\x1b]0;PWNED\x07\x1b[31mred\rX"
+    long = "L" * 200
     harbor_dataset.task(hostile)
+    harbor_dataset.task(long)
     harbor_dataset.task("fine")
     result = run_harbor(
         pytester, harbor_dataset, "--harbor-skip-unloadable", "--junitxml=junit.xml"
@@ -147,8 +150,9 @@ def test_a_task_folder_named_with_control_characters_is_refused_and_shown_escape
         (harbor_dataset.results_folder(pytester.path / "out") / "skipped.json").read_text()
     )
     assert "control or format characters" in skipped[hostile]
+    assert "name is 200 bytes long (at most 128)" in skipped[long]
     xml.dom.minidom.parse(str(pytester.path / "junit.xml"))
     unrefused = run_harbor(pytester, harbor_dataset, "--junitxml=junit2.xml")
-    unrefused.assert_outcomes(errors=1)
+    unrefused.assert_outcomes(errors=2)
     assert "\x1b" not in "\n".join(unrefused.outlines)
     xml.dom.minidom.parse(str(pytester.path / "junit2.xml"))

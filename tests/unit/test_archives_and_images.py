@@ -62,5 +62,27 @@ def test_context_hash_follows_content_mode_and_names_only(tmp_path: Path) -> Non
     executable = context_hash(tmp_path)
     assert executable != first
     (tmp_path / "run.sh").write_text("echo bye\n")
-    assert context_hash(tmp_path) not in (first, executable)
-    assert image_tag_for(tmp_path) == f"hb__{context_hash(tmp_path)[:32]}"
+    changed = context_hash(tmp_path)
+    assert changed not in (first, executable)
+    assert image_tag_for(tmp_path) == f"hb__{changed[:32]}"
+
+
+def test_context_hash_tells_apart_what_a_build_tells_apart(tmp_path: Path) -> None:
+    """An empty folder, a permission bit beyond the executable one, a symlink in place of
+    a copy: each changes what `COPY . /app` makes, so each changes the hash (a context
+    differing only so got the other's image before). A FIFO is not opened."""
+    (tmp_path / "Dockerfile").write_text("FROM debian\nCOPY . /app\n")
+    (tmp_path / "data.txt").write_text("1\n")
+    seen = {context_hash(tmp_path)}
+    (tmp_path / "output").mkdir()
+    seen.add(context_hash(tmp_path))
+    os.chmod(tmp_path / "data.txt", 0o600)
+    seen.add(context_hash(tmp_path))
+    (tmp_path / "copy.txt").write_text("1\n")
+    seen.add(context_hash(tmp_path))
+    (tmp_path / "copy.txt").unlink()
+    (tmp_path / "copy.txt").symlink_to("data.txt")
+    seen.add(context_hash(tmp_path))
+    os.mkfifo(tmp_path / "pipe")
+    seen.add(context_hash(tmp_path))
+    assert len(seen) == 6

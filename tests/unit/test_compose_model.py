@@ -39,7 +39,7 @@ def test_the_project_is_written_out_from_the_model(tmp_path: Path) -> None:
         "services": {
             "main": {
                 "image": "busybox:musl",
-                "environment": {"A": "1", "B": None},
+                "environment": {"A": "1"},
                 "volumes": [
                     {
                         "type": "bind",
@@ -111,3 +111,18 @@ def test_reading_any_file_text_checks_or_refuses(tmp_path_factory: Any, text: st
         check_source(folder, file)
     except ComposeRefused as refusal:
         assert refusal.file == file
+
+
+def test_the_docs_list_every_key_the_model_holds_or_refuses() -> None:
+    """docs/compose-tasks.md says what a Compose file may hold: every key of the model's
+    tables is named there."""
+    from pytest_harbor.sandboxes.compose_model import SERVICE, SERVICE_REFUSED, TOP_LEVEL_REFUSED
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "compose-tasks.md").read_text()
+    section = page.split("## What a Compose file may hold")[1].split("\n## ")[0]
+    missing = [
+        key
+        for key in (*SERVICE, *SERVICE_REFUSED, *TOP_LEVEL_REFUSED)
+        if f"`{key}`" not in section and f"`{key}:" not in section
+    ]
+    assert missing == []

@@ -23,6 +23,7 @@ from pytest_harbor.sandboxes.docker.engine import (
     ENGINE_ERRORS,
     TRANSPORT_ERRORS,
     Endpoint,
+    cli_environment,
     explain,
     tail_lines,
 )
@@ -106,7 +107,7 @@ def buildkit_build(
             text=True,
             errors="replace",
             start_new_session=True,
-            env=endpoint.cli_env() if endpoint else None,
+            env=cli_environment(endpoint),
         )
     except OSError as error:
         raise SandboxStartError(f"{what}: cannot run docker buildx: {error}") from None

@@ -70,13 +70,40 @@ class Endpoint:
 
     def cli_env(self) -> dict[str, str]:
         """The environment that points the docker CLI (Compose, buildx) at this engine."""
-        env = {key: value for key, value in os.environ.items() if not key.startswith("DOCKER_")}
-        env["DOCKER_HOST"] = self.url
-        if self.cert_path is not None:
-            env["DOCKER_CERT_PATH"] = self.cert_path
-            if self.tls_verify:
+        return cli_environment(self)
+
+
+#: What the docker CLI needs of this process's environment to run (none of it a secret):
+#: the CLI, Compose and buildx run with these alone (and the ssh client's agent socket),
+#: and a Compose file's `${NAME}` can read them and the run's host_env, nothing else.
+CLI_VARIABLES = (
+    "PATH",
+    "HOME",
+    "TMPDIR",
+    "XDG_CONFIG_HOME",
+    "XDG_RUNTIME_DIR",
+    "DOCKER_HOST",
+    "DOCKER_CONTEXT",
+    "DOCKER_CONFIG",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
+)
+
+
+def cli_environment(endpoint: Endpoint | None = None) -> dict[str, str]:
+    """The docker CLI's environment: CLI_VARIABLES of this process's (a `NAME` with no
+    value in a Compose file's `environment` would otherwise take any variable of the
+    host at `up`), pointed at `endpoint` when given."""
+    names = (*CLI_VARIABLES, "SSH_AUTH_SOCK")
+    env = {name: os.environ[name] for name in names if name in os.environ}
+    if endpoint is not None:
+        env = {key: value for key, value in env.items() if not key.startswith("DOCKER_")}
+        env["DOCKER_HOST"] = endpoint.url
+        if endpoint.cert_path is not None:
+            env["DOCKER_CERT_PATH"] = endpoint.cert_path
+            if endpoint.tls_verify:
                 env["DOCKER_TLS_VERIFY"] = "1"
-        return env
+    return env
 
 
 def api_client(kwargs: Mapping[str, Any], *, version: str, timeout: float) -> docker.APIClient:

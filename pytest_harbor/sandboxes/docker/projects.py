@@ -23,6 +23,7 @@ from pytest_harbor.sandboxes.docker.engine import (
     CONTROL_TIMEOUT_S,
     ENGINE_ERRORS,
     Endpoint,
+    cli_environment,
     engine_for,
     explain,
 )
@@ -45,7 +46,7 @@ def compose_cli(
             timeout=timeout,
             check=False,
             stdin=subprocess.DEVNULL,
-            env=endpoint.cli_env() if endpoint else None,
+            env=cli_environment(endpoint),
         )
     except FileNotFoundError:
         raise SandboxStartError("the docker CLI is not installed (Compose tasks need it)") from None

@@ -45,6 +45,7 @@ from pytest_harbor.sandboxes.docker.engine import (
     unreachable,
 )
 from pytest_harbor.sandboxes.docker.images import EngineImages
+from pytest_harbor.sandboxes.docker.networks import IsolatedNetworks
 from pytest_harbor.sandboxes.docker.projects import (
     COMPOSE_UP_S,
     compose_cli,
@@ -117,6 +118,16 @@ class DockerProvider:
             )
         #: Its images: made, pulled or copied from a peer once each.
         self.images = EngineImages(endpoint, builder)
+        #: Where sandboxes go in place of the engine's default bridge.
+        self._isolated = IsolatedNetworks(endpoint)
+
+    def _network_of(self, spec: SandboxSpec) -> str:
+        """The network a sandbox with network access joins: the one the provider option
+        names, else an isolated one of the run's (the engine's default bridge lets every
+        container reach every other, so one episode could reach another's services)."""
+        if self.network != DEFAULT_NETWORK:
+            return self.network
+        return self._isolated.for_labels(spec.labels)
 
     def check_ready(self) -> None:
         """The engine answers, or SandboxStartError naming the address tried and the fix."""
@@ -185,32 +196,39 @@ class DockerProvider:
         # reaper removes it. It is not removed by the engine as it ends: a sandbox that
         # stopped must still be there to say why (status()).
         lifetime = _FOREVER_S if spec.ttl_s is None else _lifetime(spec.ttl_s)
-        try:
-            host_config = api.create_host_config(
-                network_mode=self.network if spec.network else "none",
-                binds={self.tools_volume(): {"bind": TRUSTED_TOOLS, "mode": "ro"}},
-                pids_limit=spec.pids_limit,
-                **limits,
-            )
-            created = api.create_container(
-                spec.image,
-                entrypoint=_KEEPALIVE_ENTRYPOINT,
-                command=[str(lifetime)],
-                user=KEEPALIVE_USER,
-                labels=dict(spec.labels),
-                environment=[f"{key}={value}" for key, value in spec.env.items()],
-                working_dir=spec.workdir,
-                host_config=host_config,
-                detach=True,
-            )
-        except ENGINE_ERRORS as error:
-            raise SandboxStartError(
-                f"cannot create a sandbox from {spec.image}: {explain(error)}"
-            ) from None
+        for attempt in range(2):
+            # Made even for a sandbox that starts offline: a later phase may join it.
+            network = self._network_of(spec)
+            try:
+                created = api.create_container(
+                    spec.image,
+                    entrypoint=_KEEPALIVE_ENTRYPOINT,
+                    command=[str(lifetime)],
+                    user=KEEPALIVE_USER,
+                    labels=dict(spec.labels),
+                    environment=[f"{key}={value}" for key, value in spec.env.items()],
+                    working_dir=spec.workdir,
+                    host_config=api.create_host_config(
+                        network_mode=network if spec.network else "none",
+                        binds={self.tools_volume(): {"bind": TRUSTED_TOOLS, "mode": "ro"}},
+                        pids_limit=spec.pids_limit,
+                        **limits,
+                    ),
+                    detach=True,
+                )
+                break
+            except ENGINE_ERRORS as error:
+                if attempt == 0 and isinstance(error, docker.errors.NotFound):
+                    # The run's network was swept away: make another.
+                    self._isolated.forget(network)
+                    continue
+                raise SandboxStartError(
+                    f"cannot create a sandbox from {spec.image}: {explain(error)}"
+                ) from None
         sandbox = DockerSandbox(
             created["Id"],
             online=spec.network,
-            network=self.network,
+            network=network,
             endpoint=self.endpoint,
             user=self.image_config(spec.image).user,
         )
@@ -230,6 +248,9 @@ class DockerProvider:
         """The Compose project `group`, `main` kept alive like any sandbox (the trusted
         sleep as its first process, the trusted tools mounted), its other services first,
         as their depends_on conditions and health checks say (`up --wait`)."""
+        from pytest_harbor.sandboxes.compose import episode_project, project_name
+        from pytest_harbor.sandboxes.compose_model import TOOLS_KEY
+
         engine = engine_for(self.endpoint)
         lifetime = _FOREVER_S if spec.ttl_s is None else _lifetime(spec.ttl_s)
         tools = self.tools_volume()
@@ -240,7 +261,7 @@ class DockerProvider:
             "user": KEEPALIVE_USER,
             "environment": dict(spec.env),
             "volumes": [
-                {"type": "volume", "source": tools, "target": TRUSTED_TOOLS, "read_only": True}
+                {"type": "volume", "source": TOOLS_KEY, "target": TRUSTED_TOOLS, "read_only": True}
             ],
         }
         if spec.workdir:
@@ -251,7 +272,6 @@ class DockerProvider:
             main["mem_limit"] = main["memswap_limit"] = f"{spec.memory_mb}m"
         if spec.pids_limit is not None:
             main["pids_limit"] = spec.pids_limit
-        from pytest_harbor.sandboxes.compose import episode_project, project_name
 
         name = project_name(group.episode, uuid.uuid4().hex[:8])
         config = episode_project(
@@ -263,7 +283,11 @@ class DockerProvider:
             main=main,
             internal=not spec.network,
         )
-        config.setdefault("volumes", {})[tools] = {"external": True, "name": tools}
+        volumes = config.setdefault("volumes", {})
+        if TOOLS_KEY in volumes:
+            # The model refuses the name in a task's file: never let one stand for the tools.
+            raise SandboxStartError(f"the project already has a volume {TOOLS_KEY}")
+        volumes[TOOLS_KEY] = {"external": True, "name": tools}
         with tempfile.TemporaryDirectory(prefix="harbor-compose-") as scratch:
             file = Path(scratch) / "compose.json"
             file.write_text(json.dumps(config))
