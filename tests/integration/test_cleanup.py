@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -95,6 +96,10 @@ def test_finished_run_leaves_no_sandbox(
     assert run.returncode == 0, output
     for task in ("one", "two", "three"):
         assert containers_of(docker_client, dataset.name, task) == []
+    # Nor the networks its sandboxes were on (one per engine and process of the run).
+    results = dataset.results_folder(dataset.path.parent / "results")
+    run_id = json.loads((results / "rollouts_manifest.json").read_text())["run_id"]
+    assert docker_client.networks.list(filters={"label": f"pytest-harbor.run={run_id}"}) == []
 
 
 def test_results_land_next_to_where_pytest_ran(dataset: Dataset, docker_client: object) -> None:
