@@ -96,7 +96,7 @@ def test_finished_run_leaves_no_sandbox(
     assert run.returncode == 0, output
     for task in ("one", "two", "three"):
         assert containers_of(docker_client, dataset.name, task) == []
-    # Nor the networks its sandboxes were on (one per engine and process of the run).
+    # Nor a network of its own (sandboxes share the engine's isolated one, kept).
     results = dataset.results_folder(dataset.path.parent / "results")
     run_id = json.loads((results / "rollouts_manifest.json").read_text())["run_id"]
     assert docker_client.networks.list(filters={"label": f"pytest-harbor.run={run_id}"}) == []

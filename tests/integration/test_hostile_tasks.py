@@ -17,6 +17,7 @@ import pytest
 from pytest_harbor.labels import RUN_LABEL
 from pytest_harbor.sandboxes.base import SandboxStartError
 from pytest_harbor.sandboxes.docker import images as engine_images
+from pytest_harbor.sandboxes.docker import networks
 from pytest_harbor.sandboxes.images import image_tag_for
 from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
 
@@ -156,3 +157,29 @@ def test_a_task_folder_named_with_control_characters_or_at_length_is_refused(
     unrefused.assert_outcomes(errors=2)
     assert "\x1b" not in "\n".join(unrefused.outlines)
     xml.dom.minidom.parse(str(pytester.path / "junit2.xml"))
+
+
+def test_a_network_named_like_the_isolated_one_that_pytest_harbor_did_not_make_is_refused(
+    docker_client: docker.DockerClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sandboxes join the engine's isolated network by name only when it carries
+    pytest-harbor's label and keeps its containers apart: a planted one (where they
+    would reach each other) is refused, never joined."""
+    name = f"pytest-harbor-test-isolated-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setattr(networks, "ISOLATED_NETWORK", name)
+    planted = docker_client.networks.create(name, labels={RUN_LABEL: "planted"})
+    try:
+        with pytest.raises(SandboxStartError) as caught:
+            networks.IsolatedNetwork(None).name()
+        assert f"the network {name} on this engine was not made by pytest-harbor" in str(
+            caught.value
+        )
+    finally:
+        planted.remove()
+    made = networks.IsolatedNetwork(None).name()
+    try:
+        attrs = docker_client.networks.get(made).attrs
+        assert attrs["Options"]["com.docker.network.bridge.enable_icc"] == "false"
+        assert networks.IsolatedNetwork(None).name() == made  # found, not made again
+    finally:
+        docker_client.networks.get(made).remove()

@@ -1,61 +1,88 @@
-"""The network sandboxes with network access are on: one bridge per run and process on
-each engine, on which containers cannot reach each other (inter-container traffic off),
-so no episode reaches another's services; each reaches the outside as on the engine's
-default bridge, where every container of the engine reaches every other."""
+"""The network sandboxes with network access are on: one bridge per engine on which
+containers cannot reach each other (inter-container traffic off), so no episode reaches
+another's services; each reaches the outside as on the engine's default bridge, where
+every container of the engine reaches every other.
+
+One network serves every run on the engine, kept as a cache like the trusted tools'
+volume: the engine has room for a few dozen networks only (its address pools), and runs
+at once, each with several processes, would use it up."""
 
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Mapping
 
-from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL
+import docker.errors
+
+from pytest_harbor.labels import CACHE_LABEL
 from pytest_harbor.sandboxes.base import SandboxStartError
 from pytest_harbor.sandboxes.docker.engine import ENGINE_ERRORS, Endpoint, engine_for, explain
+from pytest_harbor.sandboxes.images import build_lock
 
-__all__ = ["ISOLATED_PREFIX", "IsolatedNetworks"]
+__all__ = ["ISOLATED_NETWORK", "IsolatedNetwork"]
 
-#: The name of each such network begins so, then 12 random hex digits.
-ISOLATED_PREFIX = "hb-isolated-"
+#: The network's name; its label CACHE_LABEL=isolated says pytest-harbor made it (no task
+#: can name a network of the engine, nor set that label).
+ISOLATED_NETWORK = "pytest-harbor-isolated"
+_ROLE = "isolated"
 #: The bridge driver's option that turns traffic between its containers off.
-_NO_ICC = {"com.docker.network.bridge.enable_icc": "false"}
+_ICC = "com.docker.network.bridge.enable_icc"
 
 
-class IsolatedNetworks:
-    """The isolated networks of one engine, made on first use: one per run and owner
-    (labelled with them, so the run's sweep and the reaper remove it with the run's
-    sandboxes)."""
+class IsolatedNetwork:
+    """The isolated network of one engine, made on first use and then found."""
 
     def __init__(self, endpoint: Endpoint | None) -> None:
         self._endpoint = endpoint
-        self._made: dict[tuple[str, str], str] = {}
+        self._ready = False
         self._lock = threading.Lock()
 
-    def for_labels(self, labels: Mapping[str, str]) -> str:
-        key = (labels.get(RUN_LABEL, ""), labels.get(OWNER_LABEL, ""))
+    def name(self) -> str:
         with self._lock:
-            name = self._made.get(key)
-            if name is None:
-                name = self._made[key] = self._make(key)
-            return name
+            if not self._ready:
+                key = ISOLATED_NETWORK
+                if self._endpoint is not None:
+                    key = f"{self._endpoint.key}-{key}"
+                with build_lock(key):
+                    if not self._found():
+                        self._make()
+                self._ready = True
+            return ISOLATED_NETWORK
 
-    def forget(self, name: str) -> None:
-        """A network that is gone (a sweep removed it): the next sandbox makes another."""
+    def forget(self) -> None:
+        """The network is gone (someone removed it): the next sandbox makes it again."""
         with self._lock:
-            self._made = {key: made for key, made in self._made.items() if made != name}
+            self._ready = False
 
-    def _make(self, key: tuple[str, str]) -> str:
-        name = ISOLATED_PREFIX + uuid.uuid4().hex[:12]
-        run, owner = key
-        labels = {
-            label: value for label, value in ((RUN_LABEL, run), (OWNER_LABEL, owner)) if value
-        }
+    def _found(self) -> bool:
+        api = engine_for(self._endpoint).api
+        try:
+            network = api.inspect_network(ISOLATED_NETWORK)
+        except docker.errors.NotFound:
+            return False
+        except ENGINE_ERRORS as error:
+            raise SandboxStartError(
+                f"cannot ask for the sandboxes' network: {explain(error)}"
+            ) from None
+        labels = network.get("Labels") or {}
+        options = network.get("Options") or {}
+        if labels.get(CACHE_LABEL) != _ROLE or options.get(_ICC) != "false":
+            raise SandboxStartError(
+                f"the network {ISOLATED_NETWORK} on this engine was not made by pytest-harbor "
+                f"(no label {CACHE_LABEL}={_ROLE}, or its containers reach each other); "
+                f"remove it (docker network rm {ISOLATED_NETWORK})"
+            )
+        return True
+
+    def _make(self) -> None:
         try:
             engine_for(self._endpoint).api.create_network(
-                name, driver="bridge", options=_NO_ICC, labels=labels
+                ISOLATED_NETWORK,
+                driver="bridge",
+                options={_ICC: "false"},
+                labels={CACHE_LABEL: _ROLE},
+                check_duplicate=True,
             )
         except ENGINE_ERRORS as error:
             raise SandboxStartError(
                 f"cannot make the sandboxes' network: {explain(error)}"
             ) from None
-        return name

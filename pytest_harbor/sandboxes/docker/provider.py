@@ -45,7 +45,7 @@ from pytest_harbor.sandboxes.docker.engine import (
     unreachable,
 )
 from pytest_harbor.sandboxes.docker.images import EngineImages
-from pytest_harbor.sandboxes.docker.networks import IsolatedNetworks
+from pytest_harbor.sandboxes.docker.networks import IsolatedNetwork
 from pytest_harbor.sandboxes.docker.projects import (
     COMPOSE_UP_S,
     compose_cli,
@@ -119,15 +119,15 @@ class DockerProvider:
         #: Its images: made, pulled or copied from a peer once each.
         self.images = EngineImages(endpoint, builder)
         #: Where sandboxes go in place of the engine's default bridge.
-        self._isolated = IsolatedNetworks(endpoint)
+        self._isolated = IsolatedNetwork(endpoint)
 
     def _network_of(self, spec: SandboxSpec) -> str:
         """The network a sandbox with network access joins: the one the provider option
-        names, else an isolated one of the run's (the engine's default bridge lets every
+        names, else the engine's isolated one (the engine's default bridge lets every
         container reach every other, so one episode could reach another's services)."""
         if self.network != DEFAULT_NETWORK:
             return self.network
-        return self._isolated.for_labels(spec.labels)
+        return self._isolated.name()
 
     def check_ready(self) -> None:
         """The engine answers, or SandboxStartError naming the address tried and the fix."""
@@ -219,8 +219,8 @@ class DockerProvider:
                 break
             except ENGINE_ERRORS as error:
                 if attempt == 0 and isinstance(error, docker.errors.NotFound):
-                    # The run's network was swept away: make another.
-                    self._isolated.forget(network)
+                    # The isolated network was removed: make it again.
+                    self._isolated.forget()
                     continue
                 raise SandboxStartError(
                     f"cannot create a sandbox from {spec.image}: {explain(error)}"
