@@ -4,6 +4,7 @@ past its deadline."""
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,6 +23,7 @@ from pytest_harbor.sandboxes.base import (
     SandboxError,
     SandboxStatus,
     Spawned,
+    without_channel,
 )
 from pytest_harbor.sandboxes.copies import HARNESS_COPY, bounded
 from pytest_harbor.threads import join
@@ -46,21 +48,28 @@ class SandboxWindow:
         self._sandbox = sandbox
         self._deadline = deadline
         self._what = what
-        self._closed = False
+        #: Shared with the window's plain-exec view (without_channel).
+        self._closed_event = threading.Event()
 
     @property
     def id(self) -> str:
         return self._sandbox.id
 
     def close(self) -> None:
-        self._closed = True
+        self._closed_event.set()
 
     @property
     def is_closed(self) -> bool:
-        return self._closed
+        return self._closed_event.is_set()
+
+    def without_channel(self) -> SandboxWindow:
+        """The same window, its commands by plain exec (sandboxes.base.without_channel)."""
+        plain = copy.copy(self)
+        plain._sandbox = without_channel(self._sandbox)
+        return plain
 
     def _may_read(self) -> None:
-        if self._closed:
+        if self.is_closed:
             raise SandboxError(f"{self._what} is over: the harness no longer has the sandbox")
 
     def _may_change(self) -> float:

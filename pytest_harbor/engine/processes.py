@@ -15,7 +15,13 @@ from pytest_harbor.engine.scripts import (
     check,
     trusted,
 )
-from pytest_harbor.sandboxes.base import ROOT_USER, ExecResult, Sandbox, SandboxError
+from pytest_harbor.sandboxes.base import (
+    ROOT_USER,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    without_channel,
+)
 
 __all__ = [
     "ProcessesSurvived",
@@ -61,7 +67,7 @@ def survey(sandbox: Sandbox, users: Iterable[str] = ()) -> SandboxSurvey:
     to say that the image lacks its tools."""
     wanted = sorted({user for user in users if user})
     for _ in range(2):
-        done = sandbox.exec(
+        done = without_channel(sandbox).exec(
             trusted(SURVEY + RESOLVE_USERS, *wanted), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S
         )
         if done.exit_code != 0:
@@ -119,17 +125,21 @@ def end_user_processes(sandbox: Sandbox, agent: str) -> None:
         + f'end_user "$1" "$2" || tampered "processes of the agent\'s user (uid {uid}) survived"\n'
         + "done_\n"
     )
-    done = sandbox.exec(trusted(script, uid, gid or uid), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S)
+    done = without_channel(sandbox).exec(
+        trusted(script, uid, gid or uid), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S
+    )
     _checked(done, f"ending the processes of the agent's user (uid {uid})")
 
 
 def end_processes_since(sandbox: Sandbox, before: frozenset[str]) -> None:
     """End, as root, every process of any user that is not in `before` (`pid:start` of
     the processes there when the agent's turn began): all the agent started, however it
-    detached. An agent's turn that ran out of time ends this way."""
+    detached. An agent's turn that ran out of time ends this way. By plain exec: through
+    a channel, the script would end the relays that carry its own answer (and a channel
+    opened since `before` goes with the rest)."""
     what = "processes the agent's turn started"
     script = END_PROCESSES + f'end_processes_since "$1" || tampered "{what} survived"\ndone_\n'
-    done = sandbox.exec(
+    done = without_channel(sandbox).exec(
         trusted(script, " ".join(sorted(before))), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S
     )
     _checked(done, f"ending the {what}")

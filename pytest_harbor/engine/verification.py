@@ -36,7 +36,13 @@ from pytest_harbor.engine.scripts import (
 )
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.archives import pack_tree
-from pytest_harbor.sandboxes.base import ROOT_USER, Sandbox, SandboxError, service_of
+from pytest_harbor.sandboxes.base import (
+    ROOT_USER,
+    Sandbox,
+    SandboxError,
+    service_of,
+    without_channel,
+)
 from pytest_harbor.sandboxes.copies import (
     REWARD_FILE_COPY,
     VERIFIER_FOLDER_COPY,
@@ -84,7 +90,7 @@ SANDBOX_DIRECTORIES = {
 def clear_for_next_turn(sandbox: Sandbox) -> None:
     """Before a later turn: the previous turn's tests, reward and transcript go; the
     agent's own files under /logs/agent stay. Raises SandboxError when that failed."""
-    cleared = sandbox.exec(trusted(CLEAR), user=ROOT_USER, timeout=60.0)
+    cleared = without_channel(sandbox).exec(trusted(CLEAR), user=ROOT_USER, timeout=60.0)
     check(cleared, "clearing the previous turn's files")
 
 
@@ -105,6 +111,7 @@ def run_collect_hooks(
     """`[[verifier.collect]]`, each hook bounded by its timeout `within` what the episode
     leaves; returns notes of the hooks that failed (a failing hook is not fatal)."""
     notes = []
+    sandbox = without_channel(sandbox)
     for hook in task.config.verifier.collect:
         user = None if hook.user is None else str(hook.user)
         if hook.service == "main":
@@ -153,6 +160,10 @@ def run_verifier(
     one exec; a verifier user needs a second. What the verifier left is copied into the
     folder `into` (with the transcript, as `trajectory.json`), with secrets masked.
     """
+    # By plain exec, as every step of the engine's once an agent has had the sandbox: a
+    # process of the engine's in the sandbox (a command channel) is one a root agent can
+    # end, and one that needs processes the cap may not leave.
+    sandbox = without_channel(sandbox)
     if seed.lacking:
         tools = " and ".join(seed.lacking)
         return VerifierRun(

@@ -22,6 +22,7 @@ from pytest_harbor.sandboxes.base import (
     ExecResult,
     Sandbox,
     SandboxError,
+    without_channel,
 )
 from pytest_harbor.sandboxes.copies import LOG_FILE_COPY, bounded, members
 from pytest_harbor.tasks.task import Task
@@ -65,7 +66,10 @@ class OracleHarness(Harness):
 
 class _OracleSession:
     def run_turn(self, context: TurnContext) -> AgentRun:
-        turn, sandbox = context.turn, context.sandbox
+        # By plain exec: solve.sh's exit status is part of the result
+        # (harbor:solution_failed), and a command channel's relays are processes a root
+        # solve.sh can end under its own command.
+        turn, sandbox = context.turn, without_channel(context.sandbox)
         if turn.solution_dir is None:
             raise ValueError(f"turn {turn.name} has no solution")
         solution = turn.solution_dir
@@ -101,7 +105,7 @@ class _OracleSession:
 
 
 def _ran(context: TurnContext, result: ExecResult) -> AgentRun:
-    sandbox = context.sandbox
+    sandbox = without_channel(context.sandbox)
     trouble = _keep_log(sandbox, context.logs.host_dir / "oracle.txt")
     log_tail = ""
     if result.exit_code != 0 or result.timed_out:

@@ -20,6 +20,7 @@ __all__ = [
     "TRUSTED_TOOLS",
     "ArchiveStream",
     "BuildOptions",
+    "CarriesCommands",
     "ExecResult",
     "ImageConfig",
     "ImageLayer",
@@ -43,6 +44,7 @@ __all__ = [
     "Spawned",
     "SweepsLeftovers",
     "service_of",
+    "without_channel",
 ]
 
 
@@ -419,6 +421,22 @@ class ServiceGroup(Protocol):
     def service(self, name: str) -> Sandbox:
         """Another service of the project, as a sandbox of its own (exec, archives)."""
         ...
+
+
+@runtime_checkable
+class CarriesCommands(Protocol):
+    """A sandbox whose commands may go through processes of the engine's inside it (the
+    docker provider's command channels) rather than one exec each."""
+
+    def without_channel(self) -> Sandbox:
+        """The same sandbox with every command by plain exec."""
+        ...
+
+
+def without_channel(sandbox: Sandbox) -> Sandbox:
+    """`sandbox` with every command by plain exec: for an engine step that ends processes
+    it did not start, which could be a channel's own."""
+    return sandbox.without_channel() if isinstance(sandbox, CarriesCommands) else sandbox
 
 
 def service_of(sandbox: Sandbox, name: str) -> Sandbox:

@@ -231,6 +231,7 @@ class DockerProvider:
             network=network,
             endpoint=self.endpoint,
             user=self.image_config(spec.image).user,
+            channel=True,
         )
         try:
             if spec.directories:
@@ -330,6 +331,7 @@ class DockerProvider:
             online=spec.network,
             endpoint=self.endpoint,
             user=self.image_config(spec.image).user,
+            channel=True,
         )
         try:
             if spec.directories:

@@ -4,6 +4,7 @@ a Compose project's `main` service."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import time
 import uuid
@@ -31,6 +32,7 @@ from pytest_harbor.sandboxes.base import (
 )
 from pytest_harbor.sandboxes.copies import HARNESS_COPY, CopyCapped, bounded
 from pytest_harbor.sandboxes.docker.archive import open_archive
+from pytest_harbor.sandboxes.docker.channel import ChannelPool
 from pytest_harbor.sandboxes.docker.engine import (
     ENGINE_ERRORS,
     KILL_GRACE_S,
@@ -78,6 +80,9 @@ class DockerSandbox:
     `user` is who a command runs as when it names no one: the image's user (root when
     the image names none). None: the container's own user (a Compose sidecar's); a
     sandbox the provider started runs its keep-alive as KEEPALIVE_USER, never a command.
+
+    With `channel`, commands with a deadline go through the sandbox's command channels
+    (sandboxes/docker/channel.py) when one can carry them, else by plain exec.
     """
 
     def __init__(
@@ -87,6 +92,7 @@ class DockerSandbox:
         network: str = DEFAULT_NETWORK,
         endpoint: Endpoint | None = None,
         user: str | None = None,
+        channel: bool = False,
     ) -> None:
         self._id = container_id
         self._endpoint = endpoint
@@ -94,6 +100,7 @@ class DockerSandbox:
         self._online = online
         self._network = network
         self._user = None if user is None else (user or "0")
+        self._channels = ChannelPool(container_id, endpoint, self._kill_group) if channel else None
 
     @property
     def id(self) -> str:
@@ -108,6 +115,35 @@ class DockerSandbox:
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         stdin: bytes | None = None,
+    ) -> ExecResult:
+        if self._channels is not None and timeout is not None:
+            carried = self._channels.run(
+                list(command),
+                user=user or self._user or "",
+                workdir=workdir,
+                env=env,
+                timeout=timeout,
+                stdin=stdin,
+            )
+            if carried is not None:
+                return carried
+        return self._plain_exec(command, user, workdir, env, timeout, stdin)
+
+    def without_channel(self) -> DockerSandbox:
+        """This sandbox with every command by plain exec: for an engine step that may end
+        any process but its own (a channel's relays among them)."""
+        plain = copy.copy(self)
+        plain._channels = None
+        return plain
+
+    def _plain_exec(
+        self,
+        command: Sequence[str],
+        user: str | None,
+        workdir: str | None,
+        env: Mapping[str, str] | None,
+        timeout: float | None,
+        stdin: bytes | None,
     ) -> ExecResult:
         engine = engine_for(self._endpoint)
         argv = list(command)
@@ -219,7 +255,9 @@ class DockerSandbox:
         # Negative pid: the whole process group the command leads.
         script = f"kill -9 -{pid} 2>/dev/null; kill -9 {pid} 2>/dev/null; true"
         with contextlib.suppress(SandboxError):
-            self.exec([TRUSTED_BUSYBOX, "sh", "-c", script], user=ROOT_USER)
+            self._plain_exec(
+                [TRUSTED_BUSYBOX, "sh", "-c", script], ROOT_USER, None, None, None, None
+            )
 
     def upload(self, source: Path | Mapping[str, bytes], target: str) -> None:
         data = pack_folder(source) if isinstance(source, Path) else pack_files(source)
@@ -355,6 +393,8 @@ class DockerSandbox:
     def stop(self) -> None:
         if self._stopped:
             return
+        if self._channels is not None:
+            self._channels.close()
         remove_container(self._id, self._endpoint)
         self._stopped = True
 
@@ -370,6 +410,7 @@ class ComposeSandbox(DockerSandbox):
         online: bool = True,
         endpoint: Endpoint | None = None,
         user: str | None = None,
+        channel: bool = False,
     ) -> None:
         super().__init__(
             container_id,
@@ -377,6 +418,7 @@ class ComposeSandbox(DockerSandbox):
             network=f"{project}_default",
             endpoint=endpoint,
             user=user,
+            channel=channel,
         )
         self.project = project
 
@@ -406,6 +448,8 @@ class ComposeSandbox(DockerSandbox):
     def stop(self) -> None:
         if self._stopped:
             return
+        if self._channels is not None:
+            self._channels.close()
         remove_project(self.project, self._endpoint)
         self._stopped = True
 

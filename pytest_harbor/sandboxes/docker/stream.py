@@ -54,6 +54,11 @@ class ExecConnection:
             if data:
                 yield stream, data
 
+    def send(self, data: bytes) -> None:
+        """Write `data` and keep the input open (a channel's next request follows);
+        raises OSError when the connection broke."""
+        self._raw.sendall(data)
+
     def send_all(self, data: bytes) -> None:
         try:
             self._raw.sendall(data)
