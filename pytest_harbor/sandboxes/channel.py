@@ -18,8 +18,9 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pytest_harbor.sandboxes import output
 from pytest_harbor.sandboxes.base import SEALED_BUSYBOX
-from pytest_harbor.sandboxes.output import EXEC_READ_CAP, CappedOutput
+from pytest_harbor.sandboxes.output import CappedOutput
 
 __all__ = [
     "CHANNEL_SCRIPT",
@@ -237,7 +238,7 @@ class ChannelReply:
 
     @property
     def capped(self) -> bool:
-        return self.read > EXEC_READ_CAP
+        return self.read > output.EXEC_READ_CAP
 
     def feed(self, stdout: bool, data: bytes) -> None:
         self.read += len(data)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from pytest_harbor.display import harbor_logger
+from pytest_harbor.sandboxes import output
 from pytest_harbor.sandboxes.base import ROOT_USER, SEALED_BUSYBOX, ExecResult
 from pytest_harbor.sandboxes.channel import (
     CHANNEL_SCRIPT,
@@ -30,7 +31,6 @@ from pytest_harbor.sandboxes.docker.engine import (
     explain,
 )
 from pytest_harbor.sandboxes.docker.stream import ExecConnection
-from pytest_harbor.sandboxes.output import EXEC_READ_CAP
 
 __all__ = ["CHANNELS_PER_SANDBOX", "ChannelPool"]
 
@@ -190,7 +190,8 @@ class DockerChannel:
         stdout = reply.stdout()
         if reply.capped:
             stdout += (
-                f"\n[... output not read past {EXEC_READ_CAP} bytes: the command was ended ...]\n"
+                f"\n[... output not read past {output.EXEC_READ_CAP} bytes: "
+                "the command was ended ...]\n"
             ).encode()
         code = reply.exit_code if complete else None
         return ExecResult(
