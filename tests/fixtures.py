@@ -15,12 +15,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
 import httpcore  # noqa: F401  (see below)
 import pytest
+
+if TYPE_CHECKING:
+    from pytest_harbor.sandboxes.docker import DockerSandbox
 
 from tests.model_server import ChatRequest, Reply, ScriptedModel
 
@@ -31,6 +34,8 @@ from tests.model_server import ChatRequest, Reply, ScriptedModel
 
 #: The base image .ci/setup makes; every sandbox in the tests uses it.
 BASE_IMAGE = "debian:bookworm-slim"
+#: The `start` fixture (tests/integration/conftest.py): a sandbox from SandboxSpec fields.
+StartSandbox = Callable[..., "DockerSandbox"]
 REPO_ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO_ROOT / "example_datasets" / "quickstart"
 

@@ -109,6 +109,10 @@ class SecondEngine:
     def stop(self) -> None:
         """Stop the engine (its containers with it) and remove everything it had."""
         process, self.process = self.process, None
+        # The bridges of its own networks (pytest-harbor's isolated one) outlive it on the
+        # host, and each holds an address pool every engine here avoids: named while it
+        # answers, deleted once it is gone.
+        bridges = self._network_bridges() if process is not None else []
         if process is not None and process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
             try:
@@ -117,6 +121,19 @@ class SecondEngine:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)
         _remove(self.root, self.bridge)
+        for bridge in bridges:
+            subprocess.run(["ip", "link", "delete", bridge], check=False, capture_output=True)
+
+    def _network_bridges(self) -> list[str]:
+        with contextlib.suppress(docker.errors.DockerException, OSError):
+            networks = docker.APIClient(base_url=self.url, timeout=5).networks()
+            return [
+                (network.get("Options") or {}).get("com.docker.network.bridge.name")
+                or f"br-{network['Id'][:12]}"
+                for network in networks
+                if network.get("Driver") == "bridge" and network.get("Name") != "bridge"
+            ]
+        return []
 
 
 def sweep_abandoned() -> None:

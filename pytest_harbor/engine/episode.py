@@ -43,7 +43,7 @@ from pytest_harbor.engine.retries import AgentRetries
 from pytest_harbor.engine.rewards import RewardReading
 from pytest_harbor.engine.rollup import stop_reason
 from pytest_harbor.engine.trajectory import transcript
-from pytest_harbor.engine.users import SandboxUsers, named_users
+from pytest_harbor.engine.users import SandboxUsers
 from pytest_harbor.engine.verification import VerifierRun, clear_for_next_turn, run_collect_hooks
 from pytest_harbor.engine.verifiers import (
     ModeContext,
@@ -221,10 +221,7 @@ class Episode:
         sandbox = self.launcher.start_agent_sandbox()
         if not self.launcher.nothing_starts_at_seed:
             return sandbox, None
-        return sandbox, survey(sandbox, self._named_users())
-
-    def _named_users(self) -> set[str]:
-        return named_users(self.task, self.launcher.image_config().user)
+        return sandbox, self.launcher.survey(sandbox)
 
     def seed(self) -> None:
         """Check the folder is unchanged, start the sandbox, copy loose environment files,
@@ -265,7 +262,7 @@ class Episode:
         self._attempt.masked(bool(self._turns))
         try:
             if attempt.survey is None:
-                attempt.survey = survey(sandbox, self._named_users())
+                attempt.survey = self.launcher.survey(sandbox)
             attempt.users.ids = dict(attempt.survey.ids)
         except SandboxError as error:
             raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None

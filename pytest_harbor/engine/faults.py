@@ -12,10 +12,10 @@ still runs is the sandbox's: whatever made the step fail is in it.
 from __future__ import annotations
 
 from pytest_harbor.display import harbor_logger
-from pytest_harbor.engine.failures import FailureKind
+from pytest_harbor.engine.failures import EpisodeError, FailureKind
 from pytest_harbor.engine.rewards import RewardReading
 from pytest_harbor.redaction import Redactor
-from pytest_harbor.sandboxes.base import Sandbox, SandboxError
+from pytest_harbor.sandboxes.base import EngineUnreachable, Sandbox, SandboxError
 
 __all__ = ["blame", "fault"]
 
@@ -30,7 +30,11 @@ def blame(
     masks the sample, or ends the episode with no result). With `root_had_it` (a root
     agent has had the sandbox), a sandbox that stopped is to blame: root can end the
     first process (by lowering its limits as its own uid, then making it start a
-    program)."""
+    program). An engine that could not be reached for the step is to blame whatever it
+    says of the sandbox afterwards (one shutting down still answers on connections it
+    has open)."""
+    if isinstance(error, EngineUnreachable):
+        return None
     try:
         status = sandbox.status()
     except SandboxError:
@@ -71,7 +75,11 @@ def fault(
 ) -> RewardReading:
     """The reading of a step of `episode` that failed once an agent had `sandbox`: scored
     0 when the sandbox is to blame (logged; blame()), a masked sample
-    (`harbor:sandbox_lost`) when the engine is."""
+    (`harbor:sandbox_lost`) when the engine is. An engine that could not be reached at
+    all for the step ends the episode with no result (EpisodeError, `harbor:sandbox_lost`),
+    as a sandbox lost during the agent's turn does: --harbor-resume runs it again."""
+    if isinstance(error, EngineUnreachable):
+        raise EpisodeError(FailureKind.SANDBOX_LOST, f"{doing}: {redactor.text(str(error))}")
     blamed = blame(sandbox, error, doing, root_had_it=root_had_it)
     if blamed is not None:
         log.warning("%s: %s", episode, redactor.text(blamed.failure_reason or ""))

@@ -14,6 +14,8 @@ from pytest_harbor.engine.budget import EpisodeBudget
 from pytest_harbor.engine.clock import EpisodeClock
 from pytest_harbor.engine.compose_tasks import compose_spec
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
+from pytest_harbor.engine.processes import SURVEY_SCRIPT, SandboxSurvey, survey
+from pytest_harbor.engine.users import named_users
 from pytest_harbor.engine.verification import SANDBOX_DIRECTORIES
 from pytest_harbor.harnesses.base import AgentFailure, AgentSetupError, Harness, PreparesImage
 from pytest_harbor.redaction import Redactor
@@ -236,9 +238,11 @@ class SandboxLauncher:
         record: bool = True,
         network: bool | None = None,
         group: SandboxGroup | None = None,
+        survey_users: set[str] | None = None,
     ) -> Sandbox:
         """A sandbox from `image` with `environment`'s settings; `network` (else the
-        environment's mode) says whether it has the network from its start."""
+        environment's mode) says whether it has the network from its start. With
+        `survey_users`, the sandbox surveys itself as it starts (processes.survey)."""
         override = self.settings.sandbox_resources_override
         cpus, memory = environment.cpus, environment.memory_mb
         if override is not None:
@@ -263,6 +267,8 @@ class SandboxLauncher:
                 else environment.network_mode != "no-network",
                 labels=self.labels,
                 directories=SANDBOX_DIRECTORIES,
+                start_script=None if survey_users is None else SURVEY_SCRIPT,
+                start_arguments=() if survey_users is None else tuple(sorted(survey_users)),
                 ttl_s=ttl,
                 ready_timeout_s=self.settings.sandbox_ready_timeout_s,
                 group=group,
@@ -280,15 +286,28 @@ class SandboxLauncher:
         environment = self.task.config.environment
         online = environment.network_mode != "no-network"
         needed = online or any(t.agent_network or t.verifier_network for t in self.task.turns)
+        # Surveyed as it starts when nothing else starts in it at the seed.
+        users = self.named_users() if self.nothing_starts_at_seed else None
         spec = self.compose
         if spec is not None:
             # One network for every phase (checked at planning).
             group = SandboxGroup(config=spec.config, built=self._built, episode=self._episode)
-            return self.start(self.image, environment, network=needed, group=group)
-        sandbox = self.start(self.image, environment, network=needed)
+            return self.start(
+                self.image, environment, network=needed, group=group, survey_users=users
+            )
+        sandbox = self.start(self.image, environment, network=needed, survey_users=users)
         if needed and not online:
             sandbox.set_network(False)
         return sandbox
+
+    def named_users(self) -> set[str]:
+        """The users the survey reads as numbers (engine/users.py)."""
+        return named_users(self.task, self.image_config().user)
+
+    def survey(self, sandbox: Sandbox) -> SandboxSurvey:
+        """The agent's sandbox as the seed leaves it (processes.survey): taken as it
+        started when nothing starts in it at the seed."""
+        return survey(sandbox, self.named_users(), at_start=self.nothing_starts_at_seed)
 
     @property
     def nothing_starts_at_seed(self) -> bool:

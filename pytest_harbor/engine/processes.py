@@ -14,16 +14,19 @@ from pytest_harbor.engine.scripts import (
     Tampered,
     check,
     trusted,
+    with_helpers,
 )
 from pytest_harbor.sandboxes.base import (
     ROOT_USER,
     ExecResult,
+    ReportsStart,
     Sandbox,
     SandboxError,
     without_channel,
 )
 
 __all__ = [
+    "SURVEY_SCRIPT",
     "ProcessesSurvived",
     "SandboxSurvey",
     "end_processes_since",
@@ -35,6 +38,8 @@ log = harbor_logger()
 
 #: How long an engine script that walks /proc may take.
 _SCRIPT_TIMEOUT_S = 60.0
+#: The survey for the trusted shell; its arguments are the users to read as numbers.
+SURVEY_SCRIPT = with_helpers(SURVEY + RESOLVE_USERS)
 
 
 class ProcessesSurvived(Tampered):
@@ -59,42 +64,30 @@ class SandboxSurvey:
         return [tool for tool, path in (("bash", self.bash), ("timeout", self.timeout)) if not path]
 
 
-def survey(sandbox: Sandbox, users: Iterable[str] = ()) -> SandboxSurvey:
+def survey(sandbox: Sandbox, users: Iterable[str] = (), *, at_start: bool = False) -> SandboxSurvey:
     """Look at a sandbox before the agent has it (the end of the seed), and read `users`
     (as a task names one: `name`, `uid`, `name:group`, `uid:gid`) as numbers from the
-    image's /etc/passwd and /etc/group. An answer that lists no process (there is always
-    one: the keep-alive) was lost on its way: it is asked again, once, rather than taken
-    to say that the image lacks its tools."""
+    image's /etc/passwd and /etc/group. With `at_start` (nothing has started in the
+    sandbox since it started), the survey the sandbox ran as it started (SURVEY_SCRIPT as
+    its spec's start script, ReportsStart) is taken when it is complete and names every
+    user asked for. An answer that lists no process (there is always one: the keep-alive)
+    was lost on its way: it is asked again, once, rather than taken to say that the image
+    lacks its tools."""
     wanted = sorted({user for user in users if user})
+    if at_start and isinstance(sandbox, ReportsStart):
+        output = sandbox.start_output()
+        found = None if output is None else _parsed(output)
+        if found is not None and set(wanted) <= _named(output or ""):
+            return _warned(sandbox, found, output or "")
     for _ in range(2):
         done = without_channel(sandbox).exec(
             trusted(SURVEY + RESOLVE_USERS, *wanted), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S
         )
         if done.exit_code != 0:
             raise SandboxError(f"cannot survey the sandbox: {done.stderr.strip()[-300:]}")
-        tools: dict[str, str | None] = {}
-        processes = set()
-        for line in done.stdout.splitlines():
-            kind, _, value = line.partition(":")
-            if kind == "proc":
-                processes.add(value)
-            elif kind in ("bash", "timeout"):
-                tools[kind] = value or None
-        if processes and len(tools) == 2:
-            found = SandboxSurvey(
-                tools["bash"], tools["timeout"], frozenset(processes), _ids(done.stdout)
-            )
-            if found.lacking:
-                log.warning(
-                    "sandbox %s: no %s on its PATH (%s) or in the usual folders",
-                    sandbox.id[:12],
-                    " or ".join(found.lacking),
-                    next(
-                        (line[5:] for line in done.stdout.splitlines() if line.startswith("path:")),
-                        "",
-                    ),
-                )
-            return found
+        found = _parsed(done.stdout)
+        if found is not None:
+            return _warned(sandbox, found, done.stdout)
         log.warning(
             "the survey of sandbox %s gave an incomplete answer (stdout %r, stderr %r)",
             sandbox.id[:12],
@@ -102,6 +95,41 @@ def survey(sandbox: Sandbox, users: Iterable[str] = ()) -> SandboxSurvey:
             done.stderr[-300:],
         )
     raise SandboxError(f"the survey of sandbox {sandbox.id[:12]} gave no complete answer")
+
+
+def _parsed(stdout: str) -> SandboxSurvey | None:
+    """The survey SURVEY + RESOLVE_USERS printed; None when it is incomplete."""
+    tools: dict[str, str | None] = {}
+    processes = set()
+    for line in stdout.splitlines():
+        kind, _, value = line.partition(":")
+        if kind == "proc":
+            processes.add(value)
+        elif kind in ("bash", "timeout"):
+            tools[kind] = value or None
+    if not processes or len(tools) != 2:
+        return None
+    return SandboxSurvey(tools["bash"], tools["timeout"], frozenset(processes), _ids(stdout))
+
+
+def _named(stdout: str) -> set[str]:
+    """The users the survey printed a line for (known or not)."""
+    return {
+        line[5:].rsplit(":", 2)[0]
+        for line in stdout.splitlines()
+        if line.count(":") >= 3 and line.startswith("user:")
+    }
+
+
+def _warned(sandbox: Sandbox, found: SandboxSurvey, stdout: str) -> SandboxSurvey:
+    if found.lacking:
+        log.warning(
+            "sandbox %s: no %s on its PATH (%s) or in the usual folders",
+            sandbox.id[:12],
+            " or ".join(found.lacking),
+            next((line[5:] for line in stdout.splitlines() if line.startswith("path:")), ""),
+        )
+    return found
 
 
 def _ids(stdout: str) -> dict[str, str]:

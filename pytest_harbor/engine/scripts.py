@@ -325,7 +325,12 @@ done_
 
 def trusted(script: str, *arguments: str) -> list[str]:
     """The command that runs `script` with the trusted shell (and its helper functions)."""
-    return [TRUSTED_BUSYBOX, "sh", "-c", _PRELUDE + script, "sh", *arguments]
+    return [TRUSTED_BUSYBOX, "sh", "-c", with_helpers(script), "sh", *arguments]
+
+
+def with_helpers(script: str) -> str:
+    """`script` with the helper functions every engine script may call."""
+    return _PRELUDE + script
 
 
 class Tampered(SandboxError):

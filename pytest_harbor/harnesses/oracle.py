@@ -25,6 +25,7 @@ from pytest_harbor.sandboxes.base import (
     without_channel,
 )
 from pytest_harbor.sandboxes.copies import LOG_FILE_COPY, bounded, members
+from pytest_harbor.sandboxes.output import EXEC_OUTPUT_CAP
 from pytest_harbor.tasks.task import Task
 
 __all__ = ["OracleHarness"]
@@ -41,6 +42,20 @@ _NEXT_TURN = (
 )
 _UNPACK_FAILED = "pytest-harbor-error: cannot unpack the solution"
 _UNPACK = f'tar -x -f - -C {SOLUTION_DIR} || {{ echo "{_UNPACK_FAILED}" >&2; exit 97; }}; '
+_NOT_REGULAR = "pytest-harbor-oracle-log: not a regular file"
+#: A log up to this long comes back with solve.sh's exec (an exec keeps twice as much of
+#: its output uncut); a longer one is copied through the archive API.
+_READ_BACK_BYTES = min(LOG_CAP_BYTES, EXEC_OUTPUT_CAP // 2)
+#: After solve.sh, in the same exec: its log, when a regular file, on stdout (a byte past
+#: _READ_BACK_BYTES says it is longer), read by the trusted busybox within
+#: _TAIL_TIMEOUT_S; solve.sh's exit status is the exec's. (The log is solve.sh's own
+#: output: nothing graded comes this way.)
+_READ_BACK = (
+    f"status=$?; if [ -f {ORACLE_LOG} ] && [ ! -L {ORACLE_LOG} ]; then "
+    f"{TRUSTED_BUSYBOX} timeout {_TAIL_TIMEOUT_S:g} "
+    f"{TRUSTED_BUSYBOX} head -c {_READ_BACK_BYTES + 1} {ORACLE_LOG}; "
+    f'else echo "{_NOT_REGULAR}" >&2; fi; exit $status'
+)
 
 
 class OracleHarness(Harness):
@@ -88,12 +103,13 @@ class _OracleSession:
         later = context.index > 0
         run = f"bash {SOLUTION_DIR}/solve.sh > {ORACLE_LOG} 2>&1"
         if context.agent_user in (None, "root", "0"):
-            # As root, one exec: clear, unpack the solution from stdin, run it.
+            # As root, one exec: clear, unpack the solution from stdin, run it, read its log.
             result = execute(
-                (_NEXT_TURN + "; " if later else "") + _UNPACK + run, pack_folder(solution)
+                (_NEXT_TURN + "; " if later else "") + _UNPACK + run + "; " + _READ_BACK,
+                pack_folder(solution),
             )
             if _UNPACK_FAILED not in result.stderr:
-                return _ran(context, result)
+                return _ran(context, result, read_back=True)
             # An image without tar: upload the solution through the engine instead.
         elif later:
             sandbox.exec(["/bin/sh", "-c", _NEXT_TURN], user=ROOT_USER)
@@ -104,9 +120,19 @@ class _OracleSession:
         pass
 
 
-def _ran(context: TurnContext, result: ExecResult) -> AgentRun:
+def _ran(context: TurnContext, result: ExecResult, *, read_back: bool = False) -> AgentRun:
     sandbox = without_channel(context.sandbox)
-    trouble = _keep_log(sandbox, context.logs.host_dir / "oracle.txt")
+    target = context.logs.host_dir / "oracle.txt"
+    log = result.stdout_bytes
+    whole = len(log) <= _READ_BACK_BYTES and _NOT_REGULAR not in result.stderr
+    if read_back and whole and not result.timed_out:
+        # The log came back with the exec: kept as it is, its end the tail.
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(log)
+        failed = result.exit_code != 0
+        tail = log[-_LOG_TAIL_BYTES:].decode("utf-8", "replace") if failed else ""
+        return AgentRun(exit_code=result.exit_code, timed_out=False, log_tail=tail)
+    trouble = _keep_log(sandbox, target)
     log_tail = ""
     if result.exit_code != 0 or result.timed_out:
         if trouble is not None:
@@ -114,7 +140,7 @@ def _ran(context: TurnContext, result: ExecResult) -> AgentRun:
         else:
             # Its end only (the log may be huge), with the engine's own `tail`, within a
             # deadline: the log may have become something else since it was looked at.
-            tail = sandbox.exec(
+            tail_run = sandbox.exec(
                 [
                     TRUSTED_BUSYBOX,
                     "timeout",
@@ -128,7 +154,7 @@ def _ran(context: TurnContext, result: ExecResult) -> AgentRun:
                 user=ROOT_USER,
                 timeout=_TAIL_TIMEOUT_S + 5,
             )
-            log_tail = tail.stdout if tail.exit_code == 0 else ""
+            log_tail = tail_run.stdout if tail_run.exit_code == 0 else ""
     return AgentRun(exit_code=result.exit_code, timed_out=result.timed_out, log_tail=log_tail)
 
 

@@ -42,7 +42,7 @@ from pytest_harbor.plugin.scheduling import (
 )
 from pytest_harbor.plugin.summary import TerminalSummary
 from pytest_harbor.registry import NameTaken, Registry
-from pytest_harbor.sandboxes import PROVIDERS, ProviderFactory, SandboxError
+from pytest_harbor.sandboxes import PROVIDERS, PlacesEpisodes, ProviderFactory, SandboxError
 from pytest_harbor.tasks import is_task_dir
 
 _Factory = TypeVar("_Factory")
@@ -138,6 +138,13 @@ def pytest_runtest_protocol(
     if isinstance(item, HarborTurnItem):
         item.next_item = nextitem
     return (yield)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    run = item.config.stash.get(HARBOR_RUN, None)
+    if isinstance(item, HarborTurnItem) and not isinstance(run and run.provider, PlacesEpisodes):
+        item.start_next_trial_early()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -291,12 +291,13 @@ class HarborTrial(_HarborNode, pytest.Collector):
 
     def start_early(self) -> None:
         """Start this trial's sandbox while the episode before it still runs (not under a
-        cap on episodes at once, which a waiting sandbox would dodge)."""
+        cap on episodes at once, which a waiting sandbox would dodge); once."""
         run = _run(self)
         if self.skip_reason is None and run.settings.max_concurrent_episodes is None:
             episode = self._episode()
-            episode.start_early()
-            run.started_early.append(episode)
+            if episode not in run.started_early:
+                episode.start_early()
+                run.started_early.append(episode)
 
     def setup(self) -> None:
         run = _run(self)
@@ -339,7 +340,9 @@ class HarborTurnItem(_HarborNode, pytest.Item):
         self.next_item: pytest.Item | None = None
 
     def start_next_trial_early(self) -> None:
-        """Once this turn runs (its sandbox ready), start the next trial's sandbox."""
+        """Start the next trial's sandbox: as this turn's setup begins where sandboxes
+        take no place on an engine (two starts may then overlap), else once it runs (its
+        own place taken: the next one cannot take the last place before it)."""
         following = self.next_item
         if isinstance(following, HarborTurnItem) and following.trial is not self.trial:
             following.trial.start_early()

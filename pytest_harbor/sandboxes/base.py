@@ -21,6 +21,7 @@ __all__ = [
     "ArchiveStream",
     "BuildOptions",
     "CarriesCommands",
+    "EngineUnreachable",
     "ExecResult",
     "ImageConfig",
     "ImageLayer",
@@ -32,6 +33,7 @@ __all__ = [
     "ProviderFactory",
     "ProviderOptionsError",
     "ReadinessCheck",
+    "ReportsStart",
     "Sandbox",
     "SandboxCapabilities",
     "SandboxError",
@@ -66,6 +68,13 @@ KEEPALIVE_USER = "65533:65533"
 
 class SandboxError(Exception):
     """The sandbox or its engine failed (not the command run inside it)."""
+
+    __module__ = "pytest_harbor"
+
+
+class EngineUnreachable(SandboxError):
+    """The sandbox's engine could not be reached for a call (its connection refused or
+    dropped): nothing inside a sandbox brings this about."""
 
     __module__ = "pytest_harbor"
 
@@ -188,6 +197,12 @@ class SandboxSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     #: Directories (absolute path -> mode) that exist, empty or not, once started.
     directories: Mapping[str, int] = field(default_factory=dict)
+    #: A script for the trusted shell, with its arguments, that the sandbox runs as root
+    #: once its directories are made and before anything else runs in it; its standard
+    #: output is what `start_output()` gives (ReportsStart). A provider that cannot run it
+    #: so ignores it (the engine then runs it by exec).
+    start_script: str | None = None
+    start_arguments: tuple[str, ...] = ()
     #: The sandbox ends by itself after this many seconds (a leak cannot live forever).
     ttl_s: float | None = None
     #: Starting takes at most this long, or it fails.
@@ -430,6 +445,15 @@ class CarriesCommands(Protocol):
 
     def without_channel(self) -> Sandbox:
         """The same sandbox with every command by plain exec."""
+        ...
+
+
+@runtime_checkable
+class ReportsStart(Protocol):
+    """A sandbox that ran its spec's `start_script` as it started, before anything else."""
+
+    def start_output(self) -> str | None:
+        """What the start script printed, when it ran and exited 0; None otherwise."""
         ...
 
 

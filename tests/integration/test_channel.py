@@ -5,38 +5,15 @@ channel: the engine notices and goes on by plain exec."""
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Callable, Iterator
 
-import docker
 import pytest
 
-from pytest_harbor.sandboxes import SandboxSpec
 from pytest_harbor.sandboxes.base import ExecResult
-from pytest_harbor.sandboxes.docker import DockerProvider, DockerSandbox
+from pytest_harbor.sandboxes.docker import DockerSandbox
 from pytest_harbor.sandboxes.docker.channel import ChannelPool
-from tests.fixtures import BASE_IMAGE
+from tests.fixtures import StartSandbox
 
 pytestmark = pytest.mark.docker
-
-StartSandbox = Callable[..., DockerSandbox]
-
-
-@pytest.fixture
-def start(docker_client: docker.DockerClient) -> Iterator[StartSandbox]:
-    provider = DockerProvider()
-    started: list[DockerSandbox] = []
-
-    def start_sandbox(**spec: object) -> DockerSandbox:
-        spec.setdefault("image", BASE_IMAGE)
-        spec.setdefault("labels", {"pytest-harbor.run": f"test-{uuid.uuid4().hex[:8]}"})
-        sandbox = provider.start(SandboxSpec(**spec))  # type: ignore[arg-type]
-        started.append(sandbox)
-        return sandbox
-
-    yield start_sandbox
-    for sandbox in started:
-        sandbox.stop()
 
 
 def carried(sandbox: DockerSandbox, command: list[str], **options: object) -> ExecResult:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docker
@@ -13,39 +12,14 @@ import pytest
 from pytest_harbor.sandboxes import (
     ImageSource,
     SandboxError,
-    SandboxSpec,
     SandboxStartError,
     SandboxStatus,
 )
 from pytest_harbor.sandboxes.docker import DockerProvider, DockerSandbox
 from pytest_harbor.sandboxes.images import image_tag_for
-from tests.fixtures import BASE_IMAGE
+from tests.fixtures import BASE_IMAGE, StartSandbox
 
 pytestmark = pytest.mark.docker
-
-StartSandbox = Callable[..., DockerSandbox]
-
-
-@pytest.fixture
-def labels() -> dict[str, str]:
-    return {"pytest-harbor.run": f"test-{uuid.uuid4().hex[:8]}"}
-
-
-@pytest.fixture
-def start(docker_client: docker.DockerClient, labels: dict[str, str]) -> Iterator[StartSandbox]:
-    provider = DockerProvider()
-    started: list[DockerSandbox] = []
-
-    def start_sandbox(**spec: object) -> DockerSandbox:
-        spec.setdefault("image", BASE_IMAGE)
-        spec.setdefault("labels", labels)
-        sandbox = provider.start(SandboxSpec(**spec))  # type: ignore[arg-type]
-        started.append(sandbox)
-        return sandbox
-
-    yield start_sandbox
-    for sandbox in started:
-        sandbox.stop()
 
 
 def processes(sandbox: DockerSandbox) -> list[str]:

@@ -23,8 +23,6 @@ from pytest_harbor.sandboxes.archives import (
     pack_directories,
 )
 from pytest_harbor.sandboxes.base import (
-    KEEPALIVE_USER,
-    SEALED_BUSYBOX,
     TRUSTED_TOOLS,
     ImageConfig,
     ImageLayer,
@@ -44,6 +42,11 @@ from pytest_harbor.sandboxes.docker.engine import (
     tail_lines,
     unreachable,
 )
+from pytest_harbor.sandboxes.docker.first_process import (
+    FIRST_USER,
+    first_process,
+    read_first_report,
+)
 from pytest_harbor.sandboxes.docker.images import EngineImages
 from pytest_harbor.sandboxes.docker.networks import IsolatedNetwork
 from pytest_harbor.sandboxes.docker.projects import (
@@ -60,28 +63,6 @@ log = harbor_logger()
 #: The keep-alive sleep of a sandbox with no lifetime; removal is forceful, so the sleep
 #: never needs a signal.
 _FOREVER_S = 2147483647
-#: The sandbox's first process, run by the sealed busybox as KEEPALIVE_USER; $1 is its
-#: lifetime in seconds. Nothing inside a sandbox, root included, can end it: it ignores
-#: every signal it could be sent (the kernel drops the others for a first process), and
-#: no agent can trace it (the sealed busybox). It reaps the orphans every sandbox gathers
-#: (they become its children; unreaped, each would hold a place under the pids cap) by
-#: waiting on the sleep it starts. It forks only then, at its start: a fork refused later
-#: (the cap reached) would end the shell, and the sandbox with it. When that sleep ends
-#: early (only root can kill it), it sleeps on in its own place, without reaping.
-_KEEPALIVE = """trap '' 1 2 3 4 5 6 7 8 10 11 12 13 14 15 16 18 20 21 22 23 24 25 26 27 28 29 30 31
-read -r up _ < /proc/uptime
-end=$(( ${up%.*} + $1 ))
-{busybox} sleep "$1" &
-while :; do
-  wait
-  read -r up _ < /proc/uptime
-  left=$(( end - ${up%.*} ))
-  [ "$left" -gt 0 ] || exit 0
-  exec {busybox} sleep "$left"
-done
-""".replace("{busybox}", SEALED_BUSYBOX)
-#: The keep-alive as an entrypoint; the lifetime is the container's command.
-_KEEPALIVE_ENTRYPOINT = [SEALED_BUSYBOX, "sh", "-c", _KEEPALIVE, "sh"]
 
 
 def _lifetime(ttl_s: float) -> int:
@@ -195,16 +176,16 @@ class DockerProvider:
         # The keep-alive is the sandbox's lifetime: a leaked one ends by itself, and the
         # reaper removes it. It is not removed by the engine as it ends: a sandbox that
         # stopped must still be there to say why (status()).
-        lifetime = _FOREVER_S if spec.ttl_s is None else _lifetime(spec.ttl_s)
+        entrypoint, command = _first_process(spec)
         for attempt in range(2):
             # Made even for a sandbox that starts offline: a later phase may join it.
             network = self._network_of(spec)
             try:
                 created = api.create_container(
                     spec.image,
-                    entrypoint=_KEEPALIVE_ENTRYPOINT,
-                    command=[str(lifetime)],
-                    user=KEEPALIVE_USER,
+                    entrypoint=entrypoint,
+                    command=command,
+                    user=FIRST_USER,
                     labels=dict(spec.labels),
                     environment=[f"{key}={value}" for key, value in spec.env.items()],
                     working_dir=spec.workdir,
@@ -234,15 +215,13 @@ class DockerProvider:
             channel=True,
         )
         try:
-            if spec.directories:
-                # Before start, so no exec is needed to make them.
-                api.put_archive(created["Id"], "/", pack_directories(spec.directories))
             api.start(created["Id"])
         except ENGINE_ERRORS as error:
             sandbox.stop()
             raise SandboxStartError(
                 f"the sandbox from {spec.image} did not start: {explain(error)}"
             ) from None
+        _take_first_report(sandbox, spec, api)
         return sandbox
 
     def _start_group(self, spec: SandboxSpec, group: SandboxGroup) -> DockerSandbox:
@@ -253,13 +232,13 @@ class DockerProvider:
         from pytest_harbor.sandboxes.compose_model import TOOLS_KEY
 
         engine = engine_for(self.endpoint)
-        lifetime = _FOREVER_S if spec.ttl_s is None else _lifetime(spec.ttl_s)
         tools = self.tools_volume()
+        entrypoint, command = _first_process(spec)
         main: dict[str, Any] = {
             # Compose reads `$` as its own variables': `$$` is a `$` for the shell.
-            "entrypoint": [part.replace("$", "$$") for part in _KEEPALIVE_ENTRYPOINT],
-            "command": [str(lifetime)],
-            "user": KEEPALIVE_USER,
+            "entrypoint": [part.replace("$", "$$") for part in entrypoint],
+            "command": [part.replace("$", "$$") for part in command],
+            "user": FIRST_USER,
             "environment": dict(spec.env),
             "volumes": [
                 {"type": "volume", "source": TOOLS_KEY, "target": TRUSTED_TOOLS, "read_only": True}
@@ -333,14 +312,7 @@ class DockerProvider:
             user=self.image_config(spec.image).user,
             channel=True,
         )
-        try:
-            if spec.directories:
-                engine.api.put_archive(found[0]["Id"], "/", pack_directories(spec.directories))
-        except ENGINE_ERRORS as error:
-            sandbox.stop()
-            raise SandboxStartError(
-                f"cannot make the sandbox's folders: {explain(error)}"
-            ) from None
+        _take_first_report(sandbox, spec, engine.api)
         return sandbox
 
     def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:
@@ -384,6 +356,35 @@ class DockerProvider:
         # What Compose projects made beside their containers.
         remove_networks_and_volumes({"label": wanted}, self.endpoint)
         return removed
+
+
+def _first_process(spec: SandboxSpec) -> tuple[list[str], list[str]]:
+    lifetime = _FOREVER_S if spec.ttl_s is None else _lifetime(spec.ttl_s)
+    return first_process(lifetime, spec.directories, spec.start_script, spec.start_arguments)
+
+
+def _take_first_report(sandbox: DockerSandbox, spec: SandboxSpec, api: docker.APIClient) -> None:
+    """Wait for the started sandbox's first process to have made the folders and run the
+    start script, and keep what the script printed. An engine whose log cannot be read
+    (its log driver) gets the folders through the archive API instead, and the engine
+    runs the start script by exec. Removes the sandbox and raises SandboxStartError when
+    it cannot be used."""
+    try:
+        report = read_first_report(api, sandbox.id)
+        if report is None:
+            if spec.directories:
+                api.put_archive(sandbox.id, "/", pack_directories(spec.directories))
+            return
+    except (SandboxStartError, *ENGINE_ERRORS) as error:
+        sandbox.stop()
+        raise SandboxStartError(
+            f"the sandbox from {spec.image} did not start: {explain(error)}"
+        ) from None
+    if report.missing:
+        sandbox.stop()
+        raise SandboxStartError(f"cannot make the sandbox's folders: {', '.join(report.missing)}")
+    if spec.start_script is not None and report.status == 0:
+        sandbox.started_with = report.output
 
 
 class _StartAttempt:

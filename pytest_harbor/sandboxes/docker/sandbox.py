@@ -14,6 +14,7 @@ from pathlib import Path
 import docker
 import docker.errors
 import docker.tls
+import requests
 
 from pytest_harbor.display import harbor_logger
 from pytest_harbor.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
@@ -26,6 +27,7 @@ from pytest_harbor.sandboxes.base import (
     ROOT_USER,
     TRUSTED_BUSYBOX,
     ArchiveStream,
+    EngineUnreachable,
     ExecResult,
     SandboxError,
     SandboxStatus,
@@ -101,10 +103,15 @@ class DockerSandbox:
         self._network = network
         self._user = None if user is None else (user or "0")
         self._channels = ChannelPool(container_id, endpoint, self._kill_group) if channel else None
+        #: What the spec's start script printed (set by the provider; ReportsStart).
+        self.started_with: str | None = None
 
     @property
     def id(self) -> str:
         return self._id
+
+    def start_output(self) -> str | None:
+        return self.started_with
 
     def exec(
         self,
@@ -195,7 +202,13 @@ class DockerSandbox:
             )["Id"]
             connection = ExecConnection(engine.api.exec_start(exec_id, socket=True))
         except ENGINE_ERRORS as error:
-            raise SandboxError(f"sandbox {self._id[:12]}: exec failed: {explain(error)}") from None
+            failure = (
+                EngineUnreachable
+                if isinstance(error, requests.exceptions.ConnectionError)
+                and not isinstance(error, requests.exceptions.Timeout)
+                else SandboxError
+            )
+            raise failure(f"sandbox {self._id[:12]}: exec failed: {explain(error)}") from None
         reader = OutputReader(connection, reads_pid=timeout is not None)
         threads = [threading.Thread(target=reader.run, name="harbor-exec-out", daemon=True)]
         if stdin is not None:
@@ -246,7 +259,13 @@ class DockerSandbox:
             )["Id"]
             connection = ExecConnection(engine.api.exec_start(exec_id, socket=True))
         except ENGINE_ERRORS as error:
-            raise SandboxError(f"sandbox {self._id[:12]}: exec failed: {explain(error)}") from None
+            failure = (
+                EngineUnreachable
+                if isinstance(error, requests.exceptions.ConnectionError)
+                and not isinstance(error, requests.exceptions.Timeout)
+                else SandboxError
+            )
+            raise failure(f"sandbox {self._id[:12]}: exec failed: {explain(error)}") from None
         return _Spawned(exec_id, connection, engine.api)
 
     def _kill_group(self, pid: int | None) -> None:
