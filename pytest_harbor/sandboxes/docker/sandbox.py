@@ -202,13 +202,7 @@ class DockerSandbox:
             )["Id"]
             connection = ExecConnection(engine.api.exec_start(exec_id, socket=True))
         except ENGINE_ERRORS as error:
-            failure = (
-                EngineUnreachable
-                if isinstance(error, requests.exceptions.ConnectionError)
-                and not isinstance(error, requests.exceptions.Timeout)
-                else SandboxError
-            )
-            raise failure(f"sandbox {self._id[:12]}: exec failed: {explain(error)}") from None
+            raise _exec_failed(self._id, error) from None
         reader = OutputReader(connection, reads_pid=timeout is not None)
         threads = [threading.Thread(target=reader.run, name="harbor-exec-out", daemon=True)]
         if stdin is not None:
@@ -259,13 +253,7 @@ class DockerSandbox:
             )["Id"]
             connection = ExecConnection(engine.api.exec_start(exec_id, socket=True))
         except ENGINE_ERRORS as error:
-            failure = (
-                EngineUnreachable
-                if isinstance(error, requests.exceptions.ConnectionError)
-                and not isinstance(error, requests.exceptions.Timeout)
-                else SandboxError
-            )
-            raise failure(f"sandbox {self._id[:12]}: exec failed: {explain(error)}") from None
+            raise _exec_failed(self._id, error) from None
         return _Spawned(exec_id, connection, engine.api)
 
     def _kill_group(self, pid: int | None) -> None:
@@ -471,6 +459,16 @@ class ComposeSandbox(DockerSandbox):
             self._channels.close()
         remove_project(self.project, self._endpoint)
         self._stopped = True
+
+
+def _exec_failed(container_id: str, error: Exception) -> SandboxError:
+    """What an exec the engine would not create or start raises: EngineUnreachable when
+    its connection was refused or dropped (not a timeout, which a busy sandbox can cause)."""
+    unreachable = isinstance(error, requests.exceptions.ConnectionError) and not isinstance(
+        error, requests.exceptions.Timeout
+    )
+    failure = EngineUnreachable if unreachable else SandboxError
+    return failure(f"sandbox {container_id[:12]}: exec failed: {explain(error)}")
 
 
 class _Spawned:
