@@ -248,7 +248,6 @@ class Episode:
             )
         except SandboxError as error:
             raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
-        attempt.users.resolve_uids(sandbox)
         healthcheck = self.task.config.environment.healthcheck
         if healthcheck is not None:
             agent_user = self.task.config.agent.user
@@ -263,9 +262,9 @@ class Episode:
         try:
             if attempt.survey is None:
                 attempt.survey = self.launcher.survey(sandbox)
-            attempt.users.ids = dict(attempt.survey.ids)
         except SandboxError as error:
             raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
+        attempt.users.learn(attempt.survey.ids, self._image_user())
         if self._verifier.name in (SharedVerifier.name, SnapshotVerifier.name):
             refuse_secrets_beside_root(
                 self.task,

@@ -117,25 +117,34 @@ list_processes
 )
 
 #: Follows SURVEY: each user named in its arguments (a name, a uid, with a group or not)
-#: as numbers, read from the image's own files before any agent could change them.
+#: as numbers, read from the image's own files before any agent could change them, by
+#: the one rule the engine holds to: a name is the first /etc/passwd line with that name
+#: (its third and fourth fields), a uid is itself (its group from the first line with
+#: that uid); a group is the first /etc/group line with that name, a gid is itself.
+#: Agents and verifiers run as these numbers (engine/users.py), so no other reader of
+#: the file (the engine's exec, an image's own `id`) can make them run as someone else.
 #: Prints `user:<as named>:<uid>:<gid>`, either number empty when unknown.
 RESOLVE_USERS = """
 for spec in "$@"; do
   name=${spec%%:*}
   case $spec in *:*) group=${spec#*:} ;; *) group="" ;; esac
+  uid="" gid=""
   case $name in
-    ""|*[!0-9]*) uid=$($B id -u "$name" 2>/dev/null) || uid="" ;;
-    *) uid=$name ;;
+    ""|*[!0-9]*)
+      line=$($B awk -F: -v n="$name" '$1 == n { print $3 ":" $4; exit }' /etc/passwd)
+      uid=${line%%:*} gid=${line#*:} ;;
+    *)
+      uid=$name
+      gid=$($B awk -F: -v u="$uid" '$3 == u { print $4; exit }' /etc/passwd) ;;
   esac
-  gid=""
+  case $uid in ""|*[!0-9]*) uid="" gid="" ;; esac
   if [ -n "$group" ]; then
     case $group in
       *[!0-9]*) gid=$($B awk -F: -v g="$group" '$1 == g { print $3; exit }' /etc/group) ;;
       *) gid=$group ;;
     esac
-  elif [ -n "$uid" ]; then
-    gid=$($B awk -F: -v u="$uid" '$3 == u { print $4; exit }' /etc/passwd)
   fi
+  case $gid in *[!0-9]*) gid="" ;; esac
   echo "user:$spec:$uid:$gid"
 done
 """
@@ -187,9 +196,6 @@ END_PROCESSES = (
     + f"""
 kill_as_user='{KILL_AS_USER}'
 end_user() {{
-  case $1 in
-    ""|*[!0-9]*) set -- "$($B id -u "$1" 2>/dev/null)" "$2" ;;
-  esac
   case $2 in ""|*[!0-9]*) set -- "$1" "$1" ;; esac
   case $1:$2 in
     :*|*[!0-9:]*|0:*) echo "not a user to end: $1:$2" >&2; return 1 ;;

@@ -40,6 +40,7 @@ from pytest_harbor.sandboxes.base import (
     ROOT_USER,
     Sandbox,
     SandboxError,
+    is_root_user,
     service_of,
     without_channel,
 )
@@ -180,7 +181,7 @@ def run_verifier(
         {TRAJECTORY.lstrip("/"): trajectory},
     )
     user = verifier_user or turn.verifier_user
-    as_root = (user or "root").split(":")[0] in ("root", "0")
+    as_root = is_root_user(user or "")
     arguments = (
         seed.bash,
         "1" if upload_tests else "0",

@@ -22,6 +22,7 @@ from pytest_harbor.sandboxes.base import (
     ExecResult,
     Sandbox,
     SandboxError,
+    is_root_user,
     without_channel,
 )
 from pytest_harbor.sandboxes.copies import LOG_FILE_COPY, bounded, members
@@ -102,7 +103,7 @@ class _OracleSession:
         # A later turn gets its own solution only, and a log its user can write.
         later = context.index > 0
         run = f"bash {SOLUTION_DIR}/solve.sh > {ORACLE_LOG} 2>&1"
-        if context.agent_user in (None, "root", "0"):
+        if is_root_user(context.agent_user or ""):
             # As root, one exec: clear, unpack the solution from stdin, run it, read its log.
             result = execute(
                 (_NEXT_TURN + "; " if later else "") + _UNPACK + run + "; " + _READ_BACK,

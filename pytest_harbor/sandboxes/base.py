@@ -10,6 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pytest_harbor.labels import RUN_LABEL
 from pytest_harbor.settings import DEFAULT_PIDS_LIMIT
+from pytest_harbor.tasks.config import RESERVED_ID
 
 __all__ = [
     "KEEPALIVE_USER",
@@ -45,6 +46,7 @@ __all__ = [
     "ServiceGroup",
     "Spawned",
     "SweepsLeftovers",
+    "is_root_user",
     "service_of",
     "without_channel",
 ]
@@ -62,8 +64,16 @@ SEALED_BUSYBOX = f"{TRUSTED_TOOLS}/busybox-sealed"
 #: Root, as the engine's own commands run: by number, so that no passwd file (an agent
 #: running as root can empty it) can keep them from starting.
 ROOT_USER = "0:0"
-#: The user the keep-alive runs as: none of the image's own, so that no agent shares it.
-KEEPALIVE_USER = "65533:65533"
+#: The user the keep-alive runs as: none of the image's own, and no task may name it
+#: (tasks/config.py refuses it, the seed refuses a name that is it), so that no agent or
+#: verifier shares it.
+KEEPALIVE_USER = f"{RESERVED_ID}:{RESERVED_ID}"
+
+
+def is_root_user(user: str) -> bool:
+    """`user` (`name`, `uid`, either with `:group`) is root by name or number, or the
+    image's default when that is root (empty)."""
+    return user.split(":", 1)[0] in ("", "root", "0")
 
 
 class SandboxError(Exception):

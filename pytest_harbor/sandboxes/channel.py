@@ -64,14 +64,18 @@ nl='
 here=$PWD
 read -r me _ < /proc/self/stat
 # resolve SPEC: uid, gid and home as the engine's exec would read them, or 1 when that
-# needs what the channel cannot give (supplementary groups) or finds no such user.
+# needs what the channel cannot give (supplementary groups, a group named by digits) or
+# finds no such user.
 resolve() {{
   name=${{1%%:*}}
   case $1 in *:*) group=${{1#*:}} ;; *) group="" ;; esac
   uid="" gid="" home="" user="" lines=0
+  # A uid is found by its number alone, a name by its name alone (as the exec does).
+  case $name in ""|*[!0-9]*) field=name ;; *) field=uid ;; esac
   [ -f /etc/passwd ] && while IFS=: read -r pn _ pu pg _ ph _; do
     lines=$((lines + 1)); [ $lines -gt {_LINES_CAP} ] && return 1
-    if [ "$pn" = "$name" ] || [ "$pu" = "$name" ]; then
+    case $field in name) key=$pn ;; *) key=$pu ;; esac
+    if [ "$key" = "$name" ]; then
       uid=$pu gid=$pg home=$ph user=$pn; break
     fi
   done < /etc/passwd
@@ -80,14 +84,21 @@ resolve() {{
     uid=$name gid=0 home=/
   fi
   case $uid:$gid in *[!0-9:]*|:*|*:) return 1 ;; esac
-  [ -z "$group" ] && [ -z "$user" ] && return 0
-  [ -f /etc/group ] || {{ case $group in ""|*[!0-9]*) return 1 ;; esac; gid=$group; return 0; }}
+  if [ ! -f /etc/group ]; then
+    [ -z "$group" ] && [ -z "$user" ] && return 0
+    case $group in ""|*[!0-9]*) return 1 ;; esac
+    gid=$group; return 0
+  fi
   lines=0 found=""
   while IFS=: read -r gn _ gg members; do
     lines=$((lines + 1)); [ $lines -gt {_LINES_CAP} ] && return 1
+    # A group named by digits: the exec takes such a name for a gid too.
+    case $gn in ""|*[!0-9]*) ;; *) return 1 ;; esac
     if [ -n "$group" ]; then
-      if [ "$gn" = "$group" ] || [ "$gg" = "$group" ]; then found=$gg; break; fi
-    else
+      case $group in
+        *[!0-9]*) [ -z "$found" ] && [ "$gn" = "$group" ] && found=$gg ;;
+      esac
+    elif [ -n "$user" ]; then
       case ,$members, in *,"$user",*) return 1 ;; esac
     fi
   done < /etc/group

@@ -6,9 +6,10 @@ import ipaddress
 import math
 import re
 import unicodedata
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -39,7 +40,35 @@ __all__ = [
     "unknown_keys",
 ]
 
-User = str | int
+#: The uid and gid the sandbox's keep-alive runs as (sandboxes/base.py): no task's user or
+#: group may be it, or its processes could end the sandbox or share the keep-alive's.
+RESERVED_ID = 65533
+_USER_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\Z")
+#: The highest uid or gid the kernel takes ((uid_t) -1 means "no change").
+_MAX_ID = 2**32 - 2
+
+
+def _checked_user(value: str | int) -> str | int:
+    """A user as the engine can run it: a name or uid, with a group name or gid or not;
+    names from an allow-list of characters; numbers in range and never RESERVED_ID."""
+    parts = str(value).split(":") if isinstance(value, str) else [str(int(value))]
+    if len(parts) > 2 or not all(_USER_PART.match(part) for part in parts):
+        raise ValueError(
+            "must be a user name or uid, with `:group` or `:gid` or not (names of letters, "
+            "digits, `_`, `.` and `-`, up to 64 of them)"
+        )
+    for part in parts:
+        if part.isdigit() and int(part) > _MAX_ID:
+            raise ValueError(f"{part} is not a uid or gid (at most {_MAX_ID})")
+        if part.isdigit() and int(part) == RESERVED_ID:
+            raise ValueError(
+                f"{RESERVED_ID} is the id of the sandbox's own keep-alive, which no task's "
+                "user or group may share"
+            )
+    return value
+
+
+User = Annotated[str | int, AfterValidator(_checked_user)]
 NetworkMode = Literal["public", "no-network", "allowlist"]
 VerifierMode = Literal["shared", "separate"]
 

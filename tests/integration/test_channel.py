@@ -74,6 +74,27 @@ def test_users_folders_and_environment_are_as_plain_exec_gives_them(
     assert without_folder == plain(sandbox, probe, user=user)
 
 
+@pytest.mark.parametrize("user", ["1500", "1500:1600", "alice:1600"])
+def test_a_number_is_a_uid_however_an_entry_is_named(start: StartSandbox, user: str) -> None:
+    """An entry named like a uid, listed before that uid's own, is a different user: the
+    channel finds a uid by its number, as plain exec does. A group named by digits (which
+    plain exec takes for a gid as well) is left to plain exec."""
+    sandbox = start()
+    plant = (
+        "useradd -u 1500 -M alice && groupadd -g 1600 extra && "
+        "sed -i '1i 1500:x:0:0::/root:/bin/sh' /etc/passwd"
+    )
+    assert plain(sandbox, ["sh", "-c", plant], user="0:0").exit_code == 0
+    probe = ["sh", "-c", "id -u; id -g; id -G; echo home=$HOME"]
+    assert carried(sandbox, probe, user=user) == plain(sandbox, probe, user=user)
+    assert carried(sandbox, ["id", "-u"], user=user).stdout == "1500\n"
+    plain(sandbox, ["sed", "-i", "1i 1600:x:0:", "/etc/group"], user="0:0")
+    pool = sandbox._channels
+    assert isinstance(pool, ChannelPool)
+    assert pool.run(probe, user=user, workdir=None, env=None, timeout=30, stdin=None) is None
+    assert sandbox.exec(probe, user=user, timeout=30) == plain(sandbox, probe, user=user)
+
+
 def test_what_the_channel_cannot_give_goes_by_plain_exec(start: StartSandbox) -> None:
     """A user in supplementary groups, a user the image lacks, a folder that is not there:
     the command runs by plain exec, with exactly what it gives."""

@@ -192,3 +192,25 @@ def test_a_secrets_value_never_reaches_a_table_of_the_agents(tmp_path: Path, tab
     with pytest.raises(TaskLoadError, match=r"would give the secret API_TOKEN") as raised:
         load_task(task, environ={"MY_VAR": "s3cret-value"}, secrets={"API_TOKEN": "s3cret-value"})
     assert raised.value.key == f"{table}.env.K"
+
+
+@pytest.mark.parametrize(
+    ("table", "user", "words"),
+    [
+        ("agent", "65533", "keep-alive"),
+        ("verifier", "nobody:65533", "keep-alive"),
+        ("agent", "a user", "user name or uid"),
+        ("verifier", "a:b:c", "user name or uid"),
+        ("agent", "4294967295", "at most"),
+    ],
+)
+def test_a_user_the_engine_will_not_run_as_is_refused_by_file_and_key(
+    tmp_path: Path, table: str, user: str, words: str
+) -> None:
+    """An allow-list of names and numbers; never the id of the sandbox's keep-alive."""
+    toml = f'[{table}]\nuser = "{user}"\n[environment]\ndocker_image = "img"\n'
+    task = write_task(tmp_path, "users", toml=toml)
+    with pytest.raises(TaskLoadError, match=words) as raised:
+        load_task(task)
+    assert raised.value.key == f"{table}.user"
+    assert "task.toml" in str(raised.value)
