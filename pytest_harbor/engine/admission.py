@@ -22,6 +22,10 @@ __all__ = ["check_digest", "refuse_at_seed", "refuse_secrets_beside_root", "refu
 def refuse_unrunnable(task: Task, capabilities: SandboxCapabilities, provider: str) -> None:
     """Raise TaskLoadError for the first thing `task` needs that the provider lacks."""
     task_file = task.path / "task.toml"
+    if task.compose_file is not None and not capabilities.compose:
+        raise TaskLoadError(
+            task.compose_file, f"Compose tasks are not supported by the {provider} sandbox"
+        )
     config = task.config
     for key, environment in _environments(task):
         _refuse_environment(task_file, key, environment, capabilities, provider)
@@ -42,10 +46,6 @@ def refuse_unrunnable(task: Task, capabilities: SandboxCapabilities, provider: s
     if verifier_compose.is_file():
         raise TaskLoadError(
             verifier_compose, "a separate verifier from a Compose file is not supported"
-        )
-    if task.compose_file is not None and not capabilities.compose:
-        raise TaskLoadError(
-            task.compose_file, f"Compose tasks are not supported by the {provider} sandbox"
         )
     if task.compose_file is None:
         # Services other than main exist only in a Compose task (or under a
@@ -90,6 +90,21 @@ def _refuse_environment(
             f"{environment.os} tasks cannot run on the {provider} sandbox (Linux only)",
             key=f"{key}.os",
         )
+    if (
+        environment.docker_image is None
+        and not capabilities.builds
+        and (
+            key != "environment"
+            or task_file.with_name("environment").joinpath("Dockerfile").is_file()
+        )
+    ):
+        raise TaskLoadError(
+            task_file,
+            f"the image is built from a Dockerfile, which the {provider} sandbox cannot run "
+            "as its options set it up (the opensandbox provider needs a registry to send "
+            "it to: sandbox_provider_options.registry)",
+            key=f"{key}.docker_image",
+        )
     if environment.gpus and not capabilities.gpus:
         raise TaskLoadError(
             task_file, f"the {provider} sandbox has no GPUs to give", key=f"{key}.gpus"
@@ -122,6 +137,12 @@ def refuse_at_seed(
             FailureKind.TASK_REFUSED,
             "separate_verifier_for_artifacts cannot send a multi-step task to a separate "
             "verifier: multi-step tasks verify in their agent's sandbox",
+        )
+    if settings.verify_from_snapshot and not provider.capabilities.snapshots:
+        raise EpisodeError(
+            FailureKind.TASK_REFUSED,
+            f"verify_from_snapshot needs snapshots of the agent's sandbox, which the "
+            f"{provider.name} sandbox does not take",
         )
     if not provider.capabilities.network_off:
         offline = config.environment.network_mode == "no-network" or any(

@@ -77,7 +77,13 @@ def _docker(*, options: Mapping[str, Any], context: ProviderContext) -> SandboxP
     return docker_provider(options, context)
 
 
-BUILT_IN_PROVIDERS: dict[str, ProviderFactory] = {"docker": _docker}
+def _opensandbox(*, options: Mapping[str, Any], context: ProviderContext) -> SandboxProvider:
+    from pytest_harbor.sandboxes.opensandbox import opensandbox_provider
+
+    return opensandbox_provider(options=options, context=context)
+
+
+BUILT_IN_PROVIDERS: dict[str, ProviderFactory] = {"docker": _docker, "opensandbox": _opensandbox}
 
 
 class UnknownProvider(LookupError):

@@ -108,6 +108,11 @@ class SandboxCapabilities:
     user_groups: bool = False
     #: A sandbox's network can be taken away for a phase (`network_mode = "no-network"`).
     network_off: bool = True
+    #: An environment built from a Dockerfile can be run (the provider makes its image, or
+    #: has it made and sends it where its sandboxes can pull it).
+    builds: bool = True
+    #: `snapshot()` makes an image a verifier can start from (`verify_from_snapshot`).
+    snapshots: bool = True
 
 
 @dataclass(frozen=True)

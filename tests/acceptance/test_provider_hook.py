@@ -109,7 +109,10 @@ def test_an_unknown_provider_names_those_the_hook_registered(
     result = pytester.runpytest(f"--harbor-dataset={dataset}", "--harbor-sandbox=nope", "--co")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
-        ["*--harbor-sandbox: unknown sandbox provider 'nope'; available: docker, unstartable"]
+        [
+            "*--harbor-sandbox: unknown sandbox provider 'nope'; "
+            "available: docker, opensandbox, unstartable"
+        ]
     )
 
 

@@ -84,6 +84,7 @@ class EngineImages:
         self._configs: dict[str, ImageConfig] = {}
         self._tools_volume: str | None = None
         self._tools_lock = threading.Lock()
+        self._tools_binary: bytes | None = None
 
     def tools_volume(self) -> str:
         """The volume holding the trusted busybox, made once per tools image and engine
@@ -92,6 +93,30 @@ class EngineImages:
             if self._tools_volume is None:
                 self._tools_volume = self._make_tools_volume()
             return self._tools_volume
+
+    def tools_binary(self) -> bytes:
+        """The trusted busybox itself (/bin/busybox of the tools image), read once: a
+        provider whose sandboxes cannot mount the tools volume copies it in."""
+        with self._tools_lock:
+            if self._tools_binary is None:
+                api = engine_for(self.endpoint).api
+                image = self._prebuilt(TOOLS_IMAGE, retries=2)
+                try:
+                    helper = api.create_container(
+                        image, entrypoint=["/bin/busybox"], labels={CACHE_LABEL: "tools-helper"}
+                    )
+                    try:
+                        chunks, _ = api.get_archive(helper["Id"], "/bin/busybox")
+                        data = b"".join(chunks)
+                    finally:
+                        with contextlib.suppress(docker.errors.APIError):
+                            api.remove_container(helper["Id"], force=True)
+                except ENGINE_ERRORS as error:
+                    raise SandboxStartError(
+                        f"cannot read /bin/busybox of {image}: {explain(error)}"
+                    ) from None
+                self._tools_binary = unpack_files(data, strip_components=0)["busybox"]
+            return self._tools_binary
 
     def _make_tools_volume(self) -> str:
         api = engine_for(self.endpoint).api

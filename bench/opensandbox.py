@@ -1,0 +1,121 @@
+"""The opensandbox provider against the docker provider on the same engine: a sandbox's
+start, one command (`echo ok`), and episodes per second over trivial tasks through the
+oracle at -n 2 and -n 8. The opensandbox side runs against the fake server of the test
+suite (tests/opensandbox_fake.py: the lifecycle API and execd's, over this machine's
+Docker engine, on 127.0.0.1), or a real server when OPENSANDBOX_DOMAIN is set.
+
+    .venv/bin/python bench/opensandbox.py [--starts 10] [--commands 200] [--tasks 24]
+        [--workers 2 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from episode_overhead import IMAGE, make_dataset, pytest_run
+
+from pytest_harbor.sandboxes import SandboxSpec
+from pytest_harbor.sandboxes.base import ProviderContext, SandboxProvider
+from pytest_harbor.sandboxes.docker import DockerProvider
+from pytest_harbor.sandboxes.opensandbox import opensandbox_provider
+from tests.opensandbox_fake import FakeOpenSandbox
+
+LABELS = {"pytest-harbor.run": "bench-opensandbox"}
+
+
+def median_ms(seconds: list[float]) -> str:
+    ordered = sorted(seconds)
+    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+    return f"median {statistics.median(ordered) * 1000:8.1f} ms   p90 {p90 * 1000:8.1f} ms"
+
+
+def timed(run: Callable[[], object], count: int) -> list[float]:
+    seconds = []
+    for _ in range(count):
+        started = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def sandboxes(name: str, provider: SandboxProvider, starts: int, commands: int) -> None:
+    def start_and_stop() -> None:
+        provider.start(SandboxSpec(image=IMAGE, labels=LABELS, ttl_s=600)).stop()
+
+    start_and_stop()  # warm-up: images, tools
+    print(f"{name:12s} start + stop   {median_ms(timed(start_and_stop, starts))}")
+    sandbox = provider.start(SandboxSpec(image=IMAGE, labels=LABELS, ttl_s=600))
+    try:
+        sandbox.exec(["echo", "ok"], timeout=30)
+        run = lambda: sandbox.exec(["echo", "ok"], timeout=30)  # noqa: E731
+        print(f"{name:12s} one command    {median_ms(timed(run, commands))}")
+    finally:
+        sandbox.stop()
+
+
+def episodes(name: str, tasks: int, workers: list[int], extra: list[str]) -> dict[int, float]:
+    found = {}
+    with tempfile.TemporaryDirectory(prefix="bench-opensandbox-") as scratch:
+        dataset = make_dataset(Path(scratch), tasks)
+        for count in workers:
+            elapsed, code, output = pytest_run(
+                dataset, count, Path(scratch) / f"out-{name}-{count}", *extra
+            )
+            if code != 0:
+                sys.exit(f"the {name} run at -n {count} failed ({code}):\n{output[-3000:]}")
+            found[count] = tasks / elapsed
+            print(
+                f"{name:12s} -n {count}: {tasks} episodes in {elapsed:6.1f} s, "
+                f"{tasks / elapsed:5.2f} episodes/s"
+            )
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--starts", type=int, default=10)
+    parser.add_argument("--commands", type=int, default=200)
+    parser.add_argument("--tasks", type=int, default=24)
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 8])
+    arguments = parser.parse_args()
+    fake = None
+    if not os.environ.get("OPENSANDBOX_DOMAIN"):
+        fake = FakeOpenSandbox(docker.from_env(), api_key="bench-key", grace_s=1.0)
+        fake.start()
+        os.environ["OPENSANDBOX_DOMAIN"] = fake.domain
+        os.environ["OPENSANDBOX_API_KEY"] = "bench-key"
+    try:
+        print(f"machine: {os.cpu_count()} CPUs; server: {os.environ['OPENSANDBOX_DOMAIN']}")
+        sandboxes("docker", DockerProvider(), arguments.starts, arguments.commands)
+        sandboxes(
+            "opensandbox",
+            opensandbox_provider(options={}, context=ProviderContext()),
+            arguments.starts,
+            arguments.commands,
+        )
+        docker_rates = episodes("docker", arguments.tasks, arguments.workers, [])
+        open_rates = episodes(
+            "opensandbox", arguments.tasks, arguments.workers, ["--harbor-sandbox=opensandbox"]
+        )
+        for count in arguments.workers:
+            ratio = docker_rates[count] / open_rates[count] if open_rates[count] else float("inf")
+            print(f"-n {count}: an episode on opensandbox costs {ratio:4.2f}x the docker one's")
+    finally:
+        if fake is not None:
+            fake.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,423 @@
+"""One OpenSandbox sandbox, driven through its lifecycle server and its execd.
+
+Every command goes through the engine's trusted busybox, which execd starts as the
+command's user: the busybox relays the command's stdout and stderr in base64 (execd's
+events carry text line by line, so raw bytes would not survive them) and ends with a
+status line, so that what comes back is byte-exact and the exit status is the command's
+own. Files go in and out as tar archives that the trusted busybox packs or unpacks, as
+root, in a folder no one else may read, moved through execd's file API."""
+
+from __future__ import annotations
+
+import base64
+import io
+import secrets
+import shlex
+import tarfile
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+from pytest_harbor.sandboxes.archives import pack_files, pack_folder, unpack_files
+from pytest_harbor.sandboxes.base import (
+    TRUSTED_BUSYBOX,
+    EngineUnreachable,
+    ExecResult,
+    SandboxError,
+    SandboxStatus,
+)
+from pytest_harbor.sandboxes.copies import HARNESS_COPY, CopyCapped, bounded
+from pytest_harbor.sandboxes.opensandbox.api import (
+    ApiError,
+    CommandEnd,
+    DownloadStream,
+    Execd,
+    Lifecycle,
+)
+from pytest_harbor.sandboxes.opensandbox.users import Users, parse_user
+from pytest_harbor.sandboxes.output import EXEC_OUTPUT_CAP, CappedOutput
+
+__all__ = ["INPUT_FOLDER", "IO_FOLDER", "OpenSandboxSandbox", "command_line"]
+
+#: Where the engine keeps the archives it moves: root's alone (0700).
+IO_FOLDER = "/.pytest-harbor-io"
+#: Where a command's stdin waits for it under a name of 128 random bits: a folder no one
+#: else may list (0711), the file readable by the command's user.
+INPUT_FOLDER = "/.pytest-harbor-in"
+#: The base64 line width of the relays (execd sends a line per event).
+_LINE = 3072
+#: The wrapper every command runs in, by the trusted busybox as the command's user:
+#: $1 the folder (empty: execd's), $2 HOME to set (empty: keep), $3 stdin (a file, or
+#: empty for none), then the command. stdout and stderr each go through a relay of their
+#: own that writes base64 lines; the last line on stdout is `!STATUS`.
+_WRAPPER = f"""B={TRUSTED_BUSYBOX}
+dir=$1 home=$2 input=${{3:-/dev/null}}; shift 3
+unset EXECD EXECD_ENVS EXECD_ACCESS_TOKEN
+[ -n "$home" ] && export HOME="$home"
+if [ -n "$dir" ] && ! cd -- "$dir" 2>/dev/null; then
+  echo "cannot enter the folder $dir" | $B base64 >&2; echo '!126'; exit 0
+fi
+run() {{
+  command=$1; shift
+  case $command in */*) exec "$command" "$@" ;; esac
+  IFS=:
+  for d in $PATH; do
+    if [ -f "$d/$command" ] && [ -x "$d/$command" ]; then exec "$d/$command" "$@"; fi
+  done
+  echo "$command: command not found" >&2
+  exit 127
+}}
+set -o pipefail
+exec 3>&1
+{{ run "$@" < "$input" 2>&4 4>&- 3>&- | $B base64 -w {_LINE} >&3; }} 4>&1 \\
+  | $B base64 -w {_LINE} >&2
+echo "!$?"
+"""
+
+
+#: A command started in the background (the image's ENTRYPOINT): $1 its folder, then the
+#: command, found on PATH, without execd's variables.
+_SPAWN = """unset EXECD EXECD_ENVS EXECD_ACCESS_TOKEN
+[ -z "$1" ] || cd -- "$1" || exit 126
+shift
+command=$1; shift
+case $command in */*) exec "$command" "$@" ;; esac
+IFS=:
+for d in $PATH; do
+  if [ -f "$d/$command" ] && [ -x "$d/$command" ]; then exec "$d/$command" "$@"; fi
+done
+echo "$command: command not found" >&2
+exit 127
+"""
+
+
+def command_line(argv: Sequence[str], script: str = _WRAPPER) -> str:
+    """The shell command line execd gets: the image's shell execs the trusted busybox
+    at once, with the wrapper and `argv` quoted."""
+    return " ".join(
+        shlex.quote(part) for part in (TRUSTED_BUSYBOX, "sh", "-c", script, "sh", *argv)
+    )
+
+
+class _Decoded:
+    """One stream's base64 lines, decoded as they come into a CappedOutput."""
+
+    def __init__(self) -> None:
+        self.output = CappedOutput(EXEC_OUTPUT_CAP)
+        self._pending = ""
+
+    def feed(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            text = self._pending + "".join(line.split())
+            whole = len(text) - len(text) % 4
+            self._pending = text[whole:]
+            try:
+                self.output.append(base64.b64decode(text[:whole], validate=False))
+            except ValueError:
+                continue  # not the relay's: nothing of the command's
+
+
+def _result(end: CommandEnd, timed_out: bool) -> ExecResult:
+    """The command's result from its events: the relays' base64 decoded, the status from
+    the wrapper's last line (else execd's own end)."""
+    status: int | None = None
+    lines = []
+    for line in end.stdout:
+        if line.startswith("!") and line[1:].strip().isdigit():
+            status = int(line[1:].strip())
+        else:
+            lines.append(line)
+    out, err = _Decoded(), _Decoded()
+    out.feed(lines)
+    err.feed(end.stderr)
+    stderr = err.output.value()
+    if end.start_error:
+        stderr += f"execd could not start the command: {end.start_error}\n".encode()
+    if status is None:
+        status = end.exit_code if end.exit_code is not None else 137
+    return ExecResult(
+        exit_code=status, stdout_bytes=out.output.value(), stderr_bytes=stderr, timed_out=timed_out
+    )
+
+
+class OpenSandboxSandbox:
+    """A sandbox of an OpenSandbox server. `user` is who a command runs as when it
+    names no one (the image's USER; empty: root)."""
+
+    def __init__(
+        self,
+        sandbox_id: str,
+        lifecycle: Lifecycle,
+        execd: Execd,
+        *,
+        user: str = "",
+        workdir: str = "",
+        env: Mapping[str, str] | None = None,
+        online: bool = True,
+    ) -> None:
+        self._id = sandbox_id
+        self._lifecycle = lifecycle
+        self._execd = execd
+        self._user = user
+        #: Where a command that names no folder runs (the spec's, else execd's own: the
+        #: image's WORKDIR).
+        self._workdir = workdir
+        self._env_has_home = "HOME" in (env or {})
+        self._online = online
+        self._users = Users(self._read_file)
+        self._stopped = False
+        self._lock = threading.Lock()
+        #: The engine's files to remove at its next command as root.
+        self._done_with: list[str] = []
+        #: What the spec's start script printed (provider.py), None when none ran.
+        self.started_with: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    def start_output(self) -> str | None:
+        return self.started_with
+
+    def _failed(self, error: ApiError, doing: str) -> SandboxError:
+        failure = EngineUnreachable if error.unreachable else SandboxError
+        return failure(f"sandbox {self._id}: {doing} failed: {error}")
+
+    # ------------------------------------------------------------------------ commands
+
+    def exec(
+        self,
+        command: Sequence[str],
+        *,
+        user: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        spec = parse_user(user or self._user or "0:0")
+        try:
+            who = self._users.resolve(spec)
+        except ApiError as error:
+            raise self._failed(error, "reading its users") from None
+        if who is None:
+            message = f"unable to find user {spec.name}: no matching entries in passwd file\n"
+            return ExecResult(exit_code=126, stderr_bytes=message.encode())
+        home = "" if self._env_has_home or "HOME" in (env or {}) else who.home
+        input_path = ""
+        try:
+            if stdin is not None:
+                input_path = f"{INPUT_FOLDER}/{secrets.token_hex(16)}"
+                self._execd.upload({input_path: (stdin, 0o644)})
+            started = time.monotonic()
+            end = self._execd.run(
+                command_line([workdir or self._workdir, home, input_path, *command]),
+                uid=who.uid,
+                gid=who.gid,
+                envs=dict(env or {}),
+                timeout_s=timeout,
+            )
+        except ApiError as error:
+            raise self._failed(error, "exec") from None
+        finally:
+            if input_path:
+                self._finished_with(input_path)
+        timed_out = (
+            timeout is not None and end.signalled and time.monotonic() - started >= timeout * 0.95
+        )
+        return _result(end, timed_out)
+
+    def _root(self, script: str, *args: str, timeout: float = 120.0) -> ExecResult:
+        """`script` for the trusted shell (which it finds as $B), as root; the files the
+        engine is done with go first (one request less for each)."""
+        with self._lock:
+            done, self._done_with = self._done_with, []
+        cleanup = f"$B rm -f -- {' '.join(shlex.quote(path) for path in done)}\n" if done else ""
+        return self.exec(
+            [TRUSTED_BUSYBOX, "sh", "-c", f"B={TRUSTED_BUSYBOX}\n{cleanup}{script}", "sh", *args],
+            user="0:0",
+            timeout=timeout,
+        )
+
+    def _finished_with(self, path: str) -> None:
+        """`path` (the engine's, in its own folders) goes at the next command as root."""
+        with self._lock:
+            self._done_with.append(path)
+
+    def spawn(
+        self, command: Sequence[str], *, user: str | None = None, workdir: str | None = None
+    ) -> _Spawned:
+        spec = parse_user(user or self._user or "0:0")
+        try:
+            who = self._users.resolve(spec)
+            line = command_line([workdir or self._workdir, *command], _SPAWN)
+            command_id = self._execd.spawn(
+                line,
+                uid=None if who is None else who.uid,
+                gid=None if who is None else who.gid,
+            )
+        except ApiError as error:
+            raise self._failed(error, "starting a command") from None
+        return _Spawned(self._execd, command_id)
+
+    # --------------------------------------------------------------------------- files
+
+    def _read_file(self, path: str) -> bytes | None:
+        """A small file of the sandbox, read by execd (root), or None."""
+        stream = self._execd.download(path)
+        if stream is None:
+            return None
+        try:
+            return b"".join(stream)
+        finally:
+            stream.close()
+
+    def upload(self, source: Path | Mapping[str, bytes], target: str) -> None:
+        data = pack_folder(source) if isinstance(source, Path) else pack_files(source)
+        self.write_archive(data, target)
+
+    def write_archive(self, data: bytes | Iterable[bytes], into: str) -> None:
+        body = data if isinstance(data, bytes) else b"".join(data)
+        archive = f"{IO_FOLDER}/put-{secrets.token_hex(16)}.tar"
+        try:
+            self._execd.upload({archive: (body, 0o600)})
+        except ApiError as error:
+            raise self._failed(error, f"writing into {into}") from None
+        done = self._root(
+            '"$B" tar -x -f "$1" -C "$2"; status=$?; "$B" rm -f "$1"; exit $status', archive, into
+        )
+        if done.exit_code != 0:
+            raise SandboxError(
+                f"sandbox {self._id}: writing into {into} failed: {done.stderr.strip()[-300:]}"
+            )
+
+    def iter_archive(self, source: str) -> _ArchiveDownload | None:
+        archive = f"{IO_FOLDER}/get-{secrets.token_hex(16)}.tar"
+        packed = self._root(_PACK, source, archive)
+        if packed.exit_code == _ABSENT:
+            return None
+        if packed.exit_code != 0:
+            self._finished_with(archive)
+            raise SandboxError(
+                f"sandbox {self._id}: reading {source} failed: {packed.stderr.strip()[-300:]}"
+            )
+        try:
+            stream = self._execd.download(archive)
+        except ApiError as error:
+            raise self._failed(error, f"reading {source}") from None
+        if stream is None:
+            raise SandboxError(f"sandbox {self._id}: the archive of {source} went missing")
+        return _ArchiveDownload(stream, lambda: self._finished_with(archive))
+
+    def read_archive(self, source: str) -> bytes | None:
+        chunks = self.iter_archive(source)
+        if chunks is None:
+            return None
+        try:
+            with bounded(chunks, HARNESS_COPY, f"reading {source}") as stream:
+                return b"".join(stream)
+        except CopyCapped as error:
+            raise SandboxError(str(error)) from None
+
+    def download(self, source: str) -> dict[str, bytes]:
+        data = self.read_archive(source)
+        if data is None:
+            return {}
+        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+            first = archive.next()
+        folder = first is not None and first.isdir()
+        return unpack_files(data, strip_components=1 if folder else 0)
+
+    # ------------------------------------------------------------------------- the rest
+
+    def set_network(self, enabled: bool) -> None:
+        if enabled == self._online:
+            return
+        raise SandboxError(
+            f"sandbox {self._id}: the opensandbox provider cannot take a sandbox's network "
+            "away or give it back"
+        )
+
+    def snapshot(self, labels: Mapping[str, str]) -> str:
+        raise SandboxError("the opensandbox provider takes no snapshots")
+
+    def status(self) -> SandboxStatus:
+        try:
+            record = self._lifecycle.get(self._id)
+        except ApiError as error:
+            raise SandboxError(
+                f"sandbox {self._id}: the server does not say how it is: {error}"
+            ) from None
+        if record is None:
+            return SandboxStatus(present=False)
+        return SandboxStatus(present=True, running=record.state in ("Running", "Pending"))
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        try:
+            self._lifecycle.delete(self._id)
+        except ApiError as error:
+            raise SandboxError(f"sandbox {self._id}: removal failed: {error}") from None
+        finally:
+            self._execd.close()
+
+
+#: The exit status of _PACK when the source is not there.
+_ABSENT = 3
+#: `_PACK SOURCE ARCHIVE` (as root): SOURCE as a tar whose top entry is its base name,
+#: links kept as links, written to ARCHIVE; exits _ABSENT when SOURCE is not there.
+_PACK = f"""B={TRUSTED_BUSYBOX}
+[ -e "$1" ] || [ -L "$1" ] || exit {_ABSENT}
+case $1 in /) dir=/ base=. ;; */*) dir=${{1%/*}} base=${{1##*/}} ;; *) dir=. base=$1 ;; esac
+"$B" tar -c -f "$2" -C "${{dir:-/}}" "$base"
+"""
+
+
+class _ArchiveDownload:
+    """An archive's bytes as they come from execd; closing it ends the transfer and
+    removes the archive from the sandbox."""
+
+    def __init__(self, stream: DownloadStream, cleanup: object) -> None:
+        self._stream = stream
+        self._cleanup = cleanup
+        self._closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            return next(self._stream)
+        except ApiError as error:
+            raise SandboxError(str(error)) from None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stream.close()
+        if callable(self._cleanup):
+            self._cleanup()
+
+
+class _Spawned:
+    """A command execd runs in the background; its exit code as execd tells it."""
+
+    def __init__(self, execd: Execd, command_id: str) -> None:
+        self._execd = execd
+        self._id = command_id
+        self._code: int | None = None
+
+    def exit_code(self) -> int | None:
+        if self._code is None:
+            found = self._execd.status(self._id)
+            if found is not None and not found[0] and found[1] is not None:
+                self._code = found[1]
+        return self._code
+
+    def output_tail(self) -> str:
+        return ""

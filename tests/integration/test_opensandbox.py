@@ -1,0 +1,286 @@
+"""The opensandbox provider end to end: against the fake server of tests/opensandbox_fake.py
+(the documented lifecycle and execd APIs over the real Docker engine) with a real
+registry on 127.0.0.1; against a real OpenSandbox server instead when OPENSANDBOX_DOMAIN
+is set (and OPENSANDBOX_TEST_REGISTRY names a registry it pulls from).
+
+The provider must give what the docker provider gives: commands byte-exact with their
+exit status and deadline, users by number, files through its own tools, labels that the
+reaper finds, and the grading guarantees for a non-root agent."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import docker.errors
+import httpx
+import pytest
+
+from pytest_harbor.engine.reaper import reap_orphans
+from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL
+from pytest_harbor.sandboxes import SandboxSpec
+from pytest_harbor.sandboxes.base import ProviderContext
+from pytest_harbor.sandboxes.opensandbox import OpenSandboxProvider, opensandbox_provider
+from pytest_harbor.sandboxes.opensandbox.sandbox import OpenSandboxSandbox
+from tests.fixtures import BASE_IMAGE, QUICKSTART, Dataset, run_harbor
+from tests.integration import test_adversarial as adversarial
+from tests.integration import test_hostile_users as hostile_users
+from tests.integration import test_process_kills as kills
+from tests.opensandbox_fake import FakeOpenSandbox
+from tests.registry import LocalRegistry
+
+pytestmark = pytest.mark.docker
+
+REAL_SERVER = os.environ.get("OPENSANDBOX_DOMAIN")
+
+
+@pytest.fixture(scope="module")
+def server(docker_client: docker.DockerClient) -> Iterator[tuple[str, str]]:
+    """(domain, key) of the server the tests use: a real one when named, else the fake."""
+    if REAL_SERVER:
+        yield REAL_SERVER, os.environ.get("OPENSANDBOX_API_KEY", "")
+        return
+    key = "fake-key-" + uuid.uuid4().hex[:8]
+    fake = FakeOpenSandbox(docker_client, api_key=key)
+    fake.start()
+    try:
+        yield fake.domain, key
+    finally:
+        fake.stop()
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if REAL_SERVER:
+        named = os.environ.get("OPENSANDBOX_TEST_REGISTRY")
+        if not named:
+            pytest.skip("OPENSANDBOX_TEST_REGISTRY names no registry the server pulls from")
+        yield named
+        return
+    local = LocalRegistry()
+    local.start(tmp_path_factory.mktemp("registry"))
+    try:
+        yield local.address
+    finally:
+        local.stop()
+        _remove_pushed_images(local.address)
+
+
+def _remove_pushed_images(registry: str) -> None:
+    """The registry's tags on this engine, and the root-running copies made to push them
+    (named after an image the tests built, which built_images removes)."""
+    client = docker.from_env()
+    try:
+        for image in client.images.list():
+            for tag in image.tags:
+                if tag.startswith(f"{registry}/") or tag.split(":")[0].endswith("-asroot"):
+                    with contextlib.suppress(docker.errors.APIError):
+                        client.images.remove(tag, force=True)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def environ(monkeypatch: pytest.MonkeyPatch, server: tuple[str, str]) -> None:
+    domain, key = server
+    monkeypatch.setenv("OPENSANDBOX_DOMAIN", domain)
+    monkeypatch.setenv("OPENSANDBOX_API_KEY", key)
+
+
+@pytest.fixture
+def provider(environ: None, registry: str) -> OpenSandboxProvider:
+    return opensandbox_provider(options={"registry": registry}, context=ProviderContext())
+
+
+@pytest.fixture
+def sandbox(provider: OpenSandboxProvider) -> Iterator[OpenSandboxSandbox]:
+    started = provider.start(
+        SandboxSpec(
+            image=BASE_IMAGE,
+            labels={RUN_LABEL: f"test-{uuid.uuid4().hex[:8]}"},
+            directories={"/logs/agent": 0o777},
+            ttl_s=600,
+        )
+    )
+    yield started
+    started.stop()
+
+
+def test_commands_come_back_byte_exact_with_their_status(sandbox: OpenSandboxSandbox) -> None:
+    every_byte = bytes(range(256)) * 3 + b"\r\n\r no newline at the end"
+    echoed = sandbox.exec(["cat"], stdin=every_byte, timeout=30)
+    assert (echoed.exit_code, echoed.stdout_bytes, echoed.stderr_bytes) == (0, every_byte, b"")
+    both = sandbox.exec(["sh", "-c", "printf 'o\\0ut'; printf 'e\\nrr' >&2; exit 7"])
+    assert (both.exit_code, both.stdout_bytes, both.stderr_bytes) == (7, b"o\0ut", b"e\nrr")
+    signalled = sandbox.exec(["sh", "-c", "kill -9 $$"], timeout=30)
+    assert (signalled.exit_code, signalled.timed_out) == (137, False)
+    missing = sandbox.exec(["no-such-program"], timeout=30)
+    assert missing.exit_code == 127
+    big = sandbox.exec(["head", "-c", "3000000", "/dev/urandom"], timeout=60)
+    assert len(big.stdout_bytes) == 3_000_000
+
+
+def test_users_folders_and_environment(sandbox: OpenSandboxSandbox) -> None:
+    probe = ["sh", "-c", "id -u; id -g; echo home=$HOME; pwd; echo $ASKED; env | grep -c EXECD"]
+    as_nobody = sandbox.exec(probe, user="nobody", workdir="/tmp", env={"ASKED": "a b"})
+    assert as_nobody.stdout.split("\n")[:5] == [
+        "65534",
+        "65534",
+        "home=/nonexistent",
+        "/tmp",
+        "a b",
+    ]
+    # No command sees execd's token (or its other variables).
+    assert as_nobody.stdout.split("\n")[5] == "0"
+    assert sandbox.exec(["id", "-u"], user="4242").stdout == "4242\n"
+    assert sandbox.exec(["id", "-u"], user="0:0").stdout == "0\n"
+    lacking = sandbox.exec(["true"], user="no-such-user")
+    assert lacking.exit_code != 0
+
+
+def test_a_deadline_ends_the_command_and_what_it_started(sandbox: OpenSandboxSandbox) -> None:
+    late = sandbox.exec(["sh", "-c", "sleep 300 & sleep 301; echo never"], timeout=2.0)
+    assert late.timed_out and b"never" not in late.stdout_bytes
+    left = sandbox.exec(["sh", "-c", "ps -eo args 2>/dev/null || cat /proc/[0-9]*/cmdline"])
+    assert "sleep 30" not in left.stdout
+
+
+def test_files_go_in_and_out_as_archives(sandbox: OpenSandboxSandbox, tmp_path: Path) -> None:
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "a.txt").write_bytes(b"alpha")
+    (tmp_path / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (tmp_path / "run.sh").chmod(0o755)
+    sandbox.exec(["mkdir", "-p", "/work"], user="0:0")
+    sandbox.upload(tmp_path, "/work")
+    assert sandbox.exec(["/work/run.sh"]).stdout == "ran\n"
+    sandbox.exec(["ln", "-s", "/etc/shadow", "/work/folder/link"], user="0:0")
+    assert sandbox.download("/work/folder") == {"a.txt": b"alpha"}
+    archive = sandbox.read_archive("/work/folder")
+    assert archive is not None and b"/etc/shadow" in archive  # the link as a link
+    assert sandbox.read_archive("/no/such/path") is None
+    assert sandbox.download("/no/such/path") == {}
+
+
+def test_nothing_but_the_run_drives_a_sandbox_s_execd(
+    provider: OpenSandboxProvider, sandbox: OpenSandboxSandbox, server: tuple[str, str]
+) -> None:
+    domain, key = server
+    with httpx.Client(headers={"OPEN-SANDBOX-API-KEY": key}) as client:
+        endpoint = client.get(f"http://{domain}/v1/sandboxes/{sandbox.id}/endpoints/44772").json()[
+            "endpoint"
+        ]
+        stranger = client.post(f"http://{endpoint}/command", json={"command": "id"})
+    assert stranger.status_code == 401
+
+
+def test_a_dead_runs_sandboxes_are_reaped_through_the_server(
+    provider: OpenSandboxProvider,
+) -> None:
+    run = f"test-{uuid.uuid4().hex[:8]}"
+    # An owner on this host whose process has ended (pid 1's start time never matches).
+    from pytest_harbor.engine.reaper import owner_of_this_process
+
+    host, _, _, boot, namespace = owner_of_this_process().split(":")
+    dead = f"{host}:{2**22 - 1}:1:{boot}:{namespace}"
+    orphan = provider.start(
+        SandboxSpec(image=BASE_IMAGE, labels={RUN_LABEL: run, OWNER_LABEL: dead})
+    )
+    alive = provider.start(
+        SandboxSpec(image=BASE_IMAGE, labels={RUN_LABEL: run, OWNER_LABEL: owner_of_this_process()})
+    )
+    try:
+        assert {sandbox_id for sandbox_id, _ in provider.labelled(RUN_LABEL)} >= {
+            orphan.id,
+            alive.id,
+        }
+        assert dict(provider.labelled(RUN_LABEL))[orphan.id][OWNER_LABEL] == dead
+        assert reap_orphans(provider) >= 1
+        assert not orphan.status().present
+        assert alive.status().running
+    finally:
+        orphan.stop()
+        alive.stop()
+
+
+def test_the_quickstart_passes_through_the_oracle(
+    pytester: pytest.Pytester, environ: None, registry: str
+) -> None:
+    """Every example task that is not a Compose one, built ones through the registry."""
+    dataset = Dataset(pytester.path / "quickstart")
+    shutil.copytree(QUICKSTART, dataset.path)
+    result = run_harbor(
+        pytester,
+        dataset,
+        "--harbor-sandbox=opensandbox",
+        f"--harbor-set=sandbox_provider_options.registry={registry}",
+        "-p",
+        "no:cacheprovider",
+    )
+    result.assert_outcomes(passed=len(list(QUICKSTART.glob("*/task.toml"))))
+
+
+def test_a_built_task_without_a_registry_is_refused_by_name(
+    pytester: pytest.Pytester, environ: None, dataset: Dataset
+) -> None:
+    dataset.task("built", dockerfile=f"FROM {BASE_IMAGE}\n", toml="[agent]\ntimeout_sec = 30\n")
+    result = run_harbor(pytester, dataset, "--harbor-sandbox=opensandbox")
+    assert "environment.docker_image" in result.stdout.str()
+    assert "sandbox_provider_options.registry" in result.stdout.str()
+
+
+def test_the_attacks_on_grading_score_zero(
+    pytester: pytest.Pytester,
+    environ: None,
+    registry: str,
+    dataset: Dataset,
+    built_images: list[Path],
+) -> None:
+    """The docker suites' attacks of a non-root agent on the end of its processes, and of
+    a task's image on who the agent runs as, in one run on OpenSandbox: each scores 0,
+    unmasked; a user the engine cannot run as is refused."""
+    for name, script in {
+        "forger": adversarial.FORGER,
+        "hopper": adversarial.HOPPER,
+        "fake-zombie": kills.FAKE_ZOMBIE,
+        "stopper": kills.STOPPER,
+    }.items():
+        dataset.task(
+            name,
+            toml=kills.task_toml(user="nobody", verifier_user="nobody"),
+            solve_sh=script,
+            test_sh=kills.RESETTING,
+        )
+    for name, (user, steps) in hostile_users.HOSTILE.items():
+        task = dataset.task(
+            name,
+            toml=hostile_users.toml(user),
+            dockerfile=f"FROM {BASE_IMAGE}\n{steps}",
+            solve_sh=hostile_users.LEAVES_A_WRITER,
+            test_sh=hostile_users.RESETTING,
+        )
+        built_images.append(task / "environment")
+    run_harbor(
+        pytester,
+        dataset,
+        "--harbor-sandbox=opensandbox",
+        f"--harbor-set=sandbox_provider_options.registry={registry}",
+        "-n",
+        "2",
+    )
+    results = pytester.path / "out"
+    rows = {str(row["task_id"]): row for row in dataset.rows(results)}
+    for name in ("forger", "hopper", "fake-zombie", "stopper", *hostile_users.RAN_AS):
+        row = rows[name]
+        assert (name, row["reward"], row["mask_sample"]) == (name, 0.0, False), row
+    for name, uid in hostile_users.RAN_AS.items():
+        kept = Path(str(rows[name]["verifier_logs_dir"])) / "who.txt"
+        assert (name, kept.read_text().strip()) == (name, uid)
+    failures = {str(row["task_id"]): row for row in dataset.failures(results)}
+    assert set(failures) == set(hostile_users.REFUSED)
+    for failure in failures.values():
+        assert failure["failure_kind"] == "harbor:task_refused", failure
