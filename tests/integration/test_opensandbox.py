@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 from pytest_harbor.engine.reaper import reap_orphans
 from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL
 from pytest_harbor.sandboxes import SandboxSpec
-from pytest_harbor.sandboxes.base import ProviderContext
+from pytest_harbor.sandboxes.base import ProviderContext, SandboxError
 from pytest_harbor.sandboxes.opensandbox import OpenSandboxProvider, opensandbox_provider
 from pytest_harbor.sandboxes.opensandbox.sandbox import OpenSandboxSandbox
 from tests.fixtures import BASE_IMAGE, QUICKSTART, Dataset, run_harbor
@@ -284,3 +285,55 @@ def test_the_attacks_on_grading_score_zero(
     assert set(failures) == set(hostile_users.REFUSED)
     for failure in failures.values():
         assert failure["failure_kind"] == "harbor:task_refused", failure
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "words"),
+    [
+        ("OPENSANDBOX_API_KEY", "wrong-key", "OPENSANDBOX_API_KEY"),
+        ("OPENSANDBOX_DOMAIN", "127.0.0.1:9", "OPENSANDBOX_DOMAIN"),
+    ],
+)
+def test_a_server_that_will_not_answer_stops_the_run_with_one_message(
+    pytester: pytest.Pytester,
+    environ: None,
+    dataset: Dataset,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+    value: str,
+    words: str,
+) -> None:
+    if REAL_SERVER:
+        pytest.skip("changes the server's address and key")
+    monkeypatch.setenv(variable, value)
+    dataset.task("any")
+    result = run_harbor(pytester, dataset, "--harbor-sandbox=opensandbox")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert words in result.stderr.str()
+    assert value not in result.stderr.str() or variable == "OPENSANDBOX_DOMAIN"
+
+
+def test_a_spawned_command_tells_its_exit_code_and_output(sandbox: OpenSandboxSandbox) -> None:
+    """As the engine watches an image's ENTRYPOINT: its end, and the tail of what it wrote;
+    it does not see execd's token either."""
+    spawned = sandbox.spawn(["sh", "-c", "echo boom; env | grep -c EXECD_ACCESS; exit 3"])
+    deadline = time.monotonic() + 30
+    while spawned.exit_code() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert spawned.exit_code() == 3
+    assert spawned.output_tail().split() == ["boom", "0"]
+
+
+def test_what_is_written_is_there_for_the_next_command_whoever_runs_it(
+    sandbox: OpenSandboxSandbox,
+) -> None:
+    """Archives are unpacked at the start of the next command as root (a command of their
+    own before anyone else's); one that cannot be unpacked fails the next command."""
+    sandbox.upload({"note.txt": b"for nobody"}, "/tmp")
+    assert sandbox.exec(["cat", "/tmp/note.txt"], user="nobody").stdout == "for nobody"
+    sandbox.upload({"again.txt": b"for root"}, "/tmp")
+    assert sandbox.exec(["cat", "/tmp/again.txt"], user="0:0").stdout == "for root"
+    sandbox.upload({"lost.txt": b"nowhere"}, "/no/such/folder")
+    with pytest.raises(SandboxError, match="cannot unpack into /no/such/folder"):
+        sandbox.exec(["true"], user="0:0")
+    assert sandbox.exec(["echo", "on"]).stdout == "on\n"

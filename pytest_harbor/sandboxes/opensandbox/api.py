@@ -143,6 +143,13 @@ class Lifecycle:
         except ValueError:
             raise ApiError(f"{doing}: the answer is not JSON", response.status_code) from None
 
+    def check(self) -> None:
+        """The server answers and takes the key (one page of one sandbox)."""
+        doing = f"asking {self.base} for its sandboxes"
+        response = self._call("GET", "/sandboxes", doing, params={"pageSize": 1})
+        if response.status_code != 200:
+            raise _refusal(response, doing)
+
     def create(
         self,
         *,
@@ -411,6 +418,17 @@ class Execd:
             return None
         code = body.get("exit_code")
         return bool(body.get("running")), code if isinstance(code, int) else None
+
+    def output(self, command_id: str, keep: int) -> str:
+        """The last `keep` bytes of a background command's output (empty when execd
+        has none to give)."""
+        try:
+            response = self._client.get(f"{self.url}/command/{_segment(command_id)}/logs")
+        except httpx.HTTPError:
+            return ""
+        if response.status_code != 200:
+            return ""
+        return response.content[-keep:].decode("utf-8", "replace")
 
     def upload(self, files: Mapping[str, tuple[bytes, int]]) -> None:
         """Write each file (`path: (content, mode)`) in one request; execd makes the

@@ -101,6 +101,18 @@ class OpenSandboxProvider:
         self._lifecycle = Lifecycle(server, key)
         self.images = RegistryImages(options.registry)
 
+    def check_ready(self) -> None:
+        """The server answers and takes the key, or SandboxStartError saying which."""
+        try:
+            self._lifecycle.check()
+        except ApiError as error:
+            hint = ""
+            if error.status == 401:
+                hint = " (the key: OPENSANDBOX_API_KEY, or the variable api_key_env names)"
+            elif error.unreachable:
+                hint = " (the address: OPENSANDBOX_DOMAIN, or sandbox_provider_options.domain)"
+            raise SandboxStartError(f"{error}{hint}") from None
+
     # -------------------------------------------------------------------------- images
 
     def prepare_image(self, source: ImageSource) -> str:

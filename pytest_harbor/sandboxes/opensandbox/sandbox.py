@@ -49,10 +49,15 @@ INPUT_FOLDER = "/.pytest-harbor-in"
 _LINE = 3072
 #: The wrapper every command runs in, by the trusted busybox as the command's user:
 #: $1 the folder (empty: execd's), $2 HOME to set (empty: keep), $3 stdin (a file, or
-#: empty for none), then the command. stdout and stderr each go through a relay of their
-#: own that writes base64 lines; the last line on stdout is `!STATUS`.
+#: empty for none), $4 the engine's own work to do first (a script, as root only; a
+#: failure ends the wrapper with `!pre` and what the work said), then the command.
+#: stdout and stderr each go through a relay of their own that writes base64 lines; the
+#: last line on stdout is `!STATUS`.
 _WRAPPER = f"""B={TRUSTED_BUSYBOX}
-dir=$1 home=$2 input=${{3:-/dev/null}}; shift 3
+dir=$1 home=$2 input=${{3:-/dev/null}} pre=$4; shift 4
+if [ -n "$pre" ]; then
+  said=$($B sh -c "$pre" 2>&1) || {{ printf '%s\n' "$said" | $B base64 >&2; echo '!pre'; exit 0; }}
+fi
 unset EXECD EXECD_ENVS EXECD_ACCESS_TOKEN
 [ -n "$home" ] && export HOME="$home"
 if [ -n "$dir" ] && ! cd -- "$dir" 2>/dev/null; then
@@ -168,8 +173,10 @@ class OpenSandboxSandbox:
         self._users = Users(self._read_file)
         self._stopped = False
         self._lock = threading.Lock()
-        #: The engine's files to remove at its next command as root.
+        #: The engine's files to remove, and archives to unpack (lines of a script), at
+        #: the next command as root.
         self._done_with: list[str] = []
+        self._unpacks: list[str] = []
         #: What the spec's start script printed (provider.py), None when none ran.
         self.started_with: str | None = None
 
@@ -205,6 +212,7 @@ class OpenSandboxSandbox:
             message = f"unable to find user {spec.name}: no matching entries in passwd file\n"
             return ExecResult(exit_code=126, stderr_bytes=message.encode())
         home = "" if self._env_has_home or "HOME" in (env or {}) else who.home
+        pre = self._pending_work(as_root=who.uid == 0)
         input_path = ""
         try:
             if stdin is not None:
@@ -212,7 +220,7 @@ class OpenSandboxSandbox:
                 self._execd.upload({input_path: (stdin, 0o644)})
             started = time.monotonic()
             end = self._execd.run(
-                command_line([workdir or self._workdir, home, input_path, *command]),
+                command_line([workdir or self._workdir, home, input_path, pre, *command]),
                 uid=who.uid,
                 gid=who.gid,
                 envs=dict(env or {}),
@@ -223,19 +231,37 @@ class OpenSandboxSandbox:
         finally:
             if input_path:
                 self._finished_with(input_path)
+        if "!pre" in end.stdout:
+            said = _result(end, False).stderr.strip()[-300:]
+            raise SandboxError(f"sandbox {self._id}: writing into the sandbox failed: {said}")
         timed_out = (
             timeout is not None and end.signalled and time.monotonic() - started >= timeout * 0.95
         )
         return _result(end, timed_out)
 
-    def _root(self, script: str, *args: str, timeout: float = 120.0) -> ExecResult:
-        """`script` for the trusted shell (which it finds as $B), as root; the files the
-        engine is done with go first (one request less for each)."""
+    def _pending_work(self, as_root: bool) -> str:
+        """The engine's work to fold into a command as root (archives to unpack, files to
+        remove), taken; for a command as anyone else, the archives are unpacked first by a
+        command of their own (what a command runs with must be there)."""
         with self._lock:
-            done, self._done_with = self._done_with, []
-        cleanup = f"$B rm -f -- {' '.join(shlex.quote(path) for path in done)}\n" if done else ""
+            if not as_root:
+                unpacks = bool(self._unpacks)
+            else:
+                work = [
+                    *self._unpacks,
+                    *(f"$B rm -f -- {shlex.quote(path)}" for path in self._done_with),
+                ]
+                self._unpacks, self._done_with = [], []
+                return f"B={TRUSTED_BUSYBOX}\nset -e\n" + "\n".join(work) if work else ""
+        if unpacks:
+            self._root("")
+        return ""
+
+    def _root(self, script: str, *args: str, timeout: float = 120.0) -> ExecResult:
+        """`script` for the trusted shell (which it finds as $B), as root; the engine's
+        pending work goes first (one request less for each)."""
         return self.exec(
-            [TRUSTED_BUSYBOX, "sh", "-c", f"B={TRUSTED_BUSYBOX}\n{cleanup}{script}", "sh", *args],
+            [TRUSTED_BUSYBOX, "sh", "-c", f"B={TRUSTED_BUSYBOX}\n{script}", "sh", *args],
             user="0:0",
             timeout=timeout,
         )
@@ -249,6 +275,7 @@ class OpenSandboxSandbox:
         self, command: Sequence[str], *, user: str | None = None, workdir: str | None = None
     ) -> _Spawned:
         spec = parse_user(user or self._user or "0:0")
+        self._pending_work(as_root=False)
         try:
             who = self._users.resolve(spec)
             line = command_line([workdir or self._workdir, *command], _SPAWN)
@@ -278,19 +305,22 @@ class OpenSandboxSandbox:
         self.write_archive(data, target)
 
     def write_archive(self, data: bytes | Iterable[bytes], into: str) -> None:
+        """The archive is uploaded now and unpacked, as root, at the start of the next
+        command (a command of its own when that one is not root's): a failure to unpack
+        is a SandboxError there."""
         body = data if isinstance(data, bytes) else b"".join(data)
         archive = f"{IO_FOLDER}/put-{secrets.token_hex(16)}.tar"
         try:
             self._execd.upload({archive: (body, 0o600)})
         except ApiError as error:
             raise self._failed(error, f"writing into {into}") from None
-        done = self._root(
-            '"$B" tar -x -f "$1" -C "$2"; status=$?; "$B" rm -f "$1"; exit $status', archive, into
+        unpack = (
+            f"$B tar -x -f {shlex.quote(archive)} -C {shlex.quote(into)} "
+            f"|| {{ echo {shlex.quote(f'cannot unpack into {into}')} >&2; exit 1; }}"
         )
-        if done.exit_code != 0:
-            raise SandboxError(
-                f"sandbox {self._id}: writing into {into} failed: {done.stderr.strip()[-300:]}"
-            )
+        with self._lock:
+            self._unpacks.append(unpack)
+            self._done_with.append(archive)
 
     def iter_archive(self, source: str) -> _ArchiveDownload | None:
         archive = f"{IO_FOLDER}/get-{secrets.token_hex(16)}.tar"
@@ -407,6 +437,8 @@ class _ArchiveDownload:
 class _Spawned:
     """A command execd runs in the background; its exit code as execd tells it."""
 
+    _TAIL_BYTES = 4096
+
     def __init__(self, execd: Execd, command_id: str) -> None:
         self._execd = execd
         self._id = command_id
@@ -420,4 +452,4 @@ class _Spawned:
         return self._code
 
     def output_tail(self) -> str:
-        return ""
+        return self._execd.output(self._id, self._TAIL_BYTES)
