@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import time
 import uuid
@@ -25,7 +26,12 @@ import pytest
 from pytest_harbor.engine.reaper import reap_orphans
 from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL
 from pytest_harbor.sandboxes import SandboxSpec
-from pytest_harbor.sandboxes.base import ProviderContext, SandboxError
+from pytest_harbor.sandboxes.base import (
+    ImageSource,
+    ProviderContext,
+    SandboxError,
+    SandboxStartError,
+)
 from pytest_harbor.sandboxes.opensandbox import OpenSandboxProvider, opensandbox_provider
 from pytest_harbor.sandboxes.opensandbox.sandbox import OpenSandboxSandbox
 from tests.fixtures import BASE_IMAGE, QUICKSTART, Dataset, run_harbor
@@ -337,3 +343,91 @@ def test_what_is_written_is_there_for_the_next_command_whoever_runs_it(
     with pytest.raises(SandboxError, match="cannot unpack into /no/such/folder"):
         sandbox.exec(["true"], user="0:0")
     assert sandbox.exec(["echo", "on"]).stdout == "on\n"
+
+
+#: Runs as the agent's user in the background while the engine works: every environment
+#: and command line it can read, and every file whose name it finds there under the
+#: engine's folders, copied where the test looks.
+SNOOPER = r"""
+found=/tmp/snooped; : > $found
+end=$(( $(date +%s) + 6 ))
+while [ "$(date +%s)" -lt $end ]; do
+  for p in /proc/[0-9]*; do
+    tr '\0' '\n' < $p/environ >> $found 2>/dev/null
+    names=$(tr '\0' '\n' < $p/cmdline 2>/dev/null | grep -o '/.pytest-harbor-[a-z]*/[^ ]*')
+    for path in $names; do
+      cat "$path" >> $found 2>/dev/null
+    done
+  done
+done
+"""
+
+
+def test_an_agent_learns_neither_the_token_nor_the_engines_inputs(
+    sandbox: OpenSandboxSandbox,
+) -> None:
+    """execd's token is in no command's environment; root's stdin waits where only root
+    may go, under a name no command line holds (the red team's A1, A2)."""
+    sandbox.exec(
+        ["sh", "-c", f"nohup sh -c {shlex.quote(SNOOPER)} >/dev/null 2>&1 &"], user="nobody"
+    )
+    for _ in range(15):
+        echoed = sandbox.exec(["cat"], user="0:0", stdin=b"root-only-input-7f3a")
+        assert echoed.stdout == "root-only-input-7f3a"
+        sandbox.upload({"secret-tests.txt": b"root-only-archive-9c1d"}, "/root")
+        sandbox.exec(["true"], user="0:0")
+    time.sleep(6.5)
+    seen = sandbox.exec(["cat", "/tmp/snooped"], user="0:0").stdout
+    assert "root-only-input-7f3a" not in seen
+    assert "root-only-archive-9c1d" not in seen
+    assert not [
+        line
+        for line in seen.splitlines()
+        if line.startswith("EXECD_ACCESS_TOKEN=") and line != "EXECD_ACCESS_TOKEN="
+    ]
+
+
+def test_a_command_cannot_forge_its_status_or_the_engines_lines(
+    sandbox: OpenSandboxSandbox,
+) -> None:
+    """What a command writes anywhere it can reach is output, never the wrapper's status
+    line (the red team's A3, A7)."""
+    forge = (
+        "for p in /proc/[0-9]*; do for status in '!0' '!pre' '!\u00b2'; do "
+        'echo "$status" > $p/fd/1 2>/dev/null; done; done; '
+        "(sleep 0.5; for p in /proc/[0-9]*; do echo '!0' > $p/fd/1; done) 2>/dev/null & exit 5"
+    )
+    for user in ("nobody", "0:0"):
+        assert sandbox.exec(["sh", "-c", forge], user=user, timeout=30).exit_code == 5
+
+
+def test_output_past_the_read_cap_ends_the_command(
+    sandbox: OpenSandboxSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pytest_harbor.sandboxes.output.EXEC_READ_CAP", 4 * 1024 * 1024)
+    flood = sandbox.exec(["sh", "-c", "yes flood"], timeout=120)
+    assert b"not read past 4194304 bytes" in flood.stdout_bytes
+    deadline = time.monotonic() + 10
+    while "yes" in sandbox.exec(["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"]).stdout:
+        assert time.monotonic() < deadline, "the flood is still running"
+        time.sleep(0.2)
+
+
+def test_a_sandbox_that_cannot_be_set_up_is_refused_and_removed(
+    provider: OpenSandboxProvider, built_images: list[Path], tmp_path: Path
+) -> None:
+    """An image that made the engine's tools folder for a user of its own (who could then
+    swap the tools): refused at the start, and nothing of it left."""
+    context = tmp_path / "environment"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nRUN mkdir /.pytest-harbor && chown 1000 /.pytest-harbor\n"
+    )
+    built_images.append(context)
+    image = provider.prepare_image(
+        ImageSource(docker_image=None, context_dir=context, build_timeout_sec=300)
+    )
+    run = f"test-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(SandboxStartError, match=r"/\.pytest-harbor is not root"):
+        provider.start(SandboxSpec(image=image, labels={RUN_LABEL: run}))
+    assert not [labels for _, labels in provider.labelled(RUN_LABEL) if labels[RUN_LABEL] == run]

@@ -15,7 +15,8 @@ from pytest_harbor.sandboxes.base import ProviderOptionsError
 from pytest_harbor.sandboxes.opensandbox.api import CommandEnd, read_command_events
 from pytest_harbor.sandboxes.opensandbox.metadata import from_metadata, to_metadata
 from pytest_harbor.sandboxes.opensandbox.options import read_options
-from pytest_harbor.sandboxes.opensandbox.sandbox import _result
+from pytest_harbor.sandboxes.opensandbox.provider import _cpu
+from pytest_harbor.sandboxes.opensandbox.sandbox import _Output
 from pytest_harbor.sandboxes.opensandbox.users import Users, Who, parse_user
 
 _LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
@@ -37,12 +38,38 @@ def test_labels_come_back_from_metadata_whole(labels: dict[str, str]) -> None:
 
 def test_a_plain_label_is_written_as_it_is() -> None:
     assert to_metadata({"pytest-harbor.run": "20261205T031500-4242-ab12cd"}) == {
-        "pytest-harbor.run": "20261205T031500-4242-ab12cd"
+        "pytest-harbor.run": "20261205T031500-4242-ab12cd",
+        "pytest-harbor.run.enc": "plain",
     }
     owner = "host:4242:123:0f1e2d3c-aaaa-bbbb-cccc-000000000000:4026531836"
     assert from_metadata(to_metadata({"pytest-harbor.owner": owner})) == {
         "pytest-harbor.owner": owner
     }
+
+
+def test_an_images_labels_cannot_change_what_is_read_back() -> None:
+    """The server lists an image's labels among a sandbox's metadata; what the provider
+    writes wins over a label of the same key, and nothing unmarked is read."""
+    owner = "host:4242:123:0f1e2d3c-aaaa-bbbb-cccc-000000000000:4026531836"
+    ours = to_metadata({"pytest-harbor.run": "run-1", "pytest-harbor.owner": owner})
+    forged = to_metadata({"pytest-harbor.run": "other run", "pytest-harbor.owner": "x:1"})
+    image = {
+        **forged,
+        "pytest-harbor.owner.b32-9": "aaaa",
+        "pytest-harbor.run.b32-0": "mfrgg",
+        "pytest-harbor.task": "planted",
+        "maintainer": "someone",
+    }
+    assert from_metadata({**image, **ours}) == {
+        "pytest-harbor.run": "run-1",
+        "pytest-harbor.owner": owner,
+    }
+
+
+def test_a_cpu_count_past_any_machine_asks_for_a_bounded_one() -> None:
+    assert _cpu(1e308, "1") == "100000000m"
+    assert _cpu(0.0005, "1") == "1m"
+    assert _cpu(None, "2") == "2"
 
 
 def _events(*events: dict[str, object], prefix: str = "") -> list[str]:
@@ -52,9 +79,19 @@ def _events(*events: dict[str, object], prefix: str = "") -> list[str]:
     return lines
 
 
+class Lines:
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.taken: list[tuple[str, str]] = []
+        self._stop_after = stop_after
+
+    def __call__(self, kind: str, text: str) -> bool:
+        self.taken.append((kind, text))
+        return self._stop_after is None or len(self.taken) < self._stop_after
+
+
 @pytest.mark.parametrize("prefix", ["", "data: "])
 def test_the_stream_gives_output_and_the_exit_status(prefix: str) -> None:
-    end = CommandEnd()
+    end, lines = CommandEnd(), Lines()
     stream = _events(
         {"type": "init", "text": "abc"},
         {"type": "ping", "text": "pong"},
@@ -64,42 +101,75 @@ def test_the_stream_gives_output_and_the_exit_status(prefix: str) -> None:
         {"type": "ping", "text": "pong"},
         prefix=prefix,
     )
-    read_command_events(iter(stream), end)
-    assert (end.command_id, end.stdout, end.stderr, end.exit_code) == ("abc", ["hi"], ["err"], 3)
+    read_command_events(iter(stream), end, lines)
+    assert (end.command_id, lines.taken, end.exit_code) == (
+        "abc",
+        [("stdout", "hi"), ("stderr", "err")],
+        3,
+    )
     assert not end.signalled
 
 
 def test_a_signal_and_a_start_failure_are_told_apart() -> None:
     killed = CommandEnd()
-    read_command_events(iter(_events({"type": "error", "error": {"evalue": "-1"}})), killed)
-    assert (killed.exit_code, killed.signalled) == (137, True)
-    unstarted = CommandEnd()
     read_command_events(
-        iter(_events({"type": "error", "error": {"evalue": "fork/exec: denied"}})), unstarted
+        iter(_events({"type": "error", "error": {"evalue": "-1"}})), killed, Lines()
     )
-    assert (unstarted.exit_code, unstarted.start_error) == (126, "fork/exec: denied")
+    assert (killed.exit_code, killed.signalled) == (137, True)
+    for said in ("fork/exec: denied", "\u00b2", "99999999999"):
+        unstarted = CommandEnd()
+        read_command_events(
+            iter(_events({"type": "error", "error": {"evalue": said}})), unstarted, Lines()
+        )
+        assert (unstarted.exit_code, unstarted.start_error) == (126, said)
+
+
+def test_the_reader_stops_when_told() -> None:
+    end, lines = CommandEnd(), Lines(stop_after=2)
+    stream = _events(*({"type": "stdout", "text": str(n)} for n in range(5)))
+    read_command_events(iter(stream), end, lines)
+    assert (lines.taken, end.exit_code) == ([("stdout", "0"), ("stdout", "1")], None)
 
 
 @given(st.lists(st.text()))
-def test_any_stream_is_read_without_raising(lines: list[str]) -> None:
+def test_any_stream_is_read_without_raising(stream: list[str]) -> None:
     end = CommandEnd()
-    read_command_events(iter(lines), end)
+    read_command_events(iter(stream), end, Lines())
     assert end.exit_code is None or isinstance(end.exit_code, int)
+
+
+def _outcome(mark: str, stdout: list[str], stderr: list[str]) -> _Output:
+    outcome = _Output(mark)
+    for line in stdout:
+        outcome.take("stdout", line)
+    for line in stderr:
+        outcome.take("stderr", line)
+    return outcome
 
 
 def test_the_relays_lines_come_back_byte_exact() -> None:
     data = bytes(range(256)) * 40 + b"\r\n\n no end"
     encoded = base64.b64encode(data).decode()
     lines = [encoded[index : index + 76] for index in range(0, len(encoded), 76)]
-    end = CommandEnd(exit_code=0, stdout=[*lines, "!7"], stderr=[base64.b64encode(b"e\n").decode()])
-    result = _result(end, timed_out=False)
+    outcome = _outcome("m1", [*lines, "!m1 7"], [base64.b64encode(b"e\n").decode()])
+    result = outcome.result(CommandEnd(exit_code=0), timed_out=False)
     assert (result.exit_code, result.stdout_bytes, result.stderr_bytes) == (7, data, b"e\n")
 
 
-def test_output_that_is_not_the_relays_is_dropped_not_raised() -> None:
-    end = CommandEnd(exit_code=5, stdout=["not base64 at all!", "=="], stderr=["\n"])
-    result = _result(end, timed_out=False)
-    assert result.exit_code == 5
+@pytest.mark.parametrize("forged", ["!0", "!m2 0", "!\u00b2", "!m1 \u00b2", "!m1 99999"])
+def test_status_lines_without_the_mark_are_not_the_wrapper_s(forged: str) -> None:
+    outcome = _outcome("m1", [forged, "!m1 5"], [])
+    assert outcome.result(CommandEnd(exit_code=0), timed_out=False).exit_code == 5
+    unmarked = _outcome("m1", [forged], ["\n"])
+    assert unmarked.result(CommandEnd(exit_code=3), timed_out=False).exit_code == 3
+
+
+def test_reading_stops_past_the_read_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("pytest_harbor.sandboxes.output.EXEC_READ_CAP", 100)
+    outcome = _Output("m")
+    assert outcome.take("stdout", "A" * 80)
+    assert not outcome.take("stdout", "A" * 80)
+    assert b"not read past 100 bytes" in outcome.result(CommandEnd(), False).stdout_bytes
 
 
 PASSWD = (

@@ -6,11 +6,13 @@ error value or an ApiError, never a crash."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import re
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,6 +25,7 @@ __all__ = [
     "CommandEnd",
     "Execd",
     "Lifecycle",
+    "OutputSink",
     "SandboxRecord",
     "read_command_events",
 ]
@@ -269,8 +272,8 @@ def _segment(value: str) -> str:
 
 @dataclass
 class CommandEnd:
-    """How a command streamed by execd ended, and what it wrote, as the events said.
-    `exit_code` None: the stream ended without saying (the connection broke)."""
+    """How a command streamed by execd ended, as its events said. `exit_code` None: the
+    stream ended without saying (the connection broke, or the reader stopped it)."""
 
     command_id: str = ""
     exit_code: int | None = None
@@ -278,14 +281,17 @@ class CommandEnd:
     signalled: bool = False
     #: The start failed (execd's own error text).
     start_error: str = ""
-    stdout: list[str] = field(default_factory=list)
-    stderr: list[str] = field(default_factory=list)
 
 
-def read_command_events(lines: Iterator[str], end: CommandEnd) -> None:
-    """Read execd's events for one command into `end` until its last (a completion or an
-    error). Each event is a JSON object on a line of its own, bare or after `data:`;
-    blank lines, comments and lines that are not an event are skipped."""
+#: Takes each line of output (`stdout` or `stderr`, the text); False stops the reading.
+OutputSink = Callable[[str, str], bool]
+
+
+def read_command_events(lines: Iterator[str], end: CommandEnd, sink: OutputSink) -> None:
+    """Read execd's events for one command into `end` and `sink` until its last (a
+    completion or an error), or until `sink` says stop. Each event is a JSON object on a
+    line of its own, bare or after `data:`; blank lines, comments and lines that are not
+    an event are skipped."""
     for line in lines:
         text = line.strip()
         if text.startswith("data:"):
@@ -302,22 +308,20 @@ def read_command_events(lines: Iterator[str], end: CommandEnd) -> None:
         said = said if isinstance(said, str) else ""
         if kind == "init":
             end.command_id = said
-        elif kind == "stdout":
-            end.stdout.append(said)
-        elif kind == "stderr":
-            end.stderr.append(said)
+        elif kind in ("stdout", "stderr"):
+            if not sink(str(kind), said):
+                return
         elif kind == "execution_complete":
             end.exit_code = 0
             return
         elif kind == "error":
             error = event.get("error")
             value = str(error.get("evalue", "")) if isinstance(error, dict) else ""
-            try:
-                code = int(value.strip())
-            except ValueError:
+            if not re.fullmatch(r"-?[0-9]{1,9}", value.strip()):
                 end.start_error = value or "execd reported an error"
                 end.exit_code = 126
                 return
+            code = int(value.strip())
             # A signal's end is -1 (the process's own status is not told).
             end.signalled = code < 0
             end.exit_code = 137 if code < 0 else code
@@ -346,49 +350,56 @@ class Execd:
     def run(
         self,
         command: str,
+        sink: OutputSink,
         *,
         uid: int | None = None,
         gid: int | None = None,
-        cwd: str | None = None,
         envs: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> CommandEnd:
-        """Run `command` (a shell command line) in the foreground and read its events up
-        to its end; the connection is closed then (execd keeps it open a while longer)."""
+        """Run `command` (a shell command line) in the foreground, its output to `sink`,
+        up to its end; the connection is closed then (execd keeps it open a while
+        longer). When `sink` stops the reading, the command is interrupted."""
         body: dict[str, Any] = {"command": command}
         if uid is not None:
             body["uid"] = uid
         if gid is not None:
             body["gid"] = gid
-        if cwd:
-            body["cwd"] = cwd
         if envs:
             body["envs"] = dict(envs)
-        read_timeout = REQUEST_TIMEOUT_S
         if timeout_s is not None:
-            body["timeout"] = max(1, math.ceil(timeout_s * 1000))
+            body["timeout"] = max(1, math.ceil(min(timeout_s, 2**31) * 1000))
         end = CommandEnd()
         doing = "running a command"
         try:
-            with self._client.stream(
-                "POST",
-                self.url + "/command",
-                json=body,
-                # execd sends a ping every few seconds while a command runs.
-                timeout=httpx.Timeout(REQUEST_TIMEOUT_S, read=read_timeout),
-            ) as response:
+            # execd sends a ping every few seconds while a command runs.
+            with self._client.stream("POST", self.url + "/command", json=body) as response:
                 if response.status_code != 200:
                     response.read()
                     raise _refusal(response, doing)
-                read_command_events(response.iter_lines(), end)
+                read_command_events(response.iter_lines(), end, sink)
         except httpx.HTTPError as error:
-            if end.exit_code is None:
+            if end.exit_code is None and not end.command_id:
                 raise ApiError(f"{doing}: {self.url} did not answer ({error})") from None
+        if end.exit_code is None and end.command_id:
+            self.interrupt(end.command_id)
         return end
 
-    def spawn(self, command: str, *, uid: int | None = None, gid: int | None = None) -> str:
+    def interrupt(self, command_id: str) -> None:
+        """End a command execd runs (a client that goes away does not end it)."""
+        with contextlib.suppress(httpx.HTTPError):
+            self._client.delete(self.url + "/command", params={"id": command_id})
+
+    def spawn(
+        self,
+        command: str,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+        envs: Mapping[str, str] | None = None,
+    ) -> str:
         """Start `command` in the background; its command id."""
-        body: dict[str, Any] = {"command": command, "background": True}
+        body: dict[str, Any] = {"command": command, "background": True, "envs": dict(envs or {})}
         if uid is not None:
             body["uid"] = uid
         if gid is not None:
@@ -400,7 +411,7 @@ class Execd:
                 if response.status_code != 200:
                     response.read()
                     raise _refusal(response, doing)
-                read_command_events(response.iter_lines(), end)
+                read_command_events(response.iter_lines(), end, lambda kind, text: True)
         except httpx.HTTPError as error:
             raise ApiError(f"{doing}: {self.url} did not answer ({error})") from None
         if not end.command_id:

@@ -1,7 +1,12 @@
 """The run's labels as OpenSandbox metadata and back. The server takes metadata only as
 Kubernetes labels (a value of at most 63 letters, digits, `.`, `_` and `-`); a label whose
 value is not one (an owner, `host:pid:...`; a task's name) is written in base32 across
-numbered keys, and read back whole."""
+numbered keys, and read back whole.
+
+The server also lists an image's own labels among a sandbox's metadata, and a task's
+image is a stranger's: every label the provider writes has a key `<key>.enc` saying how
+(`plain`, or `b32-<parts>`), which the image cannot change (what the provider writes
+wins over an image's label of the same key). Only labels so marked are read back."""
 
 from __future__ import annotations
 
@@ -18,39 +23,53 @@ _PART = ".b32-"
 _PART_SIZE = 60
 
 
+#: The key beside each label that says how it is written.
+_HOW = ".enc"
+
+
 def to_metadata(labels: Mapping[str, str]) -> dict[str, str]:
-    """The labels as metadata: as they are where the server takes them, else in parts."""
+    """The labels as metadata: as they are where the server takes them, else in parts;
+    each with its `.enc` key."""
     metadata: dict[str, str] = {}
     for key, value in labels.items():
-        if _VALUE.match(value) and _NAME.match(key) and _PART not in key:
+        if _VALUE.match(value) and _NAME.match(key):
             metadata[key] = value
+            metadata[key + _HOW] = "plain"
             continue
         encoded = base64.b32encode(value.encode()).decode().rstrip("=").lower() or "0"
-        for index in range(0, len(encoded), _PART_SIZE):
-            metadata[f"{key}{_PART}{index // _PART_SIZE}"] = encoded[index : index + _PART_SIZE]
+        parts = [
+            encoded[index : index + _PART_SIZE] for index in range(0, len(encoded), _PART_SIZE)
+        ]
+        for number, part in enumerate(parts):
+            metadata[f"{key}{_PART}{number}"] = part
+        metadata[key + _HOW] = f"b32-{len(parts)}"
     return metadata
 
 
 def from_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
-    """Labels from metadata written by to_metadata (other keys come back as they are; a
-    label whose parts do not read back is left out)."""
+    """The labels to_metadata wrote (others, an image's, are left out; so is a label whose
+    parts do not read back)."""
     labels: dict[str, str] = {}
-    parts: dict[str, dict[int, str]] = {}
-    for key, value in metadata.items():
-        stem, marker, number = key.rpartition(_PART)
-        if marker and number.isdigit():
-            parts.setdefault(stem, {})[int(number)] = value
-        else:
-            labels[key] = value
-    for stem, pieces in parts.items():
-        if sorted(pieces) != list(range(len(pieces))):
+    for marker, how in metadata.items():
+        if not marker.endswith(_HOW):
             continue
-        encoded = "".join(pieces[index] for index in range(len(pieces))).upper()
+        key = marker[: -len(_HOW)]
+        if how == "plain":
+            if key in metadata:
+                labels[key] = metadata[key]
+            continue
+        count = how[4:] if how.startswith("b32-") else ""
+        if not count.isdigit() or not 0 < int(count) <= 64:
+            continue
+        pieces = [metadata.get(f"{key}{_PART}{number}") for number in range(int(count))]
+        if any(piece is None for piece in pieces):
+            continue
+        encoded = "".join(piece or "" for piece in pieces).upper()
         if encoded == "0":
-            labels[stem] = ""
+            labels[key] = ""
             continue
         try:
-            labels[stem] = base64.b32decode(encoded + "=" * (-len(encoded) % 8)).decode()
+            labels[key] = base64.b32decode(encoded + "=" * (-len(encoded) % 8)).decode()
         except ValueError:
             continue
     return labels

@@ -76,8 +76,14 @@ script=$1; shift
 """
 
 
+#: The most cpus a sandbox is asked for (more than any machine has: all of them).
+_MOST_CPUS = 100_000
+
+
 def _cpu(cpus: float | None, default: str) -> str:
-    return default if cpus is None else f"{max(1, math.ceil(cpus * 1000))}m"
+    if cpus is None:
+        return default
+    return f"{max(1, math.ceil(min(cpus, _MOST_CPUS) * 1000))}m"
 
 
 def _memory(memory_mb: int | None, default: str) -> str:
@@ -214,14 +220,18 @@ class OpenSandboxProvider:
                     f"sandbox {record.id} from {spec.image} could not be set up: "
                     + (done.stderr.strip()[-300:] or f"exit status {done.exit_code}")
                 )
+            sandbox.sealed()
             sandbox.started_with = done.stdout if spec.start_script else None
             return sandbox
-        except (ApiError, SandboxError, SandboxStartError) as error:
+        except BaseException as error:
+            # Whatever went wrong, the sandbox goes (the server would keep it its lifetime).
             if execd is not None:
                 execd.close()
             with contextlib.suppress(ApiError):
                 self._lifecycle.delete(record.id)
-            if isinstance(error, SandboxStartError):
+            if isinstance(error, SandboxStartError) or not isinstance(
+                error, ApiError | SandboxError
+            ):
                 raise
             raise SandboxStartError(f"sandbox {record.id} from {spec.image}: {error}") from None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import secrets
 import shlex
 import tarfile
@@ -19,15 +20,17 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from pytest_harbor.sandboxes import output
 from pytest_harbor.sandboxes.archives import pack_files, pack_folder, unpack_files
 from pytest_harbor.sandboxes.base import (
+    SEALED_BUSYBOX,
     TRUSTED_BUSYBOX,
     EngineUnreachable,
     ExecResult,
     SandboxError,
     SandboxStatus,
 )
-from pytest_harbor.sandboxes.copies import HARNESS_COPY, CopyCapped, bounded
+from pytest_harbor.sandboxes.copies import ARTIFACTS_COPY, HARNESS_COPY, CopyCapped, bounded
 from pytest_harbor.sandboxes.opensandbox.api import (
     ApiError,
     CommandEnd,
@@ -47,21 +50,30 @@ IO_FOLDER = "/.pytest-harbor-io"
 INPUT_FOLDER = "/.pytest-harbor-in"
 #: The base64 line width of the relays (execd sends a line per event).
 _LINE = 3072
-#: The wrapper every command runs in, by the trusted busybox as the command's user:
-#: $1 the folder (empty: execd's), $2 HOME to set (empty: keep), $3 stdin (a file, or
-#: empty for none), $4 the engine's own work to do first (a script, as root only; a
-#: failure ends the wrapper with `!pre` and what the work said), then the command.
-#: stdout and stderr each go through a relay of their own that writes base64 lines; the
-#: last line on stdout is `!STATUS`.
-_WRAPPER = f"""B={TRUSTED_BUSYBOX}
-dir=$1 home=$2 input=${{3:-/dev/null}} pre=$4; shift 4
-if [ -n "$pre" ]; then
-  said=$($B sh -c "$pre" 2>&1) || {{ printf '%s\n' "$said" | $B base64 >&2; echo '!pre'; exit 0; }}
-fi
+#: The variables a command's wrapper takes its settings from (the request's environment,
+#: which a process of another user cannot read, where its arguments anyone can).
+_SETTING = "PYTEST_HARBOR_EXEC_"
+#: The wrapper every command runs in, by the sealed busybox (no process may read its
+#: memory, environment or files, not even one of the same user) as the command's user.
+#: Its settings: DIR the folder (empty: execd's), HOME to set (empty: keep), INPUT stdin
+#: (a file; empty: none), PRE the engine's own work to do first (a script, as root only),
+#: NONCE the mark of its own lines. stdout and stderr each go through a sealed relay
+#: that writes base64 lines; the last line on stdout is `!NONCE STATUS` (`!NONCE pre`
+#: when the engine's work failed, what it said on stderr).
+_WRAPPER = f"""S=${_SETTING}SHELL
+mark=${_SETTING}NONCE dir=${_SETTING}DIR home=${_SETTING}HOME
+input=${{{_SETTING}INPUT:-/dev/null}} pre=${_SETTING}PRE
+unset {_SETTING}SHELL {_SETTING}NONCE {_SETTING}DIR {_SETTING}HOME {_SETTING}INPUT \\
+  {_SETTING}PRE
 unset EXECD EXECD_ENVS EXECD_ACCESS_TOKEN
+if [ -n "$pre" ]; then
+  if ! said=$($S sh -c "$pre" 2>&1); then
+    printf '%s\n' "$said" | $S base64 >&2; echo "!$mark pre"; exit 0
+  fi
+fi
 [ -n "$home" ] && export HOME="$home"
 if [ -n "$dir" ] && ! cd -- "$dir" 2>/dev/null; then
-  echo "cannot enter the folder $dir" | $B base64 >&2; echo '!126'; exit 0
+  echo "cannot enter the folder $dir" | $S base64 >&2; echo "!$mark 126"; exit 0
 fi
 run() {{
   command=$1; shift
@@ -75,9 +87,9 @@ run() {{
 }}
 set -o pipefail
 exec 3>&1
-{{ run "$@" < "$input" 2>&4 4>&- 3>&- | $B base64 -w {_LINE} >&3; }} 4>&1 \\
-  | $B base64 -w {_LINE} >&2
-echo "!$?"
+{{ run "$@" < "$input" 2>&4 4>&- 3>&- | $S base64 -w {_LINE} >&3; }} 4>&1 \\
+  | $S base64 -w {_LINE} >&2
+echo "!$mark $?"
 """
 
 
@@ -97,12 +109,10 @@ exit 127
 """
 
 
-def command_line(argv: Sequence[str], script: str = _WRAPPER) -> str:
-    """The shell command line execd gets: the image's shell execs the trusted busybox
-    at once, with the wrapper and `argv` quoted."""
-    return " ".join(
-        shlex.quote(part) for part in (TRUSTED_BUSYBOX, "sh", "-c", script, "sh", *argv)
-    )
+def command_line(argv: Sequence[str], script: str = _WRAPPER, shell: str = SEALED_BUSYBOX) -> str:
+    """The shell command line execd gets: the image's shell execs the sealed busybox
+    (`shell`) at once, with the wrapper and `argv` quoted."""
+    return " ".join(shlex.quote(part) for part in (shell, "sh", "-c", script, "sh", *argv))
 
 
 class _Decoded:
@@ -112,38 +122,60 @@ class _Decoded:
         self.output = CappedOutput(EXEC_OUTPUT_CAP)
         self._pending = ""
 
-    def feed(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            text = self._pending + "".join(line.split())
-            whole = len(text) - len(text) % 4
-            self._pending = text[whole:]
-            try:
-                self.output.append(base64.b64decode(text[:whole], validate=False))
-            except ValueError:
-                continue  # not the relay's: nothing of the command's
+    def feed(self, line: str) -> None:
+        text = self._pending + "".join(line.split())
+        whole = len(text) - len(text) % 4
+        self._pending = text[whole:]
+        try:
+            self.output.append(base64.b64decode(text[:whole], validate=False))
+        except ValueError:
+            self._pending = ""  # not the relay's: nothing of the command's
 
 
-def _result(end: CommandEnd, timed_out: bool) -> ExecResult:
-    """The command's result from its events: the relays' base64 decoded, the status from
-    the wrapper's last line (else execd's own end)."""
-    status: int | None = None
-    lines = []
-    for line in end.stdout:
-        if line.startswith("!") and line[1:].strip().isdigit():
-            status = int(line[1:].strip())
+class _Output:
+    """A command's output as its events bring it: stdout and stderr decoded, the wrapper's
+    own lines (those with its mark) read, and the reading stopped past EXEC_READ_CAP."""
+
+    def __init__(self, mark: str) -> None:
+        self._mark = f"!{mark} "
+        self.stdout = _Decoded()
+        self.stderr = _Decoded()
+        self.status: int | None = None
+        self.pre_failed = False
+        self.read = 0
+        self.capped = False
+
+    def take(self, kind: str, text: str) -> bool:
+        self.read += len(text)
+        if self.read > output.EXEC_READ_CAP:
+            self.capped = True
+            return False
+        if kind == "stderr":
+            self.stderr.feed(text)
+        elif text.startswith(self._mark):
+            said = text[len(self._mark) :].strip()
+            self.pre_failed = said == "pre"
+            if re.fullmatch(r"[0-9]{1,3}", said):
+                self.status = int(said)
         else:
-            lines.append(line)
-    out, err = _Decoded(), _Decoded()
-    out.feed(lines)
-    err.feed(end.stderr)
-    stderr = err.output.value()
-    if end.start_error:
-        stderr += f"execd could not start the command: {end.start_error}\n".encode()
-    if status is None:
-        status = end.exit_code if end.exit_code is not None else 137
-    return ExecResult(
-        exit_code=status, stdout_bytes=out.output.value(), stderr_bytes=stderr, timed_out=timed_out
-    )
+            self.stdout.feed(text)
+        return True
+
+    def result(self, end: CommandEnd, timed_out: bool) -> ExecResult:
+        stdout, stderr = self.stdout.output.value(), self.stderr.output.value()
+        if self.capped:
+            stdout += (
+                f"\n[... output not read past {output.EXEC_READ_CAP} bytes: "
+                "the command was ended ...]\n"
+            ).encode()
+        if end.start_error:
+            stderr += f"execd could not start the command: {end.start_error}\n".encode()
+        status = self.status
+        if status is None:
+            status = end.exit_code if end.exit_code is not None else 137
+        return ExecResult(
+            exit_code=status, stdout_bytes=stdout, stderr_bytes=stderr, timed_out=timed_out
+        )
 
 
 class OpenSandboxSandbox:
@@ -173,6 +205,9 @@ class OpenSandboxSandbox:
         self._users = Users(self._read_file)
         self._stopped = False
         self._lock = threading.Lock()
+        #: What runs the wrappers: the trusted busybox until the provider made the sealed
+        #: copy (`sealed()`), then that.
+        self._shell = TRUSTED_BUSYBOX
         #: The engine's files to remove, and archives to unpack (lines of a script), at
         #: the next command as root.
         self._done_with: list[str] = []
@@ -186,6 +221,10 @@ class OpenSandboxSandbox:
 
     def start_output(self) -> str | None:
         return self.started_with
+
+    def sealed(self) -> None:
+        """The sealed busybox is there: wrappers run from it from now on."""
+        self._shell = SEALED_BUSYBOX
 
     def _failed(self, error: ApiError, doing: str) -> SandboxError:
         failure = EngineUnreachable if error.unreachable else SandboxError
@@ -212,18 +251,40 @@ class OpenSandboxSandbox:
             message = f"unable to find user {spec.name}: no matching entries in passwd file\n"
             return ExecResult(exit_code=126, stderr_bytes=message.encode())
         home = "" if self._env_has_home or "HOME" in (env or {}) else who.home
-        pre = self._pending_work(as_root=who.uid == 0)
+        as_root = who.uid == 0
+        pre = self._pending_work(as_root=as_root)
+        mark = secrets.token_hex(16)
+        settings = {
+            "SHELL": self._shell,
+            "NONCE": mark,
+            "DIR": workdir or self._workdir,
+            "HOME": home,
+            "INPUT": "",
+            "PRE": pre,
+        }
         input_path = ""
+        outcome = _Output(mark)
         try:
             if stdin is not None:
-                input_path = f"{INPUT_FOLDER}/{secrets.token_hex(16)}"
-                self._execd.upload({input_path: (stdin, 0o644)})
+                # Root's stdin where only root may go; anyone else's under a name only
+                # that user's processes can learn (it travels in the environment).
+                folder = IO_FOLDER if as_root else INPUT_FOLDER
+                input_path = f"{folder}/in-{secrets.token_hex(16)}"
+                self._execd.upload({input_path: (stdin, 0o600 if as_root else 0o644)})
+                settings["INPUT"] = input_path
             started = time.monotonic()
             end = self._execd.run(
-                command_line([workdir or self._workdir, home, input_path, pre, *command]),
+                command_line(list(command), shell=self._shell),
+                outcome.take,
                 uid=who.uid,
                 gid=who.gid,
-                envs=dict(env or {}),
+                envs={
+                    **(env or {}),
+                    **{_SETTING + key: value for key, value in settings.items()},
+                    # execd's own token is in the sandbox's environment: never in a
+                    # command's, from its first process on.
+                    "EXECD_ACCESS_TOKEN": "",
+                },
                 timeout_s=timeout,
             )
         except ApiError as error:
@@ -231,13 +292,13 @@ class OpenSandboxSandbox:
         finally:
             if input_path:
                 self._finished_with(input_path)
-        if "!pre" in end.stdout:
-            said = _result(end, False).stderr.strip()[-300:]
+        if outcome.pre_failed:
+            said = outcome.stderr.output.value().decode("utf-8", "replace").strip()[-300:]
             raise SandboxError(f"sandbox {self._id}: writing into the sandbox failed: {said}")
         timed_out = (
             timeout is not None and end.signalled and time.monotonic() - started >= timeout * 0.95
         )
-        return _result(end, timed_out)
+        return outcome.result(end, timed_out)
 
     def _pending_work(self, as_root: bool) -> str:
         """The engine's work to fold into a command as root (archives to unpack, files to
@@ -278,11 +339,12 @@ class OpenSandboxSandbox:
         self._pending_work(as_root=False)
         try:
             who = self._users.resolve(spec)
-            line = command_line([workdir or self._workdir, *command], _SPAWN)
+            line = command_line([workdir or self._workdir, *command], _SPAWN, self._shell)
             command_id = self._execd.spawn(
                 line,
                 uid=None if who is None else who.uid,
                 gid=None if who is None else who.gid,
+                envs={"EXECD_ACCESS_TOKEN": ""},
             )
         except ApiError as error:
             raise self._failed(error, "starting a command") from None
@@ -398,12 +460,21 @@ class OpenSandboxSandbox:
 
 #: The exit status of _PACK when the source is not there.
 _ABSENT = 3
+#: The most of an archive written in the sandbox before it is read: one byte past the
+#: largest copy the engine reads (artifacts), so that a reader at any cap sees it cut,
+#: and a sparse file of terabytes cannot fill the sandbox's disk.
+_ARCHIVE_CAP = ARTIFACTS_COPY.read_bytes + 1
 #: `_PACK SOURCE ARCHIVE` (as root): SOURCE as a tar whose top entry is its base name,
-#: links kept as links, written to ARCHIVE; exits _ABSENT when SOURCE is not there.
+#: links kept as links, written to ARCHIVE (at most _ARCHIVE_CAP bytes); exits _ABSENT
+#: when SOURCE is not there.
 _PACK = f"""B={TRUSTED_BUSYBOX}
 [ -e "$1" ] || [ -L "$1" ] || exit {_ABSENT}
 case $1 in /) dir=/ base=. ;; */*) dir=${{1%/*}} base=${{1##*/}} ;; *) dir=. base=$1 ;; esac
-"$B" tar -c -f "$2" -C "${{dir:-/}}" "$base"
+set -o pipefail
+"$B" tar -c -f - -C "${{dir:-/}}" "$base" | "$B" head -c {_ARCHIVE_CAP} > "$2"
+status=$?
+# Cut at the cap (tar then stops on a closed pipe): what was written is read, and cut.
+[ "$status" = 0 ] || [ "$("$B" stat -c %s "$2")" = {_ARCHIVE_CAP} ]
 """
 
 
