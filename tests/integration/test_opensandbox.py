@@ -33,6 +33,7 @@ from pytest_harbor.sandboxes.base import (
     SandboxStartError,
 )
 from pytest_harbor.sandboxes.opensandbox import OpenSandboxProvider, opensandbox_provider
+from pytest_harbor.sandboxes.opensandbox.images import CLUSTER_SUFFIX
 from pytest_harbor.sandboxes.opensandbox.sandbox import OpenSandboxSandbox
 from tests.fixtures import BASE_IMAGE, QUICKSTART, Dataset, run_harbor
 from tests.integration import test_adversarial as adversarial
@@ -79,13 +80,13 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _remove_pushed_images(registry: str) -> None:
-    """The registry's tags on this engine, and the root-running copies made to push them
-    (named after an image the tests built, which built_images removes)."""
+    """The registry's tags on this engine, and the copies made to push them (named after
+    an image the tests built, which built_images removes)."""
     client = docker.from_env()
     try:
         for image in client.images.list():
             for tag in image.tags:
-                if tag.startswith(f"{registry}/") or tag.split(":")[0].endswith("-asroot"):
+                if tag.startswith(f"{registry}/") or CLUSTER_SUFFIX in tag:
                     with contextlib.suppress(docker.errors.APIError):
                         client.images.remove(tag, force=True)
     finally:
@@ -214,12 +215,15 @@ def test_a_dead_runs_sandboxes_are_reaped_through_the_server(
         alive.stop()
 
 
-def test_the_quickstart_passes_through_the_oracle(
-    pytester: pytest.Pytester, environ: None, registry: str
+@pytest.mark.parametrize("name", ["quickstart", "environments", "multistep"])
+def test_the_example_datasets_pass_through_the_oracle(
+    pytester: pytest.Pytester, environ: None, registry: str, name: str
 ) -> None:
-    """Every example task that is not a Compose one, built ones through the registry."""
-    dataset = Dataset(pytester.path / "quickstart")
-    shutil.copytree(QUICKSTART, dataset.path)
+    """Every example dataset but the Compose one: built images through the registry, an
+    ENTRYPOINT with a healthcheck, a separate verifier, multi-step tasks."""
+    source = QUICKSTART.parent / name
+    dataset = Dataset(pytester.path / name)
+    shutil.copytree(source, dataset.path)
     result = run_harbor(
         pytester,
         dataset,
@@ -228,7 +232,8 @@ def test_the_quickstart_passes_through_the_oracle(
         "-p",
         "no:cacheprovider",
     )
-    result.assert_outcomes(passed=len(list(QUICKSTART.glob("*/task.toml"))))
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) > 0 and result.ret == 0, result.stdout.str()[-2000:]
 
 
 def test_a_built_task_without_a_registry_is_refused_by_name(
@@ -431,3 +436,50 @@ def test_a_sandbox_that_cannot_be_set_up_is_refused_and_removed(
     with pytest.raises(SandboxStartError, match=r"/\.pytest-harbor is not root"):
         provider.start(SandboxSpec(image=image, labels={RUN_LABEL: run}))
     assert not [labels for _, labels in provider.labelled(RUN_LABEL) if labels[RUN_LABEL] == run]
+
+
+def test_a_task_without_the_network_is_refused_by_name(
+    pytester: pytest.Pytester, environ: None, dataset: Dataset
+) -> None:
+    dataset.task(
+        "offline",
+        toml=f'[environment]\ndocker_image = "{BASE_IMAGE}"\nnetwork_mode = "no-network"\n',
+    )
+    run_harbor(pytester, dataset, "--harbor-sandbox=opensandbox")
+    (failure,) = dataset.failures(pytester.path / "out")
+    assert failure["failure_kind"] == "harbor:task_refused"
+    assert "network_mode = no-network" in str(failure["failure_reason"])
+
+
+def test_a_sandbox_from_an_image_built_here_is_no_dead_runs_leftover(
+    provider: OpenSandboxProvider, built_images: list[Path], tmp_path: Path
+) -> None:
+    """A build carries the run and process that made it; a server on this engine runs
+    sandboxes as containers with their image's labels. The image goes to the registry
+    without them, so a docker run's reaper here does not take the sandbox for a dead
+    run's once the builder is gone."""
+    from pytest_harbor.engine.reaper import owner_of_this_process
+    from pytest_harbor.sandboxes.docker import DockerProvider
+
+    host, _, _, boot, namespace = owner_of_this_process().split(":")
+    dead = f"{host}:{2**22 - 1}:1:{boot}:{namespace}"
+    context = tmp_path / "environment"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nRUN echo built > /built\n")
+    built_images.append(context)
+    image = provider.prepare_image(
+        ImageSource(
+            docker_image=None,
+            context_dir=context,
+            build_timeout_sec=300,
+            labels={RUN_LABEL: "an-old-run", OWNER_LABEL: dead},
+        )
+    )
+    alive = {RUN_LABEL: f"test-{uuid.uuid4().hex[:8]}", OWNER_LABEL: owner_of_this_process()}
+    sandbox = provider.start(SandboxSpec(image=image, labels=alive))
+    try:
+        reap_orphans(DockerProvider())
+        assert sandbox.status().running
+        assert sandbox.exec(["cat", "/built"]).stdout == "built\n"
+    finally:
+        sandbox.stop()

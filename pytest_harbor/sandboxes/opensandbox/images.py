@@ -12,7 +12,7 @@ import threading
 import docker.errors
 
 from pytest_harbor.display import harbor_logger
-from pytest_harbor.labels import CACHE_LABEL
+from pytest_harbor.labels import CACHE_LABEL, OWNER_LABEL, RUN_LABEL
 from pytest_harbor.sandboxes.base import (
     ImageConfig,
     ImageLayer,
@@ -24,12 +24,14 @@ from pytest_harbor.sandboxes.docker.engine import ENGINE_ERRORS, engine_for, exp
 from pytest_harbor.sandboxes.docker.images import EngineImages
 from pytest_harbor.sandboxes.images import build_lock
 
-__all__ = ["REPOSITORY", "RegistryImages", "no_registry"]
+__all__ = ["CLUSTER_SUFFIX", "REPOSITORY", "RegistryImages", "no_registry"]
 
 log = harbor_logger()
 
 #: The repository under the registry that images made here are pushed to.
 REPOSITORY = "pytest-harbor"
+#: The end of the name of an image as it is pushed (made here from one of ours).
+CLUSTER_SUFFIX = "-cluster"
 
 
 def no_registry(what: str) -> str:
@@ -98,10 +100,8 @@ class RegistryImages:
         USER is someone else: OpenSandbox's command daemon runs as the image's user, and
         the engine needs root); its reference there."""
         assert self.registry is not None
-        source = local
         as_root = not is_root_user(self.local.image_config(local).user)
-        if as_root:
-            source = self._as_root_image(local)
+        source = self._for_cluster(local, as_root)
         name = source.replace("/", "-").replace(":", "-")
         remote = f"{self.registry}/{REPOSITORY}:{name}"
         with self._lock:
@@ -134,11 +134,16 @@ class RegistryImages:
                 self._as_root.add(remote)
         return remote
 
-    def _as_root_image(self, local: str) -> str:
-        """`local` with USER root, made here once (a commit of an unstarted container)."""
-        name = f"{local.replace('/', '-').replace(':', '-')}-asroot"
+    def _for_cluster(self, local: str, as_root: bool) -> str:
+        """`local` as it is pushed, made here once (a commit of an unstarted container):
+        without the labels naming the run and process that built it (a build of ours
+        carries them, and a sandbox the server starts from it would carry them too, where
+        a docker provider's reaper on the same engine would take it for a dead run's), and
+        running as root when `as_root`."""
+        suffix = CLUSTER_SUFFIX + ("-root" if as_root else "")
+        name = f"{local.replace('/', '-').replace(':', '-')}{suffix}"
         api = engine_for(None).api
-        with build_lock(f"asroot-{name}"):
+        with build_lock(f"cluster-{name}"):
             try:
                 api.inspect_image(name)
                 return name
@@ -146,15 +151,18 @@ class RegistryImages:
                 pass
             except ENGINE_ERRORS as error:
                 raise SandboxStartError(f"cannot inspect {name}: {explain(error)}") from None
+            changes = [f"LABEL {RUN_LABEL}=", f"LABEL {OWNER_LABEL}="]
+            if as_root:
+                changes.append("USER root")
             try:
-                helper = api.create_container(local, labels={CACHE_LABEL: "asroot-helper"})
+                helper = api.create_container(local, labels={CACHE_LABEL: "cluster-helper"})
                 try:
-                    api.commit(helper["Id"], repository=name, changes=["USER root"])
+                    api.commit(helper["Id"], repository=name, changes=changes)
                 finally:
                     with contextlib.suppress(docker.errors.APIError):
                         api.remove_container(helper["Id"], force=True)
             except ENGINE_ERRORS as error:
                 raise SandboxStartError(
-                    f"cannot make {local} run as root: {explain(error)}"
+                    f"cannot make {local} ready to push: {explain(error)}"
                 ) from None
         return name

@@ -48,9 +48,6 @@ class OpenSandboxOptions(BaseModel):
     registry: StrictStr | None = None
     #: Reach each sandbox's execd through the server's proxy instead of its own address.
     use_server_proxy: StrictBool = False
-    #: The server enforces a deny-all egress policy as no network (its egress sidecar in
-    #: `dns+nft` mode): tasks without the network may run.
-    egress_blocks_ip: StrictBool = False
     #: cpu and memory for a task that names none (the server requires both).
     default_cpu: StrictStr = "1"
     default_memory: StrictStr = "2Gi"

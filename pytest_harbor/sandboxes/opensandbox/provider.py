@@ -99,7 +99,9 @@ class OpenSandboxProvider:
         self.options = options
         self.capabilities = SandboxCapabilities(
             user_groups=True,
-            network_off=options.egress_blocks_ip,
+            # OpenSandbox fixes a sandbox's egress when it starts, and in its default
+            # mode a deny-all policy still lets connections to addresses through.
+            network_off=False,
             builds=options.registry is not None,
             snapshots=False,
         )
@@ -138,7 +140,7 @@ class OpenSandboxProvider:
     def start(self, spec: SandboxSpec) -> OpenSandboxSandbox:
         if spec.group is not None:
             raise SandboxStartError("the opensandbox provider runs no Compose projects")
-        if not spec.network and not self.options.egress_blocks_ip:
+        if not spec.network:
             raise SandboxStartError(
                 "the opensandbox provider cannot start a sandbox without the network"
             )
@@ -165,7 +167,6 @@ class OpenSandboxProvider:
                 timeout_s=max(60, math.ceil(min(ttl, 2**31))),
                 env={**spec.env, "EXECD_ACCESS_TOKEN": token},
                 metadata=to_metadata(spec.labels),
-                network_policy=None if spec.network else {"defaultAction": "deny", "egress": []},
             )
         except ApiError as error:
             raise SandboxStartError(
