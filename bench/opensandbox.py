@@ -1,7 +1,7 @@
 """The opensandbox provider against the docker provider on the same engine: a sandbox's
 start, one command (`echo ok`), and episodes per second over trivial tasks through the
 oracle at -n 2 and -n 8. The opensandbox side runs against the fake server of the test
-suite (tests/opensandbox_fake.py: the lifecycle API and execd's, over this machine's
+suite (tests/opensandbox_fake/: the lifecycle API and execd's, over this machine's
 Docker engine, on 127.0.0.1), or a real server when OPENSANDBOX_DOMAIN is set.
 
     .venv/bin/python bench/opensandbox.py [--starts 10] [--commands 200] [--tasks 24]

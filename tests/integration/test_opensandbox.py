@@ -1,4 +1,4 @@
-"""The opensandbox provider end to end: against the fake server of tests/opensandbox_fake.py
+"""The opensandbox provider end to end: against the fake server of tests/opensandbox_fake/
 (the documented lifecycle and execd APIs over the real Docker engine) with a real
 registry on 127.0.0.1; against a real OpenSandbox server instead when OPENSANDBOX_DOMAIN
 is set (and OPENSANDBOX_TEST_REGISTRY names a registry it pulls from).

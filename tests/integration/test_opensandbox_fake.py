@@ -1,4 +1,4 @@
-"""The fake OpenSandbox server itself (tests/opensandbox_fake.py), driven over HTTP with
+"""The fake OpenSandbox server itself (tests/opensandbox_fake/), driven over HTTP with
 httpx: the lifecycle API, execd's stream and files, and pulls from a real registry. What
 it must show is what the real server does (the behaviour digest), quirks included."""
 
