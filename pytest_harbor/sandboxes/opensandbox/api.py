@@ -10,7 +10,6 @@ import contextlib
 import json
 import math
 import re
-import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -86,10 +85,7 @@ class SandboxRecord:
 
     id: str
     state: str
-    reason: str = ""
-    message: str = ""
     metadata: Mapping[str, str] = field(default_factory=dict)
-    expires_at: str | None = None
 
     @classmethod
     def read(cls, body: Any) -> SandboxRecord | None:
@@ -102,14 +98,11 @@ class SandboxRecord:
         return cls(
             id=body["id"],
             state=str(status.get("state") or "Unknown"),
-            reason=str(status.get("reason") or ""),
-            message=str(status.get("message") or ""),
             metadata={
                 str(key): str(value)
                 for key, value in (metadata.items() if isinstance(metadata, dict) else ())
                 if isinstance(value, str)
             },
-            expires_at=body.get("expiresAt") if isinstance(body.get("expiresAt"), str) else None,
         )
 
 
@@ -495,13 +488,3 @@ class DownloadStream:
 
     def close(self) -> None:
         self._response.close()
-
-
-def wait_until(check: Any, deadline: float, pause_s: float = 0.05) -> bool:
-    """Call `check` until it is true or `deadline` (time.monotonic()) passes."""
-    while True:
-        if check():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(pause_s)

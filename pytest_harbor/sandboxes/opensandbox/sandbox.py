@@ -50,6 +50,19 @@ IO_FOLDER = "/.pytest-harbor-io"
 INPUT_FOLDER = "/.pytest-harbor-in"
 #: The base64 line width of the relays (execd sends a line per event).
 _LINE = 3072
+#: `run COMMAND ARGS...`: the command found on PATH as the engine's exec finds it (a bare
+#: name would otherwise run busybox's applet of that name).
+_RUN = """run() {
+  command=$1; shift
+  case $command in */*) exec "$command" "$@" ;; esac
+  IFS=:
+  for d in $PATH; do
+    if [ -f "$d/$command" ] && [ -x "$d/$command" ]; then exec "$d/$command" "$@"; fi
+  done
+  echo "$command: command not found" >&2
+  exit 127
+}
+"""
 #: The variables a command's wrapper takes its settings from (the request's environment,
 #: which a process of another user cannot read, where its arguments anyone can).
 _SETTING = "PYTEST_HARBOR_EXEC_"
@@ -75,17 +88,7 @@ fi
 if [ -n "$dir" ] && ! cd -- "$dir" 2>/dev/null; then
   echo "cannot enter the folder $dir" | $S base64 >&2; echo "!$mark 126"; exit 0
 fi
-run() {{
-  command=$1; shift
-  case $command in */*) exec "$command" "$@" ;; esac
-  IFS=:
-  for d in $PATH; do
-    if [ -f "$d/$command" ] && [ -x "$d/$command" ]; then exec "$d/$command" "$@"; fi
-  done
-  echo "$command: command not found" >&2
-  exit 127
-}}
-set -o pipefail
+{_RUN}set -o pipefail
 exec 3>&1
 {{ run "$@" < "$input" 2>&4 4>&- 3>&- | $S base64 -w {_LINE} >&3; }} 4>&1 \\
   | $S base64 -w {_LINE} >&2
@@ -95,18 +98,14 @@ echo "!$mark $?"
 
 #: A command started in the background (the image's ENTRYPOINT): $1 its folder, then the
 #: command, found on PATH, without execd's variables.
-_SPAWN = """unset EXECD EXECD_ENVS EXECD_ACCESS_TOKEN
+_SPAWN = (
+    _RUN
+    + """unset EXECD EXECD_ENVS EXECD_ACCESS_TOKEN
 [ -z "$1" ] || cd -- "$1" || exit 126
 shift
-command=$1; shift
-case $command in */*) exec "$command" "$@" ;; esac
-IFS=:
-for d in $PATH; do
-  if [ -f "$d/$command" ] && [ -x "$d/$command" ]; then exec "$d/$command" "$@"; fi
-done
-echo "$command: command not found" >&2
-exit 127
+run "$@"
 """
+)
 
 
 def command_line(argv: Sequence[str], script: str = _WRAPPER, shell: str = SEALED_BUSYBOX) -> str:
