@@ -34,7 +34,6 @@ NOT_IMPLEMENTED = frozenset(
     {
         "gpu_sandbox_provider",
         "request_gpu_type",
-        "step_setup_timeout_s",
         "task_mcp_grants",
     }
 )
@@ -96,7 +95,7 @@ class HarborSettings(BaseModel):
     enforce_task_timeouts: bool = True
     harness_setup_allowance_s: float = Field(default=300.0, ge=0)
     verifier_grace_s: float = Field(default=30.0, ge=0)
-    step_setup_timeout_s: float | None = None
+    step_setup_timeout_s: float | None = Field(default=None, gt=0)
     default_episode_timeout_seconds: float = Field(default=21600.0, gt=0)
     cleanup_timeout_seconds: float = Field(default=180.0, gt=0)
     sandbox_ttl_slack_s: float = Field(default=900.0, ge=0)

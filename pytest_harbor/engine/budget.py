@@ -1,8 +1,9 @@
 """An episode's time budget, sized from its task and the run settings.
 
-Per turn, once the sandbox is ready: harness set-up allowance + agent budget + 30 s per
-collect hook + verifier timeout + verifier grace (+ the start of a sandbox to verify in: a
-separate verifier's, or the snapshot's with `verify_from_snapshot`).
+Per turn, once the sandbox is ready: a step's set-up script and healthcheck + harness
+set-up allowance + agent budget + 30 s per collect hook + verifier timeout + verifier grace
+(+ the start of a sandbox to verify in: a separate verifier's, or the snapshot's with
+`verify_from_snapshot`).
 The *nominal* episode adds one sandbox start; the *worst case* adds one start, and its
 cleanup as grace, per image-pull attempt (`image_pull_retries + 1`).
 """
@@ -13,9 +14,15 @@ from dataclasses import dataclass
 
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
 from pytest_harbor.engine.rewards import REWARD_FILES
-from pytest_harbor.sandboxes.copies import ARTIFACTS_COPY, REWARD_FILE_COPY, VERIFIER_FOLDER_COPY
+from pytest_harbor.sandboxes.copies import (
+    ARTIFACTS_COPY,
+    ARTIFACTS_RESULTS_COPY,
+    REWARD_FILE_COPY,
+    VERIFIER_FOLDER_COPY,
+)
 from pytest_harbor.settings import HarborSettings
-from pytest_harbor.tasks import Task
+from pytest_harbor.tasks import Task, Turn
+from pytest_harbor.tasks.config import HealthcheckConfig
 
 __all__ = [
     "BACKSTOP_MARGIN_S",
@@ -23,6 +30,8 @@ __all__ = [
     "EpisodeBudget",
     "backstop_seconds",
     "episode_budget",
+    "healthcheck_seconds",
+    "setup_seconds",
 ]
 
 #: What the budget counts for each `[[verifier.collect]]` hook.
@@ -91,7 +100,9 @@ def _turns_seconds(task: Task, settings: HarborSettings, separate_verifier: bool
         if turn.agent_timeout_sec is None:
             return None
         total += (
-            settings.harness_setup_allowance_s
+            setup_seconds(turn, settings)
+            + (healthcheck_seconds(turn.healthcheck) if turn.healthcheck else 0.0)
+            + settings.harness_setup_allowance_s
             + turn.agent_timeout_sec
             + hooks
             + turn.verifier_timeout_sec
@@ -104,6 +115,20 @@ def _turns_seconds(task: Task, settings: HarborSettings, separate_verifier: bool
             )
         )
     return total
+
+
+def setup_seconds(turn: Turn, settings: HarborSettings) -> float:
+    """The bound on a step's `workdir/setup.sh`: `step_setup_timeout_s`, else the step's
+    agent budget; 0 without a script (a turn with neither bound has no budget at all)."""
+    if turn.setup_script is None:
+        return 0.0
+    return settings.step_setup_timeout_s or turn.agent_timeout_sec or 0.0
+
+
+def healthcheck_seconds(check: HealthcheckConfig) -> float:
+    """The longest a healthcheck may take before it fails: its start period, then
+    `retries` probes and the pauses between them."""
+    return check.start_period_sec + check.retries * (check.timeout_sec + check.interval_sec)
 
 
 def backstop_seconds(task: Task, settings: HarborSettings, *, separate_verifier: bool) -> float:
@@ -133,7 +158,11 @@ def backstop_seconds(task: Task, settings: HarborSettings, *, separate_verifier:
 def _copies_seconds(task: Task, separate_verifier: bool) -> float:
     """The longest the copies of each turn's verification may take at their caps: the
     reward files, then /logs/verifier; the artifacts before them for a separate one."""
-    per_turn = len(REWARD_FILES) * REWARD_FILE_COPY.seconds + VERIFIER_FOLDER_COPY.seconds
+    per_turn = (
+        len(REWARD_FILES) * REWARD_FILE_COPY.seconds
+        + VERIFIER_FOLDER_COPY.seconds
+        + ARTIFACTS_RESULTS_COPY.seconds  # the turn's artifacts, copied out for the results
+    )
     if separate_verifier:
         per_turn += ARTIFACTS_COPY.seconds
     return per_turn * len(task.turns)

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks.errors import TaskLoadError
-from pytest_harbor.tasks.task import Task
+from pytest_harbor.tasks.task import Task, Turn
 
 if TYPE_CHECKING:
     from pytest_harbor.sandboxes.compose import ComposeSpec
 
-__all__ = ["compose_spec", "overlay_files", "refuse_compose", "with_overlay"]
+__all__ = ["compose_spec", "overlay_files", "prompted", "refuse_compose", "with_overlay"]
 
 _cache: dict[str, ComposeSpec] = {}
 _lock = threading.Lock()
@@ -26,6 +26,17 @@ _lock = threading.Lock()
 def overlay_files(settings: HarborSettings) -> list[Path]:
     overlay = settings.compose_overlay
     return [Path(name).resolve() for name in (overlay.files if overlay else [])]
+
+
+def prompted(turn: Turn, settings: HarborSettings) -> Turn:
+    """`turn` with its instruction inside `compose_overlay.prompt_template`, when there
+    is one."""
+    overlay = settings.compose_overlay
+    if overlay is None or overlay.prompt_template is None:
+        return turn
+    return dataclasses.replace(
+        turn, instruction=overlay.prompt_template.replace("{instruction}", turn.instruction)
+    )
 
 
 def compose_spec(task: Task, settings: HarborSettings) -> ComposeSpec | None:

@@ -8,8 +8,6 @@ the verifier modes (engine/verifiers/) and the result (engine/records.py).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -22,16 +20,17 @@ from pytest_harbor.engine.admission import (
     refuse_secrets_beside_root,
 )
 from pytest_harbor.engine.agent_phase import AgentPhase
+from pytest_harbor.engine.artifacts import collect_artifacts
 from pytest_harbor.engine.attempt import Attempt
-from pytest_harbor.engine.budget import EpisodeBudget, episode_budget
+from pytest_harbor.engine.budget import EpisodeBudget, episode_budget, setup_seconds
 from pytest_harbor.engine.clock import EpisodeClock
-from pytest_harbor.engine.compose_tasks import with_overlay
+from pytest_harbor.engine.compose_tasks import prompted, with_overlay
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
 from pytest_harbor.engine.faults import fault
+from pytest_harbor.engine.folders import EpisodeFolders
 from pytest_harbor.engine.harness_calls import HARNESS_GRACE_S, InProcessGate
-from pytest_harbor.engine.launcher import Background, SandboxLauncher
+from pytest_harbor.engine.launcher import EarlyStart, SandboxLauncher
 from pytest_harbor.engine.processes import (
-    SandboxSurvey,
     end_processes_since,
     end_user_processes,
     survey,
@@ -42,6 +41,7 @@ from pytest_harbor.engine.results import EpisodeResult, TurnResult, TurnTimings,
 from pytest_harbor.engine.retries import AgentRetries
 from pytest_harbor.engine.rewards import RewardReading
 from pytest_harbor.engine.rollup import stop_reason
+from pytest_harbor.engine.steps import prepare_step
 from pytest_harbor.engine.trajectory import transcript
 from pytest_harbor.engine.users import SandboxUsers
 from pytest_harbor.engine.verification import VerifierRun, clear_for_next_turn, run_collect_hooks
@@ -74,10 +74,11 @@ class Episode:
 
     `model` is what a model-driven harness talks to; `model_gate` caps its requests in
     flight (one process's own cap when not given); the harness keeps its files in
-    `agent_logs_dir`, and each verification's files go to `verifier_logs_dir` (for a
-    multi-step task, a folder per step below it); either, when not given, is a temporary
-    folder removed at cleanup. Values of `redactor` (when not given, the run's: the
-    settings' secrets and the model's key) never reach those files or a failure message.
+    `agent_logs_dir`, each verification's files go to `verifier_logs_dir`, and each turn's
+    artifacts to `artifacts_dir` (for a multi-step task, a folder per step below each);
+    any, when not given, is a temporary folder removed at cleanup. Values of `redactor`
+    (when not given, the run's: the settings' secrets and the model's key) never reach
+    those files or a failure message.
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class Episode:
         model_gate: ModelGate | None = None,
         agent_logs_dir: Path | None = None,
         verifier_logs_dir: Path | None = None,
+        artifacts_dir: Path | None = None,
         redactor: Redactor | None = None,
         name: str | None = None,
     ) -> None:
@@ -144,15 +146,16 @@ class Episode:
             redactor=self.redactor,
         )
         self._attempt = Attempt(1, SandboxUsers(self.task))
-        self._early: Background[tuple[Sandbox, SandboxSurvey | None]] | None = None
+        self._early = EarlyStart(self.launcher)
         self._turns: list[TurnResult] = []
         self._stopped_after: str | None = None
         self._stop_reason: str | None = None
         self._retries = AgentRetries(settings.agent_outcome_policy)
         #: Model usage of attempts given up for a retry.
         self._spent: list[Usage] = []
-        self._verifier_root = verifier_logs_dir
-        self._own_verifier_root: Path | None = None
+        self._folders = EpisodeFolders(
+            verifier_logs_dir, artifacts_dir, per_step=self.task.config.is_multi_step
+        )
 
     @property
     def id(self) -> str:
@@ -195,12 +198,8 @@ class Episode:
 
     def prepare(self) -> None:
         """Make the images (build once per content hash, or fetch the prebuilt one)."""
-        if self._early is not None:
-            self._early.join()
-            if self._early.prepare_error is not None:
-                raise self._early.prepare_error
-            return
-        self.launcher.prepare()
+        if not self._early.prepared():
+            self.launcher.prepare()
 
     def prepare_images(self) -> None:
         """Make every image the episode needs, as prepare() does (for a run that builds
@@ -212,16 +211,8 @@ class Episode:
         """Make the images and start the sandbox in the background, so that a later seed()
         finds it running (while another episode still works, say). The seed still checks
         the folder, opens the deadline and does everything else."""
-        if self._early is None and self._attempt.sandbox is None:
-            self._early = Background(self.launcher.prepare, self._start_sandbox)
-
-    def _start_sandbox(self) -> tuple[Sandbox, SandboxSurvey | None]:
-        """The agent's sandbox, and its survey when nothing else starts in it at the
-        seed (taken now, while the episode before it still works)."""
-        sandbox = self.launcher.start_agent_sandbox()
-        if not self.launcher.nothing_starts_at_seed:
-            return sandbox, None
-        return sandbox, self.launcher.survey(sandbox)
+        if self._attempt.sandbox is None:
+            self._early.begin()
 
     def seed(self) -> None:
         """Check the folder is unchanged, start the sandbox, copy loose environment files,
@@ -238,7 +229,10 @@ class Episode:
         check_digest(self.task, self.expected_digest)
         attempt = self._attempt
         try:
-            sandbox, attempt.survey = self._take_early_sandbox() or self._start_sandbox_now()
+            sandbox, attempt.survey = self._early.take() or (
+                self.launcher.start_agent_sandbox(),
+                None,
+            )
             attempt.sandbox = sandbox
             if self.task.loose_environment_files:
                 target = self.workdir or self.launcher.image_workdir()
@@ -274,18 +268,6 @@ class Episode:
             )
         self.clock.took("seed_s", started)
 
-    def _start_sandbox_now(self) -> tuple[Sandbox, SandboxSurvey | None]:
-        return self.launcher.start_agent_sandbox(), None
-
-    def _take_early_sandbox(self) -> tuple[Sandbox, SandboxSurvey | None] | None:
-        if self._early is None:
-            return None
-        early, self._early = self._early, None
-        early.join()
-        if early.start_error is not None:
-            raise early.start_error
-        return early.result
-
     # ------------------------------------------------------------------------ turns
 
     def run_turn(self, turn: Turn) -> TurnOutput:
@@ -320,7 +302,7 @@ class Episode:
             turn = self._attempt.users.as_agent(
                 sandbox, turn, self._workdir_now, first=not self._turns
             )
-            turn = self._prompted(turn)
+            turn = prompted(turn, self.settings)
             sandbox.set_network(turn.agent_network)
             before = self._processes_now(sandbox)
         except SandboxError as error:
@@ -334,6 +316,10 @@ class Episode:
             self._attempt.root_had_sandbox = True
         self._agent.root_had_sandbox = self._attempt.root_had_sandbox
         started = time.monotonic()
+        unprepared = self._prepare_step(sandbox, turn)
+        if unprepared is not None:
+            timings = TurnTimings(setup_s=time.monotonic() - started, agent_s=0.0, verify_s=0.0)
+            return self._record(turn, AgentRun(), VerifierRun(unprepared), timings)
         agent = self._open_session(sandbox, turn)
         setup_s = time.monotonic() - started
         started = time.monotonic()
@@ -364,10 +350,35 @@ class Episode:
             # in the steps around it does not undo what it found.
             notes.append("the verification ended past the episode's deadline")
         timings = TurnTimings(setup_s=setup_s, agent_s=agent_s, verify_s=time.monotonic() - started)
+        if not verification.reading.masked:
+            into, workdir = self._folders.artifacts_dir(turn), self._workdir_now()
+            notes.extend(collect_artifacts(sandbox, turn.artifacts, workdir, into, self.redactor))
         output = self._record(turn, agent, verification, timings, notes)
         if self._stopped_after is not None:
             self._close_session(sandbox)
         return output
+
+    def _prepare_step(self, sandbox: Sandbox, turn: Turn) -> RewardReading | None:
+        """A step's files, set-up and healthcheck (engine/steps.py): None when it has none
+        or they went well, else the reading the turn scores."""
+        if turn.workdir_dir is None and turn.healthcheck is None:
+            return None
+        assert self._attempt.survey is not None
+        try:
+            return prepare_step(
+                sandbox,
+                turn,
+                workdir=self._workdir_now(),
+                user=self._attempt.users.agent_id(turn, self._image_user),
+                bash=self._attempt.survey.bash,
+                setup_s=setup_seconds(turn, self.settings) or self.clock.before_verifier(turn),
+                remaining=lambda: self.clock.before_verifier(turn),
+                redactor=self.redactor,
+            )
+        except SandboxError as error:
+            if not self._turns:
+                raise EpisodeError(FailureKind.SANDBOX_LOST, str(error)) from None
+            return self._fault(sandbox, error, f"preparing step {turn.name}")
 
     def _open_session(self, sandbox: Sandbox, turn: Turn) -> AgentRun | None:
         """Open the harness session when the turn needs one (within the allowance, and
@@ -422,7 +433,7 @@ class Episode:
                 turn=turn,
                 transcript=transcript(f"{self.id}/{turn.name}", self.harness.name, turn, agent),
                 seed=survey_,
-                into=self._verifier_dir(turn),
+                into=self._folders.verifier_dir(turn),
                 verifier_user=users.verifier_id(turn),
                 agent_id=agent_id,
                 more_turns=turn.name != self.task.turns[-1].name,
@@ -505,11 +516,13 @@ class Episode:
         result = turn_result(
             turn, agent, verification, timings, notes or [], oracle=self.harness.validates
         )
+        artifacts = self._folders.artifacts_dir(turn)
         result = result.model_copy(
             update={
                 "verifier_mode": self.verifier_mode,
-                "verifier_logs_dir": str(self._verifier_dir(turn)),
+                "verifier_logs_dir": str(self._folders.verifier_dir(turn)),
                 "verifier_files_cut": verification.cut,
+                "artifacts_dir": str(artifacts) if artifacts.is_dir() else None,
             }
         )
         self._turns.append(result)
@@ -518,25 +531,7 @@ class Episode:
             if reason is not None and turn is not self.task.turns[-1]:
                 self._stopped_after, self._stop_reason = turn.name, reason
         self.clock.turn_ended()
-        return TurnOutput(result, self._verifier_dir(turn))
-
-    def _prompted(self, turn: Turn) -> Turn:
-        """The instruction inside `compose_overlay.prompt_template`, when there is one."""
-        overlay = self.settings.compose_overlay
-        if overlay is None or overlay.prompt_template is None:
-            return turn
-        return replace(
-            turn, instruction=overlay.prompt_template.replace("{instruction}", turn.instruction)
-        )
-
-    def _verifier_dir(self, turn: Turn) -> Path:
-        """Where a turn's verifier files go: the episode's folder, or its step's below."""
-        root = self._verifier_root
-        if root is None:
-            if self._own_verifier_root is None:
-                self._own_verifier_root = Path(tempfile.mkdtemp(prefix="harbor-verifier-"))
-            root = self._own_verifier_root
-        return root / turn.name if self.task.config.is_multi_step else root
+        return TurnOutput(result, self._folders.verifier_dir(turn))
 
     # ------------------------------------------------------------------------ results
 
@@ -569,17 +564,13 @@ class Episode:
         before; idempotent. A removal that takes longer than `cleanup_timeout_seconds` is
         left to the end-of-run sweep."""
         attempt = self._attempt
-        early, self._early = self._early, None
-        if early is not None:
-            early.join()
-            if attempt.sandbox is None and early.result is not None:
-                attempt.sandbox = early.result[0]
+        early = self._early.abandon()
+        if attempt.sandbox is None:
+            attempt.sandbox = early
         if self._agent.has_session:
             self._close_session(attempt.sandbox)
         self._agent.discard_logs()
-        if self._own_verifier_root is not None:
-            shutil.rmtree(self._own_verifier_root, ignore_errors=True)
-            self._own_verifier_root = None
+        self._folders.discard()
         try:
             if attempt.sandbox is None:
                 return

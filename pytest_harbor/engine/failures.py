@@ -33,6 +33,8 @@ class FailureKind:
     EPISODE_TIMEOUT = "harbor:episode_timeout"
     DIGEST_MISMATCH = "harbor:digest_mismatch"
     HEALTHCHECK_FAILED = "harbor:healthcheck_failed"
+    #: A step's workdir/ could not be copied in, or its setup.sh failed or ran out of time.
+    STEP_SETUP_FAILED = "harbor:step_setup_failed"
     QUEUE_TIMEOUT = "harbor:queue_timeout"
     BUDGET_REFUSED = "harbor:budget_refused"
     TASK_REFUSED = "harbor:task_refused"

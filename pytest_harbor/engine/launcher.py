@@ -351,6 +351,57 @@ class Background(Generic[T]):
         join(self._thread)
 
 
+class EarlyStart:
+    """An episode's images made and sandbox started in the background, ahead of its
+    seed (Episode.start_early): with its survey too when nothing else starts in it at
+    the seed (taken while the episode before it still works)."""
+
+    def __init__(self, launcher: SandboxLauncher) -> None:
+        self._launcher = launcher
+        self._background: Background[tuple[Sandbox, SandboxSurvey | None]] | None = None
+
+    @property
+    def begun(self) -> bool:
+        return self._background is not None
+
+    def begin(self) -> None:
+        if self._background is None:
+            self._background = Background(self._launcher.prepare, self._start)
+
+    def _start(self) -> tuple[Sandbox, SandboxSurvey | None]:
+        sandbox = self._launcher.start_agent_sandbox()
+        if not self._launcher.nothing_starts_at_seed:
+            return sandbox, None
+        return sandbox, self._launcher.survey(sandbox)
+
+    def prepared(self) -> bool:
+        """Whether the images were made in the background (raises what that raised)."""
+        if self._background is None:
+            return False
+        self._background.join()
+        if self._background.prepare_error is not None:
+            raise self._background.prepare_error
+        return True
+
+    def take(self) -> tuple[Sandbox, SandboxSurvey | None] | None:
+        """The sandbox started ahead (raises what its start raised); None when none was."""
+        background, self._background = self._background, None
+        if background is None:
+            return None
+        background.join()
+        if background.start_error is not None:
+            raise background.start_error
+        return background.result
+
+    def abandon(self) -> Sandbox | None:
+        """At cleanup: the sandbox started ahead, for removal, whatever came of it."""
+        background, self._background = self._background, None
+        if background is None:
+            return None
+        background.join()
+        return None if background.result is None else background.result[0]
+
+
 def stop_within(sandbox: Sandbox, seconds: float) -> None:
     """Remove `sandbox`, waiting at most `seconds`: a removal that takes longer is left to
     the end-of-run sweep (logged)."""

@@ -67,6 +67,9 @@ class TurnResult(_Record):
     verifier_logs_dir: str | None = None
     #: Files of /logs/verifier cut short or left out of that copy (its caps).
     verifier_files_cut: list[str] = []
+    #: The folder this turn's artifacts were copied to (`/logs/artifacts` and the
+    #: declared ones, with a manifest.json), when there were any.
+    artifacts_dir: str | None = None
     #: The folder the harness kept its own files of this turn in on this machine (the
     #: oracle's output, oracle.txt; a CLI agent's logs), when it kept any.
     agent_logs_dir: str | None = None

@@ -33,6 +33,8 @@ TESTS_DIR = "/tests"
 VERIFIER_LOGS = "/logs/verifier"
 #: Where the verifier finds the agent's transcript (ATIF), written just before it runs.
 TRAJECTORY = "/logs/agent/trajectory.json"
+#: The folder any process may publish files in; kept as each turn's artifacts.
+ARTIFACTS = "/logs/artifacts"
 
 #: A line saying the sandbox was changed where the engine needs it: the episode scores 0.
 TAMPERED = "pytest-harbor-tampered:"
@@ -304,15 +306,18 @@ exec $B timeout -s TERM -k "$3" "$2" "$1" {TESTS_DIR}/test.sh \
   > {VERIFIER_LOGS}/test-stdout.txt 2>&1
 """
 
-#: Before a later turn, as root: the previous turn's tests, reward files and transcript go
-#: (set aside, then removed in the background); the agent's own files under /logs/agent
-#: stay.
+#: Before a later turn, as root: the previous turn's tests, reward files, transcript and
+#: published artifacts (kept with that turn's results) go (set aside, then removed in the
+#: background); the agent's own files under /logs/agent stay.
 CLEAR = (
     RENEW
     + f"""
 for dir in {TESTS_DIR} {VERIFIER_LOGS}; do
   if [ -d "$dir" ] && [ ! -L "$dir" ]; then renew "$dir" "${{dir##*/}}"; fi
 done
+if [ -d {ARTIFACTS} ] && [ ! -L {ARTIFACTS} ]; then
+  renew {ARTIFACTS} artifacts && $B chmod 777 {ARTIFACTS}
+fi
 set_aside {TRAJECTORY} trajectory.json
 forget_trash
 done_

@@ -285,6 +285,9 @@ class HarborTrial(_HarborNode, pytest.Collector):
                 verifier_logs_dir=run.layout.staged_verifier_dir(
                     self.taskset, run.run_id, self.episode_name
                 ),
+                artifacts_dir=run.layout.staged_artifacts_dir(
+                    self.taskset, run.run_id, self.episode_name
+                ),
                 redactor=run.redactor,
             )
         return self.episode
@@ -395,10 +398,10 @@ class HarborTurnItem(_HarborNode, pytest.Item):
         harness kept files there, where the controller puts them (see _episode)."""
         run, trial = _run(self), self.trial
         update: dict[str, str] = {}
-        if turn.verifier_logs_dir is not None:
-            update["verifier_logs_dir"] = run.layout.placed(
-                trial.taskset, run.run_id, turn.verifier_logs_dir
-            )
+        for key in ("verifier_logs_dir", "artifacts_dir"):
+            staged = getattr(turn, key)
+            if staged is not None:
+                update[key] = run.layout.placed(trial.taskset, run.run_id, staged)
         agent = run.layout.staged_agent_dir(trial.taskset, run.run_id, trial.episode_name)
         if trial.task.config.is_multi_step:
             agent = agent / turn.step

@@ -25,6 +25,7 @@ __all__ = [
     "AGENT_LOGS_COPY",
     "ARTIFACTS_COPY",
     "ARTIFACTS_KEPT_BYTES",
+    "ARTIFACTS_RESULTS_COPY",
     "HARNESS_COPY",
     "LOG_FILE_COPY",
     "REWARD_FILE_COPY",
@@ -34,6 +35,7 @@ __all__ = [
     "CopyLimits",
     "RepackedArtifact",
     "bounded",
+    "excluded",
     "members",
 ]
 
@@ -60,6 +62,8 @@ VERIFIER_FOLDER_COPY = CopyLimits(read_bytes=320 * MiB, seconds=60.0, entries=10
 REWARD_FILE_COPY = CopyLimits(read_bytes=1 * MiB, seconds=10.0, entries=2)
 #: Artifacts from the agent's sandbox into a separate verifier's (kept: 1 GiB).
 ARTIFACTS_COPY = CopyLimits(read_bytes=4 * GiB, seconds=600.0, entries=100_000)
+#: A turn's artifacts to the results folder (kept: 1 GiB in 20,000 files).
+ARTIFACTS_RESULTS_COPY = CopyLimits(read_bytes=1280 * MiB, seconds=120.0, entries=100_000)
 #: The files of /logs/agent a CLI agent's converter reads.
 AGENT_LOGS_COPY = CopyLimits(read_bytes=320 * MiB, seconds=60.0, entries=100_000)
 #: One log file (the oracle's): 8 MiB of it is kept.
@@ -214,7 +218,7 @@ class RepackedArtifact:
     def __iter__(self) -> Iterator[bytes]:
         passed: set[str] = set()
         for archive, member in members(self._stream):
-            if member.type not in _KEPT_TYPES or _excluded(member.name, self._patterns):
+            if member.type not in _KEPT_TYPES or excluded(member.name, self._patterns):
                 continue
             if member.issym() and not _inside(member.name, member.linkname):
                 continue
@@ -250,7 +254,9 @@ def _content(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[byte
     yield b"\0" * (-member.size % tarfile.BLOCKSIZE)
 
 
-def _excluded(name: str, patterns: tuple[str, ...]) -> bool:
+def excluded(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether the path `name` is left out by an `exclude` pattern (tar --exclude style:
+    one matching the path, or any of its components or leading folders)."""
     parts = name.split("/")
     prefixes = ["/".join(parts[:end]) for end in range(1, len(parts) + 1)]
     return any(

@@ -199,7 +199,7 @@ def load_task(
         unknown_keys=tuple(meant),
         unknown_key_lines={key: key_line(text, key) for key in meant},
         unknown_key_meant=meant,
-        notes=_notes(config),
+        notes=_notes(config) + _stray_setups(path, config),
     )
 
 
@@ -325,14 +325,6 @@ def _check_step(path: Path, index: int, step: StepConfig, bundled: bool) -> None
     folder = path / "steps" / step.name
     where = f"steps[{index}]"
     named = f"step {step.name!r}"
-    if step.healthcheck is not None:
-        raise TaskLoadError(
-            task_file, f"{named}: a per-step healthcheck is not run", key=f"{where}.healthcheck"
-        )
-    if step.artifacts:
-        raise TaskLoadError(
-            task_file, f"{named}: per-step artifacts are not collected", key=f"{where}.artifacts"
-        )
     if step.verifier.environment is not None or step.verifier.environment_mode == "separate":
         key = "environment" if step.verifier.environment is not None else "environment_mode"
         raise TaskLoadError(
@@ -342,11 +334,12 @@ def _check_step(path: Path, index: int, step: StepConfig, bundled: bool) -> None
         )
     if not folder.is_dir():
         raise TaskLoadError(folder, f"missing: {named} needs its folder")
-    if (folder / "workdir").exists():
-        raise TaskLoadError(folder / "workdir", f"{named}: per-step workdir/ is not supported")
-    for setup in (folder / "setup.sh", folder / "workdir" / "setup.sh"):
-        if setup.exists():
-            raise TaskLoadError(setup, f"{named}: per-step setup.sh is not supported")
+    workdir = folder / "workdir"
+    if workdir.exists() and not workdir.is_dir():
+        raise TaskLoadError(workdir, f"{named}: workdir must be a folder")
+    setup = workdir / "setup.sh"
+    if setup.exists() and not setup.is_file():
+        raise TaskLoadError(setup, f"{named}: setup.sh must be a file")
     if not (folder / "instruction.md").is_file():
         raise TaskLoadError(folder / "instruction.md", f"missing: {named} needs an instruction")
     if not bundled and not any(
@@ -496,6 +489,7 @@ def _turns(path: Path, config: TaskConfig) -> tuple[Turn, ...]:
                 solution_env=dict(config.solution.env),
                 agent_network=_online(config.agent.network_mode, config),
                 verifier_network=_online(config.verifier.network_mode, config),
+                artifacts=tuple(config.artifacts),
             ),
         )
     turns = []
@@ -525,6 +519,9 @@ def _turns(path: Path, config: TaskConfig) -> tuple[Turn, ...]:
                 verifier_network=_online(
                     step.verifier.network_mode or config.verifier.network_mode, config
                 ),
+                workdir_dir=folder / "workdir" if (folder / "workdir").is_dir() else None,
+                healthcheck=step.healthcheck,
+                artifacts=(*config.artifacts, *step.artifacts),
             )
         )
     return tuple(turns)
@@ -534,6 +531,16 @@ def _online(mode: str | None, config: TaskConfig) -> bool:
     """A phase's network: its own mode, else the environment's ("allowlist" is refused
     before a task runs on a provider that cannot enforce it)."""
     return (mode or config.environment.network_mode) != "no-network"
+
+
+def _stray_setups(path: Path, config: TaskConfig) -> tuple[str, ...]:
+    """A `steps/<name>/setup.sh` beside `workdir/`, which Harbor does not run either."""
+    return tuple(
+        f"steps/{step.name}/setup.sh is not run: a step's set-up script is "
+        f"steps/{step.name}/workdir/setup.sh"
+        for step in config.steps or []
+        if (path / "steps" / step.name / "setup.sh").is_file()
+    )
 
 
 def _notes(config: TaskConfig) -> tuple[str, ...]:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_harbor.tasks.config import TaskConfig
+from pytest_harbor.tasks.config import ArtifactConfig, HealthcheckConfig, TaskConfig
 
 __all__ = ["COMPOSE_FILES", "SINGLE_STEP_TURN", "Task", "Turn"]
 
@@ -33,6 +33,22 @@ class Turn:
     #: `network_mode`, else the step's, else the environment's).
     agent_network: bool = True
     verifier_network: bool = True
+    #: A step's `steps/<name>/workdir/`: copied into the working directory before the
+    #: turn, its `setup.sh` run after the copy (multi-step tasks only).
+    workdir_dir: Path | None = None
+    #: The step's `[steps.healthcheck]`, run after the set-up and before the agent.
+    healthcheck: HealthcheckConfig | None = None
+    #: What is copied out of the sandbox at the end of the turn: the task's `artifacts`,
+    #: then the step's (`/logs/artifacts` always).
+    artifacts: tuple[ArtifactConfig, ...] = ()
+
+    @property
+    def setup_script(self) -> Path | None:
+        """The step's `workdir/setup.sh`, when it has one."""
+        if self.workdir_dir is None:
+            return None
+        script = self.workdir_dir / "setup.sh"
+        return script if script.is_file() else None
 
     @property
     def solve_script(self) -> Path | None:

@@ -30,7 +30,10 @@ CHECK = "check.json"
 MANIFEST = "rollouts_manifest.json"
 VERIFIER = "verifier"
 AGENT = "agent"
+ARTIFACTS = "artifacts"
 SKIPPED = "skipped.json"
+#: The folders of each episode's files, staged by workers and placed with its row.
+KINDS = (VERIFIER, AGENT, ARTIFACTS)
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,20 @@ class ResultsLayout:
         episode's turns in `<step>/` below it)."""
         return self.agent_root_of(taskset) / episode_id
 
+    def artifacts_root_of(self, taskset: str) -> Path:
+        return self.taskset_dir(taskset) / ARTIFACTS
+
+    def artifacts_dir(self, taskset: str, episode_id: str) -> Path:
+        """`artifacts/<episode>/`: what each turn left to keep (a multi-step episode's
+        turns in `<step>/` below it)."""
+        return self.artifacts_root_of(taskset) / episode_id
+
+    def root_of(self, taskset: str, kind: str) -> Path:
+        """The folder of each episode's `verifier/`, `agent/` or `artifacts/` folders."""
+        if kind == VERIFIER:
+            return self.verifier_root_of(taskset)
+        return self.taskset_dir(taskset) / kind
+
     def incoming_dir(self, taskset: str, run_id: str) -> Path:
         """Where the workers of run `run_id` write an episode's folders (`verifier/`,
         `agent/`) until the controller moves them into place with its row."""
@@ -106,6 +123,9 @@ class ResultsLayout:
     def staged_agent_dir(self, taskset: str, run_id: str, episode_id: str) -> Path:
         return self.incoming_dir(taskset, run_id) / AGENT / episode_id
 
+    def staged_artifacts_dir(self, taskset: str, run_id: str, episode_id: str) -> Path:
+        return self.incoming_dir(taskset, run_id) / ARTIFACTS / episode_id
+
     def placed(self, taskset: str, run_id: str, staged: str) -> str:
         """The final place of a path in the staging area (others unchanged)."""
         root = self.incoming_dir(taskset, run_id)
@@ -114,8 +134,7 @@ class ResultsLayout:
         except ValueError:
             return staged
         kind, *rest = relative.parts
-        base = self.verifier_root_of(taskset) if kind == VERIFIER else self.agent_root_of(taskset)
-        return str(base.joinpath(*rest))
+        return str(self.root_of(taskset, kind).joinpath(*rest))
 
 
 class RolloutsWriter:
@@ -218,7 +237,7 @@ class RolloutsWriter:
         it did not."""
         staged = self.layout.incoming_dir(taskset, self.run_id)
         if staged.is_dir() and self.begun(taskset):
-            for kind in (VERIFIER, AGENT):
+            for kind in KINDS:
                 for episode in sorted((staged / kind).glob("*")):
                     self._move(episode, self._final(taskset, kind, episode.name), merge=True)
         shutil.rmtree(staged, ignore_errors=True)
@@ -227,15 +246,13 @@ class RolloutsWriter:
 
     def _place(self, taskset: str, episode: str) -> None:
         staged = self.layout.incoming_dir(taskset, self.run_id)
-        for kind in (VERIFIER, AGENT):
+        for kind in KINDS:
             source = staged / kind / episode
             if source.exists():
                 self._move(source, self._final(taskset, kind, episode), merge=False)
 
     def _final(self, taskset: str, kind: str, episode: str) -> Path:
-        if kind == VERIFIER:
-            return self.layout.verifier_root_of(taskset) / episode
-        return self.layout.agent_root_of(taskset) / episode
+        return self.layout.root_of(taskset, kind) / episode
 
     @staticmethod
     def _move(source: Path, target: Path, *, merge: bool) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pytest_harbor import strict_json
 from pytest_harbor.engine.metrics import EpisodeStatus, TasksetScore
-from pytest_harbor.engine.results import EpisodeResult
+from pytest_harbor.engine.results import EpisodeResult, TurnResult
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.writers.failures import FailureRecord
 from pytest_harbor.writers.files import write_atomically
@@ -69,6 +69,7 @@ def run_summary(
         "tasks": layout.tasks_file(taskset, manifest.agent),
         "verifier": layout.verifier_root_of(taskset),
         "agent": layout.agent_root_of(taskset),
+        "artifacts": layout.artifacts_root_of(taskset),
     }
     return {
         "schema_version": 1,
@@ -130,10 +131,7 @@ def _episode(entry: EpisodeEntry, relative: Any) -> dict[str, Any]:
             failure_cause=result.failure_cause,
             partial=result.partial,
             usage=None if result.usage is None else result.usage.model_dump(mode="json"),
-            logs=[
-                _logs(turn.step, turn.verifier_logs_dir, relative, turn.agent_logs_dir)
-                for turn in result.turns
-            ],
+            logs=[_logs(turn, relative) for turn in result.turns],
         )
     elif entry.failure is not None:
         failure = entry.failure
@@ -149,16 +147,17 @@ def _episode(entry: EpisodeEntry, relative: Any) -> dict[str, Any]:
     return data
 
 
-def _logs(
-    step: str, folder: str | None, relative: Any, agent_folder: str | None = None
-) -> dict[str, Any]:
-    logs: dict[str, Any] = {"step": step, "verifier_dir": None}
+def _logs(turn: TurnResult, relative: Any) -> dict[str, Any]:
+    logs: dict[str, Any] = {"step": turn.step, "verifier_dir": None}
+    folder, agent_folder = turn.verifier_logs_dir, turn.agent_logs_dir
     if agent_folder is not None and Path(agent_folder).is_dir():
         logs["agent_dir"] = relative(agent_folder)
         for name in _AGENT_LOGS:
             if (Path(agent_folder) / name).is_file():
                 logs["agent_log"] = relative(Path(agent_folder) / name)
                 break
+    if turn.artifacts_dir is not None and Path(turn.artifacts_dir).is_dir():
+        logs["artifacts_dir"] = relative(turn.artifacts_dir)
     if folder is None or not Path(folder).is_dir():
         return logs
     logs["verifier_dir"] = relative(folder)

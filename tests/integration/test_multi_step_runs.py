@@ -290,10 +290,11 @@ def test_the_example_dataset_passes_with_the_oracle(pytester: pytest.Pytester) -
     copy = pytester.path / "multistep"
     shutil.copytree(REPO_ROOT / "example_datasets" / "multistep", copy)
     result = pytester.runpytest(f"--harbor-dataset={copy}", "-n", "2")
-    result.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=10)
     rows = Dataset(copy).rows(pytester.path / "results")
     assert sorted((row["task_id"], row["reward"]) for row in rows) == [
         ("build-a-poem", 1.0),
+        ("greeter", 1.0),
         ("hand-over", 1.0),
         ("layered-checks", 1.0),
     ]

@@ -244,9 +244,10 @@ def test_every_item_carries_a_backstop_from_its_budget(
     marker = item.get_closest_marker("timeout")
     assert marker is not None
     # build 200 + (worst case (300 + 100 + 50 + 30 + (900 + 180) x 3) + the copies out at
-    # their caps (10 + 10 + 60) + cleanup 180) for the attempt and each of the 2 retries
-    # agent_outcome_policy may make by default, the pauses before them (30 s, 60 s), and 60
-    assert marker.args == (200 + (480 + 3240 + 80 + 180) * 3 + 30 + 60 + 60,)
+    # their caps (reward files 10 + 10, the verifier's folder 60, the artifacts 120) +
+    # cleanup 180) for the attempt and each of the 2 retries agent_outcome_policy may make
+    # by default, the pauses before them (30 s, 60 s), and 60
+    assert marker.args == (200 + (480 + 3240 + 200 + 180) * 3 + 30 + 60 + 60,)
 
 
 def test_the_summary_gives_each_episode_a_status(

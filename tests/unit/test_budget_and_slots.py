@@ -120,3 +120,34 @@ def test_a_dead_process_gives_its_slot_back(tmp_path: Path) -> None:
     slot = Slots(tmp_path, 1).acquire(5)
     assert slot is not None
     slot.release()
+
+
+def test_a_steps_setup_and_healthcheck_count_in_its_turn(tmp_path: Path) -> None:
+    task_dir = write_task(
+        tmp_path,
+        "stepped",
+        toml=(
+            "[agent]\ntimeout_sec = 100\n[verifier]\ntimeout_sec = 10\n"
+            f'[environment]\ndocker_image = "{BASE_IMAGE}"\n'
+            '[[steps]]\nname = "a"\n'
+            '[[steps]]\nname = "b"\n'
+            '[steps.healthcheck]\ncommand = "true"\ninterval_sec = 2\ntimeout_sec = 3\n'
+            "retries = 4\nstart_period_sec = 5\n"
+        ),
+        extra_files={
+            "steps/a/instruction.md": "a\n",
+            "steps/b/instruction.md": "b\n",
+            "steps/b/workdir/setup.sh": "true\n",
+        },
+    )
+    task = load_task(task_dir)
+    plain = HarborSettings(harness_setup_allowance_s=0, verifier_grace_s=0)
+    per_turn = 100 + 10
+    healthcheck = 5 + 4 * (3 + 2)
+    budget = episode_budget(task, plain, separate_verifier=False)
+    # The set-up is bounded by the step's agent budget unless step_setup_timeout_s says.
+    assert budget.turns_s == 2 * per_turn + 100 + healthcheck
+    bounded = plain.model_copy(update={"step_setup_timeout_s": 7.0})
+    assert episode_budget(task, bounded, separate_verifier=False).turns_s == (
+        2 * per_turn + 7 + healthcheck
+    )

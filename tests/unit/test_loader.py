@@ -214,3 +214,33 @@ def test_a_user_the_engine_will_not_run_as_is_refused_by_file_and_key(
         load_task(task)
     assert raised.value.key == f"{table}.user"
     assert "task.toml" in str(raised.value)
+
+
+def test_a_steps_workdir_healthcheck_and_artifacts_reach_its_turn(tmp_path: Path) -> None:
+    task_dir = write_task(
+        tmp_path,
+        "stepped",
+        toml=(
+            'artifacts = ["/app/all.txt"]\n[environment]\ndocker_image = "debian"\n'
+            '[[steps]]\nname = "a"\nartifacts = ["/app/a.txt"]\n'
+            '[steps.healthcheck]\ncommand = "true"\n'
+            '[[steps]]\nname = "b"\n'
+        ),
+        extra_files={
+            "steps/a/instruction.md": "a\n",
+            "steps/a/workdir/setup.sh": "true\n",
+            "steps/b/instruction.md": "b\n",
+            "steps/b/setup.sh": "true\n",  # beside workdir/: not run, as in Harbor
+        },
+    )
+    task = load_task(task_dir)
+    first, second = task.turns
+    assert first.workdir_dir == task_dir / "steps" / "a" / "workdir"
+    assert first.setup_script == task_dir / "steps" / "a" / "workdir" / "setup.sh"
+    assert first.healthcheck is not None and first.healthcheck.command == "true"
+    assert [artifact.source for artifact in first.artifacts] == ["/app/all.txt", "/app/a.txt"]
+    assert second.workdir_dir is None and second.setup_script is None
+    assert [artifact.source for artifact in second.artifacts] == ["/app/all.txt"]
+    assert task.notes == (
+        "steps/b/setup.sh is not run: a step's set-up script is steps/b/workdir/setup.sh",
+    )
