@@ -437,6 +437,7 @@ class Episode:
                 verifier_user=users.verifier_id(turn),
                 agent_id=agent_id,
                 more_turns=turn.name != self.task.turns[-1].name,
+                response=None if self.harness.validates else agent.response,
             )
             return self._verifier.verify(sandbox, verification)
         except SandboxError as error:

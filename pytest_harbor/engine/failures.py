@@ -35,6 +35,9 @@ class FailureKind:
     HEALTHCHECK_FAILED = "harbor:healthcheck_failed"
     #: A step's workdir/ could not be copied in, or its setup.sh failed or ran out of time.
     STEP_SETUP_FAILED = "harbor:step_setup_failed"
+    #: A Python verifier that could not be called as declared (a `response` it requires
+    #: where there is none, a Python older than 3.8, a return that is not a reward).
+    VERIFIER_CONTRACT = "harbor:verifier_contract"
     QUEUE_TIMEOUT = "harbor:queue_timeout"
     BUDGET_REFUSED = "harbor:budget_refused"
     TASK_REFUSED = "harbor:task_refused"

@@ -21,7 +21,7 @@ from pytest_harbor.tasks import (
     matches_any,
     read_dataset_config,
 )
-from pytest_harbor.tasks.dataset import DATASET_FILE
+from pytest_harbor.tasks.dataset import DATASET_FILE, DatasetFiles
 from pytest_harbor.tasks.loader import MAX_TASK_DEPTH, refuse_unusable_name
 
 __all__ = ["Selection", "TasksetPlan", "plan_taskset"]
@@ -54,6 +54,8 @@ class TasksetPlan:
     task_ids: list[str] = field(default_factory=list)
     #: Selected task folders that did not load or cannot run here, with the reason.
     failures: dict[Path, TaskLoadError] = field(default_factory=dict)
+    #: The files the dataset's root shares with its tasks (a Python verifier's).
+    files: DatasetFiles = field(default_factory=DatasetFiles)
 
 
 def plan_taskset(
@@ -78,7 +80,9 @@ def plan_taskset(
     """
     if not (root / "task.toml").is_file():
         refuse_unusable_name(root, "dataset folder")
-    dataset = DatasetConfig() if (root / "task.toml").is_file() else read_dataset_config(root)
+    alone = (root / "task.toml").is_file()
+    dataset = DatasetConfig() if alone else read_dataset_config(root)
+    files = DatasetFiles() if alone else DatasetFiles.read(root)
     _admit(root, dataset, harness, admit_any_harness)
     task_dirs = discover_task_dirs(root)
     if not task_dirs:
@@ -101,12 +105,15 @@ def plan_taskset(
         dataset=dataset,
         repeats=repeats or dataset.defaults.repeats or 1,
         task_ids=[path.name for path in task_dirs],
+        files=files,
     )
     for task_dir in task_dirs:
         if not selection.admits(task_dir.name):
             continue
         try:
-            task = load_task(task_dir, environ=host_env, secrets=secrets, dataset=dataset)
+            task = load_task(
+                task_dir, environ=host_env, secrets=secrets, dataset=dataset, dataset_files=files
+            )
             refuse_unrunnable(task, capabilities, provider)
             if check is not None:
                 check(task)

@@ -22,6 +22,7 @@ from typing import IO
 from pytest_harbor.engine.failures import FailureKind
 from pytest_harbor.engine.masked_names import MaskedPaths
 from pytest_harbor.engine.processes import SandboxSurvey
+from pytest_harbor.engine.python_verifiers import contract_error, verifier_files
 from pytest_harbor.engine.rewards import REWARD_FILES, RewardReading, read_reward
 from pytest_harbor.engine.scripts import (
     CLEAR,
@@ -147,6 +148,7 @@ def run_verifier(
     verifier_user: str | None = None,
     agent_id: str | None = None,
     upload_tests: bool = True,
+    response: str | None = None,
 ) -> VerifierRun:
     """Verify `turn` in `sandbox`: check what the agent may have broken, end every process
     of the user `agent_id` (`uid:gid`, a non-root agent's), make /tests and /logs/verifier anew,
@@ -159,7 +161,10 @@ def run_verifier(
     would not end, scores 0 (`harbor:verifier_tampered`). Any other failure of the engine's
     steps raises SandboxError, for the caller to blame (engine/faults.py). As root this is
     one exec; a verifier user needs a second. What the verifier left is copied into the
-    folder `into` (with the transcript, as `trajectory.json`), with secrets masked.
+    folder `into` (with the transcript, as `trajectory.json`), with secrets masked. A turn
+    graded by a Python `verify(...)` gets the engine's runner beside its tests, and the
+    agent's final answer (`response`; none for the oracle) with them
+    (engine/python_verifiers.py).
     """
     # By plain exec, as every step of the engine's once an agent has had the sandbox: a
     # process of the engine's in the sandbox (a command channel) is one a root agent can
@@ -178,7 +183,7 @@ def run_verifier(
     budget = max(budget_s, 1.0)
     payload = pack_tree(
         {"tests": turn.tests_dirs if upload_tests else ()},
-        {TRAJECTORY.lstrip("/"): trajectory},
+        {TRAJECTORY.lstrip("/"): trajectory, **verifier_files(turn, response)},
     )
     user = verifier_user or turn.verifier_user
     as_root = is_root_user(user or "")
@@ -241,6 +246,9 @@ def run_verifier(
         )
     else:
         reading = read_reward(copied.rewards, copied.unusable)
+        unmet = contract_error(into) if turn.python_verifier and reading.rewards is None else None
+        if unmet is not None:
+            reading = RewardReading.failed(FailureKind.VERIFIER_CONTRACT, unmet)
     return VerifierRun(reading, result.exit_code, timed_out, copied.cut)
 
 

@@ -111,6 +111,7 @@ class PreFlight:
             model=None if run.model is None else run.model.identity(),
             agent_options=run.options.agent_options,
             dataset_config=None if target.is_task else target.path / "dataset.toml",
+            dataset_files_digest=plan.files.digest,
             reference=run.reference_record(target),
         )
         recorded = run.options.recorded.get(taskset)

@@ -1,9 +1,12 @@
-"""dataset.toml's `[gym]` table: admitted harnesses, defaults and per-task overrides."""
+"""dataset.toml's `[gym]` table: admitted harnesses, defaults and per-task overrides; and
+the files a dataset's root shares with its tasks."""
 
 from __future__ import annotations
 
+import hashlib
 import tomllib
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pytest_harbor.tasks.config import EnvironmentConfig, TaskConfig
 from pytest_harbor.tasks.errors import TaskLoadError, describe_validation_error, key_path
 
-__all__ = ["DATASET_FILE", "DatasetConfig", "GymDefaults", "read_dataset_config"]
+__all__ = [
+    "DATASET_FILE",
+    "SHARED_FILES",
+    "DatasetConfig",
+    "DatasetFiles",
+    "GymDefaults",
+    "read_dataset_config",
+]
 
 DATASET_FILE = "dataset.toml"
 
@@ -117,6 +127,56 @@ class DatasetConfig(_Strict):
     def unknown_task_ids(self, task_ids: Iterable[str]) -> list[str]:
         known = set(task_ids)
         return sorted(task_id for task_id in self.tasks if task_id not in known)
+
+
+#: The files at a dataset's root its tasks share: the grader of each single-step task
+#: without `tests/` (`verifier.py`) and the model of the tasks' fields (`task_data.py`).
+SHARED_FILES = ("verifier.py", "task_data.py")
+#: The most of one shared file that is read.
+SHARED_FILE_CAP = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DatasetFiles:
+    """A dataset root's shared files, as read once when the run planned it: what is
+    shipped into sandboxes is what the digest covers, whatever changes on disk later.
+    They are Python for the sandbox; nothing of them runs on this machine."""
+
+    verifier: bytes | None = None
+    task_data_model: bytes | None = None
+
+    @classmethod
+    def read(cls, root: Path) -> DatasetFiles:
+        """`root`'s shared files; TaskLoadError names one that is a link, not a file or
+        too large."""
+        found: dict[str, bytes] = {}
+        for name in SHARED_FILES:
+            path = root / name
+            if path.is_symlink():
+                raise TaskLoadError(path, "must not be a symlink: it is shipped into sandboxes")
+            if not path.exists():
+                continue
+            if not path.is_file():
+                raise TaskLoadError(path, "must be a file")
+            with path.open("rb") as handle:
+                data = handle.read(SHARED_FILE_CAP + 1)
+            if len(data) > SHARED_FILE_CAP:
+                raise TaskLoadError(path, f"is larger than {SHARED_FILE_CAP} bytes")
+            found[name] = data
+        return cls(found.get("verifier.py"), found.get("task_data.py"))
+
+    @property
+    def digest(self) -> str | None:
+        """`sha256:` over `name NUL sha256(content) LF` of each file there (None: none)."""
+        present = {"verifier.py": self.verifier, "task_data.py": self.task_data_model}
+        records = sorted(
+            f"{name}\0{hashlib.sha256(data).hexdigest()}\n".encode()
+            for name, data in present.items()
+            if data is not None
+        )
+        if not records:
+            return None
+        return "sha256:" + hashlib.sha256(b"".join(records)).hexdigest()
 
 
 def read_dataset_config(folder: Path) -> DatasetConfig:

@@ -11,7 +11,7 @@ from pytest_harbor.ignore import is_ignored
 __all__ = ["DIGEST_FILES", "DIGEST_FOLDERS", "TaskFolderError", "task_digest"]
 
 #: Files at the top of a task folder that the digest covers.
-DIGEST_FILES = ("task.toml", "instruction.md", "README.md", "trajectory.json")
+DIGEST_FILES = ("task.toml", "instruction.md", "README.md", "trajectory.json", "task_data.json")
 #: Folders whose whole content (hidden files too) the digest covers.
 DIGEST_FOLDERS = ("environment", "tests", "solution", "steps")
 

@@ -22,10 +22,11 @@ from pytest_harbor.tasks.config import (
     VerifierConfig,
     known_instead,
 )
-from pytest_harbor.tasks.dataset import DatasetConfig
+from pytest_harbor.tasks.dataset import DatasetConfig, DatasetFiles
 from pytest_harbor.tasks.digest import TaskFolderError, task_digest
 from pytest_harbor.tasks.dockerfiles import check_dockerfile
 from pytest_harbor.tasks.errors import TaskLoadError, describe_validation_error, error_key
+from pytest_harbor.tasks.graders import graded, python_verifier, read_task_data
 from pytest_harbor.tasks.task import COMPOSE_FILES, SINGLE_STEP_TURN, Task, Turn
 from pytest_harbor.tasks.typos import key_line, near_miss
 
@@ -155,10 +156,12 @@ def load_task(
     environ: Mapping[str, str] | None = None,
     secrets: Mapping[str, str] | None = None,
     dataset: DatasetConfig | None = None,
+    dataset_files: DatasetFiles | None = None,
 ) -> Task:
     """Load and validate one task folder; raise TaskLoadError naming the file and key.
 
     `dataset` applies a dataset.toml's `[gym]` overrides (before validation) and defaults;
+    `dataset_files` are the dataset root's shared `verifier.py` and `task_data.py`;
     `secrets` fill `${NAME}` in verifier env tables only, before `environ` does: the host
     variables a template may read (none when not given; a run gives those `host_env`
     names). A table the agent's sandbox gets that would hold a secret's value is refused.
@@ -178,7 +181,9 @@ def load_task(
         config = _validate(task_file, raw, from_dataset=bool(override))
         if dataset is not None:
             config = dataset.defaults.scale(config)
-        _check_layout(path, config)
+        shared = dataset_files or DatasetFiles()
+        _check_layout(path, config, shared)
+        task_data = read_task_data(path)
         config = _resolve_env_templates(task_file, config, environ, secrets or {})
     except TaskLoadError as error:
         # A key that is missing or wrong may be one the file misspells.
@@ -194,7 +199,7 @@ def load_task(
     return Task(
         path=path,
         config=config,
-        turns=_turns(path, config),
+        turns=_turns(path, config, shared, task_data),
         digest=digest,
         unknown_keys=tuple(meant),
         unknown_key_lines={key: key_line(text, key) for key in meant},
@@ -260,7 +265,7 @@ def _validate(task_file: Path, raw: dict[str, Any], *, from_dataset: bool) -> Ta
         ) from None
 
 
-def _check_layout(path: Path, config: TaskConfig) -> None:
+def _check_layout(path: Path, config: TaskConfig, shared: DatasetFiles) -> None:
     """Harbor's file rules (§1.3) and the per-step features Gym's loader refuses."""
     task_file = path / TASK_FILE
     environment = path / "environment"
@@ -280,20 +285,18 @@ def _check_layout(path: Path, config: TaskConfig) -> None:
         if dockerfile.is_file():
             check_dockerfile(dockerfile)
     bundled = _bundles_tests(path, config)
-    if (path / "tests" / "verifier.py").is_file() and not (path / "tests" / "test.sh").is_file():
-        raise TaskLoadError(
-            path / "tests" / "verifier.py",
-            "Python verifiers are not supported; add tests/test.sh",
-        )
     if not config.is_multi_step:
         if not (path / "instruction.md").is_file():
             raise TaskLoadError(path / "instruction.md", "missing: a single-step task needs one")
-        if not bundled and not (path / "tests" / "test.sh").is_file():
+        tests = [path / "tests"] if (path / "tests").is_dir() else []
+        if not bundled and not graded(tests, shared):
             raise TaskLoadError(
-                path / "tests" / "test.sh", "missing: the verifier script is required"
+                path / "tests" / "test.sh",
+                "missing: the verifier script is required (or tests/verifier.py, or the "
+                "dataset's verifier.py for a task without tests/)",
             )
         return
-    _check_steps(path, config, bundled)
+    _check_steps(path, config, bundled, shared)
 
 
 def _bundles_tests(path: Path, config: TaskConfig) -> bool:
@@ -305,7 +308,7 @@ def _bundles_tests(path: Path, config: TaskConfig) -> bool:
     )
 
 
-def _check_steps(path: Path, config: TaskConfig, bundled: bool) -> None:
+def _check_steps(path: Path, config: TaskConfig, bundled: bool, shared: DatasetFiles) -> None:
     task_file = path / TASK_FILE
     if config.verifier.mode == "separate" or (path / "tests" / "Dockerfile").is_file():
         raise TaskLoadError(
@@ -317,10 +320,12 @@ def _check_steps(path: Path, config: TaskConfig, bundled: bool) -> None:
             else "verifier.environment",
         )
     for index, step in enumerate(config.steps or []):
-        _check_step(path, index, step, bundled)
+        _check_step(path, index, step, bundled, shared)
 
 
-def _check_step(path: Path, index: int, step: StepConfig, bundled: bool) -> None:
+def _check_step(
+    path: Path, index: int, step: StepConfig, bundled: bool, shared: DatasetFiles
+) -> None:
     task_file = path / TASK_FILE
     folder = path / "steps" / step.name
     where = f"steps[{index}]"
@@ -342,13 +347,12 @@ def _check_step(path: Path, index: int, step: StepConfig, bundled: bool) -> None
         raise TaskLoadError(setup, f"{named}: setup.sh must be a file")
     if not (folder / "instruction.md").is_file():
         raise TaskLoadError(folder / "instruction.md", f"missing: {named} needs an instruction")
-    if not bundled and not any(
-        (tests / "test.sh").is_file() for tests in (folder / "tests", path / "tests")
-    ):
+    tests = [tests for tests in (path / "tests", folder / "tests") if tests.is_dir()]
+    if not bundled and not graded(tests, shared):
         raise TaskLoadError(
             folder / "tests" / "test.sh",
-            f"missing: {named} has no verifier (neither steps/{step.name}/tests/test.sh "
-            "nor tests/test.sh)",
+            f"missing: {named} has no verifier (no test.sh or verifier.py in "
+            f"steps/{step.name}/tests/ or tests/)",
         )
 
 
@@ -471,7 +475,9 @@ def _user(value: str | int | None) -> str | None:
     return None if value is None else str(value)
 
 
-def _turns(path: Path, config: TaskConfig) -> tuple[Turn, ...]:
+def _turns(
+    path: Path, config: TaskConfig, shared: DatasetFiles, task_data: dict[str, Any] | None
+) -> tuple[Turn, ...]:
     tests = path / "tests"
     solution = path / "solution"
     if not config.is_multi_step:
@@ -490,6 +496,9 @@ def _turns(path: Path, config: TaskConfig) -> tuple[Turn, ...]:
                 agent_network=_online(config.agent.network_mode, config),
                 verifier_network=_online(config.verifier.network_mode, config),
                 artifacts=tuple(config.artifacts),
+                python_verifier=python_verifier(
+                    (tests,) if tests.is_dir() else (), shared, task_data
+                ),
             ),
         )
     turns = []
@@ -522,6 +531,9 @@ def _turns(path: Path, config: TaskConfig) -> tuple[Turn, ...]:
                 workdir_dir=folder / "workdir" if (folder / "workdir").is_dir() else None,
                 healthcheck=step.healthcheck,
                 artifacts=(*config.artifacts, *step.artifacts),
+                python_verifier=python_verifier(
+                    tuple(d for d in (tests, folder / "tests") if d.is_dir()), shared, task_data
+                ),
             )
         )
     return tuple(turns)

@@ -5,13 +5,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pytest_harbor.tasks.config import ArtifactConfig, HealthcheckConfig, TaskConfig
 
-__all__ = ["COMPOSE_FILES", "SINGLE_STEP_TURN", "Task", "Turn"]
+__all__ = ["COMPOSE_FILES", "SINGLE_STEP_TURN", "PythonVerifier", "Task", "Turn"]
 
 #: The item name of the one turn of a single-step task.
 SINGLE_STEP_TURN = "episode"
+
+
+@dataclass(frozen=True)
+class PythonVerifier:
+    """A turn graded by a Python `verify(...)` rather than a `test.sh`."""
+
+    #: The module that defines `verify`, as a path in the sandbox.
+    module: str
+    #: Files the dataset shares, shipped beside the engine's runner (`verifier.py` for a
+    #: task graded by the dataset's, `task_data.py`), as read when the task loaded.
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    #: The task's fields (its `task_data.json`).
+    task_data: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +55,8 @@ class Turn:
     #: What is copied out of the sandbox at the end of the turn: the task's `artifacts`,
     #: then the step's (`/logs/artifacts` always).
     artifacts: tuple[ArtifactConfig, ...] = ()
+    #: Set when no `test.sh` grades the turn but a `verifier.py` does.
+    python_verifier: PythonVerifier | None = None
 
     @property
     def setup_script(self) -> Path | None:

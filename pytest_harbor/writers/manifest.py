@@ -46,11 +46,15 @@ class ManifestError(Exception):
     """A manifest that cannot be read, naming the file."""
 
 
-def dataset_digest(task_digests: Mapping[str, str]) -> str:
-    """SHA-256 over the sorted records `task_id NUL digest LF` of the run's tasks."""
+def dataset_digest(task_digests: Mapping[str, str], shared: str | None = None) -> str:
+    """SHA-256 over the sorted records `task_id NUL digest LF` of the run's tasks, then,
+    when the dataset's root shares files with its tasks, the record `NUL shared LF` of
+    their digest."""
     hasher = hashlib.sha256()
     for task_id, digest in sorted(task_digests.items()):
         hasher.update(f"{task_id}\0{digest}\n".encode())
+    if shared is not None:
+        hasher.update(f"\0{shared}\n".encode())
     return hasher.hexdigest()
 
 
@@ -102,6 +106,9 @@ class RunManifest(BaseModel):
     #: SHA-256 of the dataset's dataset.toml (its [gym] table scales timeouts and
     #: resources, and overrides tasks), None without one.
     dataset_config_digest: str | None = None
+    #: The digest of the files the dataset's root shares (`verifier.py`, `task_data.py`),
+    #: None without them.
+    dataset_files_digest: str | None = None
     #: The release that made the rows (what they hold and how they are graded).
     pytest_harbor_version: str | None = None
     #: A dataset by reference, as resolved: each task's repository, commit, folder and
@@ -125,6 +132,7 @@ class RunManifest(BaseModel):
         model: Mapping[str, Any] | None = None,
         agent_options: Mapping[str, Any] | None = None,
         dataset_config: Path | None = None,
+        dataset_files_digest: str | None = None,
         reference: Mapping[str, Any] | None = None,
     ) -> RunManifest:
         return cls(
@@ -137,7 +145,7 @@ class RunManifest(BaseModel):
             repeats=repeats,
             settings=settings.redacted(),
             secrets_fingerprint=_secrets_fingerprint(settings, secrets_key),
-            dataset_digest=dataset_digest(task_digests),
+            dataset_digest=dataset_digest(task_digests, dataset_files_digest),
             task_digests=dict(task_digests),
             model=None if model is None else dict(model),
             agent_options=dict(agent_options or {}),
@@ -146,6 +154,7 @@ class RunManifest(BaseModel):
                 if dataset_config is not None and dataset_config.is_file()
                 else None
             ),
+            dataset_files_digest=dataset_files_digest,
             pytest_harbor_version=_version(),
             reference=None if reference is None else dict(reference),
         )
@@ -159,6 +168,7 @@ class RunManifest(BaseModel):
         ]
         for name, what in (
             ("dataset_config_digest", "dataset.toml"),
+            ("dataset_files_digest", "the dataset's verifier.py and task_data.py"),
             ("pytest_harbor_version", "pytest-harbor"),
         ):
             before, after = getattr(self, name), getattr(current, name)

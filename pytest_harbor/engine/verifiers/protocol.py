@@ -39,6 +39,8 @@ class Verification:
     #: Another turn follows in the same sandbox: what a verification given a secret
     #: started ends with it (a process it left holds the secret in its environment).
     more_turns: bool = False
+    #: The agent's final answer (None for the oracle): a Python verifier's `response`.
+    response: str | None = None
 
 
 @dataclass(frozen=True)

@@ -117,8 +117,11 @@ class SeparateVerifier:
         own_image = self._task.verifier_dockerfile is not None or bool(
             config.verifier.environment and config.verifier.environment.docker_image
         )
+        # A Python verifier always gets its tests and the engine's runner.
         ships_tests = (
-            own_image and verifier.exec(trusted('[ -f "$1" ]', "/tests/test.sh")).exit_code == 0
+            own_image
+            and verification.turn.python_verifier is None
+            and verifier.exec(trusted('[ -f "$1" ]', "/tests/test.sh")).exit_code == 0
         )
         return run_verifier(
             verifier,
@@ -131,6 +134,7 @@ class SeparateVerifier:
             into=verification.into,
             redactor=context.redactor,
             upload_tests=not ships_tests,
+            response=verification.response,
         )
 
     def _copy_artifacts(self, source: Sandbox, target: Sandbox) -> None:

@@ -38,6 +38,7 @@ class SharedVerifier:
             redactor=context.redactor,
             verifier_user=verification.verifier_user,
             agent_id=verification.agent_id,
+            response=verification.response,
         )
         if before is not None:
             try:

@@ -57,6 +57,7 @@ class SnapshotVerifier:
                         into=verification.into,
                         redactor=context.redactor,
                         verifier_user=verification.verifier_user,
+                        response=verification.response,
                     ),
                 )
             finally:

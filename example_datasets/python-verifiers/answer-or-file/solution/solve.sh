@@ -1,0 +1,2 @@
+#!/bin/bash
+echo Paris > /app/answer.txt

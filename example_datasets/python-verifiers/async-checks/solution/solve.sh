@@ -1,0 +1,3 @@
+#!/bin/bash
+printf '#!/bin/sh\necho "Hello, Harbor!"\n' > /app/hello.sh
+chmod +x /app/hello.sh
