@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from pytest_harbor.sandboxes.channel import (
@@ -45,8 +45,10 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
 def test_a_reply_reads_back_byte_for_byte_however_it_is_split(
     stdout: bytes, stderr: bytes, cuts: list[int]
 ) -> None:
-    # Output that holds all but the last byte of the nonce is output too.
+    # Output that holds all but the last byte of the nonce is output too. (Output that
+    # holds the whole nonce is not a case: it is 128 random bits only the engine knows.)
     stdout = NONCE.encode()[:-1] + stdout
+    assume(NONCE.encode() not in stdout and NONCE.encode() not in stderr)
     reply = ChannelReply(NONCE)
     for is_stdout, data in reply_frames(b"4242", stdout, stderr, "3"):
         for piece in split(data, cuts):
