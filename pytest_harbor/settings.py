@@ -18,6 +18,7 @@ __all__ = [
     "NOT_IMPLEMENTED",
     "SET_BY_THE_RUN",
     "HarborSettings",
+    "ProviderBlock",
     "ResourcesOverride",
     "SettingsError",
     "literal_secrets",
@@ -30,13 +31,7 @@ __all__ = [
 CONFIG_BLOCK = ("harbor_environment_server", "environment_servers", "harbor")
 
 #: Keys of the table this release does not act on: setting one is refused, never ignored.
-NOT_IMPLEMENTED = frozenset(
-    {
-        "gpu_sandbox_provider",
-        "request_gpu_type",
-        "task_mcp_grants",
-    }
-)
+NOT_IMPLEMENTED = frozenset({"task_mcp_grants"})
 #: Keys Gym's `eval run` sets itself; here the command line does their job.
 SET_BY_THE_RUN = frozenset({"agent_server", "tasksets", "sandbox_provider"})
 
@@ -53,6 +48,16 @@ class ResourcesOverride(BaseModel):
     cpu: float | None = Field(default=None, gt=0)
     memory_mib: int | None = Field(default=None, gt=0)
     disk_gib: float | None = Field(default=None, gt=0)
+
+
+class ProviderBlock(BaseModel):
+    """`gpu_sandbox_provider`: the provider tasks that ask for GPUs run on, and its
+    options (as `--harbor-sandbox` and `sandbox_provider_options` give the run's own)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sandbox: str = Field(min_length=1)
+    options: dict[str, Any] = {}
 
 
 class ComposeOverlay(BaseModel):
@@ -85,7 +90,7 @@ class HarborSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpu_sandbox_provider: Any = None
+    gpu_sandbox_provider: ProviderBlock | None = None
     request_gpu_type: bool = False
     sandbox_ready_timeout_s: float = Field(default=900.0, gt=0)
     image_pull_retries: int = Field(default=2, ge=0)

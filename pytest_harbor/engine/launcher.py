@@ -273,6 +273,10 @@ class SandboxLauncher:
                 ready_timeout_s=self.settings.sandbox_ready_timeout_s,
                 group=group,
                 pids_limit=self.settings.sandbox_pids_limit,
+                gpus=environment.gpus or None,
+                gpu_type=environment.gpu_types[0]
+                if self.settings.request_gpu_type and environment.gpus and environment.gpu_types
+                else None,
             )
         )
         if record:

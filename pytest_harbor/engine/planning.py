@@ -64,6 +64,7 @@ def plan_taskset(
     harness: str,
     capabilities: SandboxCapabilities,
     provider: str,
+    gpu_provider: tuple[SandboxCapabilities, str] | None = None,
     selection: Selection = Selection(),
     secrets: Mapping[str, str] | None = None,
     host_env: Mapping[str, str] | None = None,
@@ -77,6 +78,8 @@ def plan_taskset(
     it does not admit, an override naming no task, two tasks with one id, no tasks at all.
     `check` may refuse a task (TaskLoadError) for what only the run knows (its settings).
     `host_env` holds the host variables the tasks' `${NAME}` may read (none by default).
+    `gpu_provider` (capabilities and name) is where tasks that ask for GPUs run, when the
+    run names one.
     """
     if not (root / "task.toml").is_file():
         refuse_unusable_name(root, "dataset folder")
@@ -114,7 +117,10 @@ def plan_taskset(
             task = load_task(
                 task_dir, environ=host_env, secrets=secrets, dataset=dataset, dataset_files=files
             )
-            refuse_unrunnable(task, capabilities, provider)
+            if gpu_provider is not None and task.config.environment.gpus:
+                refuse_unrunnable(task, *gpu_provider)
+            else:
+                refuse_unrunnable(task, capabilities, provider)
             if check is not None:
                 check(task)
         except TaskLoadError as error:

@@ -76,7 +76,7 @@ class BuildsAhead:
                 taskset=taskset,
                 repeat=0,
                 harness=run.harness,
-                provider=run.provider,
+                provider=run.provider_for(task),
                 labels=run.image_labels(),
                 image_labels=run.image_labels(),
                 settings=run.settings,

@@ -270,7 +270,7 @@ class HarborTrial(_HarborNode, pytest.Collector):
                 repeat=self.repeat,
                 name=self.episode_name,
                 harness=self.harness,
-                provider=run.provider,
+                provider=run.provider_for(self.task),
                 labels=run.labels(task=key, trial=self.nodeid),
                 image_labels=run.image_labels(),
                 settings=run.settings,

@@ -86,11 +86,14 @@ class PreFlight:
                 raise pytest.UsageError(
                     f"--harbor-model {run.model.name} at {run.model.base_url}: {error}"
                 ) from None
-        if isinstance(run.provider, ReadinessCheck):
-            try:
-                run.provider.check_ready()
-            except SandboxStartError as error:
-                raise pytest.UsageError(f"--harbor-sandbox {run.provider.name}: {error}") from None
+        for provider, where in zip(
+            run.providers, ("--harbor-sandbox", "setting gpu_sandbox_provider"), strict=False
+        ):
+            if isinstance(provider, ReadinessCheck):
+                try:
+                    provider.check_ready()
+                except SandboxStartError as error:
+                    raise pytest.UsageError(f"{where} {provider.name}: {error}") from None
 
     def _start_taskset(self, config: pytest.Config, target: Target, plan: TasksetPlan) -> None:
         run, state, taskset = self.run, self.state, plan.taskset

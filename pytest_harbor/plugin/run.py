@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import tempfile
@@ -45,6 +46,7 @@ from pytest_harbor.sandboxes import (
     UnknownProvider,
     make_provider,
 )
+from pytest_harbor.sandboxes.base import ChecksGpus
 from pytest_harbor.tasks import Task, TaskLoadError, is_dataset_dir, is_task_dir
 from pytest_harbor.writers import ResultsLayout, RolloutsWriter
 
@@ -149,6 +151,21 @@ class HarborRun:
             raise pytest.UsageError(f"--harbor-sandbox: {error}") from None
         except ProviderOptionsError as error:
             raise pytest.UsageError(f"setting sandbox_provider_options: {error}") from None
+        #: The provider tasks that ask for GPUs run on (`gpu_sandbox_provider`), or None.
+        self._gpu_provider: SandboxProvider | None = None
+        block = self.settings.gpu_sandbox_provider
+        if block is not None:
+            try:
+                self._gpu_provider = make_provider(
+                    block.sandbox,
+                    block.options,
+                    registered=registered_providers,
+                    context=ProviderContext(
+                        run_id=run_id, scratch_dir=self.scratch_dir, is_worker=is_worker
+                    ),
+                )
+            except (UnknownProvider, ProviderOptionsError) as error:
+                raise pytest.UsageError(f"setting gpu_sandbox_provider: {error}") from None
         #: Every value no file or report of the run may show.
         self.redactor = run_redactor(self.settings, self.model)
         self._model_gate: ModelGate | None = None
@@ -185,6 +202,18 @@ class HarborRun:
 
     @property
     def provider(self) -> SandboxProvider:
+        return self._provider
+
+    @property
+    def providers(self) -> list[SandboxProvider]:
+        """The run's provider, and the GPU tasks' when the settings name one."""
+        return [self._provider] + ([self._gpu_provider] if self._gpu_provider else [])
+
+    def provider_for(self, task: Task) -> SandboxProvider:
+        """Where `task`'s episodes run: `gpu_sandbox_provider` for a task that asks for
+        GPUs (when set), else the run's provider."""
+        if self._gpu_provider is not None and task.config.environment.gpus:
+            return self._gpu_provider
         return self._provider
 
     def plan(self, target: Target) -> TasksetPlan:
@@ -233,6 +262,9 @@ class HarborRun:
             harness=self.harness.name,
             capabilities=self._provider.capabilities,
             provider=self._provider.name,
+            gpu_provider=None
+            if self._gpu_provider is None
+            else (self._gpu_provider.capabilities, self._gpu_provider.name),
             selection=Selection(self.options.only_tasks, self.options.exclude_tasks),
             secrets=self.settings.secrets,
             host_env={
@@ -240,8 +272,32 @@ class HarborRun:
             },
             repeats=self.options.repeats,
             admit_any_harness=self.options.allow_unsupported_pairing,
-            check=self._check_compose if self._provider.capabilities.compose else None,
+            check=self._check_task,
         )
+
+    def _check_task(self, task: Task) -> None:
+        """What only the run knows refuses a task: its provider's engine has no GPUs, or
+        cannot choose the GPU type the settings ask for; a Compose task's file."""
+        provider = self.provider_for(task)
+        environment, task_file = task.config.environment, task.path / "task.toml"
+        if environment.gpus:
+            problem = provider.gpu_problem() if isinstance(provider, ChecksGpus) else None
+            if problem is not None:
+                raise TaskLoadError(
+                    task_file,
+                    f"asks for {environment.gpus} GPU(s): {problem}",
+                    key="environment.gpus",
+                )
+            types = environment.gpu_types if self.settings.request_gpu_type else None
+            if types and not provider.capabilities.gpu_types:
+                raise TaskLoadError(
+                    task_file,
+                    f"request_gpu_type asks the {provider.name} sandbox for the GPU type "
+                    f"{types[0]!r}, which it cannot choose",
+                    key="environment.gpu_types",
+                )
+        if provider.capabilities.compose:
+            self._check_compose(task)
 
     def _check_compose(self, task: Task) -> None:
         """A Compose task's file is read and checked, and the images its services name
@@ -350,14 +406,17 @@ class HarborRun:
 
     def reap(self) -> int:
         """Remove the sandboxes of runs whose process is gone (never a live run's)."""
-        try:
-            return reap_orphans(self._provider)
-        except SandboxError:
-            return 0  # no engine to ask
+        reaped = 0
+        for provider in self.providers:
+            with contextlib.suppress(SandboxError):  # no engine to ask
+                reaped += reap_orphans(provider)
+        return reaped
 
     def remove_sandboxes(self) -> int:
         """Remove whatever sandbox of this run is still there (after an interrupt, say)."""
-        return self._provider.remove_labelled({RUN_LABEL: self.run_id})
+        return sum(
+            provider.remove_labelled({RUN_LABEL: self.run_id}) for provider in self.providers
+        )
 
 
 def _model_config(options: ModelOptions, agent: str) -> ModelConfig:

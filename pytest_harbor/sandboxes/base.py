@@ -22,6 +22,7 @@ __all__ = [
     "ArchiveStream",
     "BuildOptions",
     "CarriesCommands",
+    "ChecksGpus",
     "EngineUnreachable",
     "ExecResult",
     "ImageConfig",
@@ -100,6 +101,8 @@ class SandboxCapabilities:
     """What a provider can give a task; a task needing more is refused at collection."""
 
     gpus: bool = False
+    #: A GPU type can be asked for (`request_gpu_type`).
+    gpu_types: bool = False
     tpus: bool = False
     windows: bool = False
     network_allowlists: bool = False
@@ -227,6 +230,11 @@ class SandboxSpec:
     group: SandboxGroup | None = None
     #: The most processes (threads included) the sandbox may hold at once; None: no cap.
     pids_limit: int | None = DEFAULT_PIDS_LIMIT
+    #: GPUs the sandbox gets (`[environment].gpus`), and the type asked for (the first of
+    #: `gpu_types`, only with `request_gpu_type`; a provider that cannot choose one
+    #: refuses it).
+    gpus: int | None = None
+    gpu_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -405,6 +413,16 @@ class ReadinessCheck(Protocol):
 
     def check_ready(self) -> None:
         """Raise SandboxStartError naming what was tried and the fix."""
+        ...
+
+
+@runtime_checkable
+class ChecksGpus(Protocol):
+    """A provider whose capabilities say GPUs, but whose engine may have none to give: it
+    says so before a GPU task is collected."""
+
+    def gpu_problem(self) -> str | None:
+        """Why a sandbox here cannot get GPUs (naming the engine), or None when it can."""
         ...
 
 

@@ -108,8 +108,8 @@ def test_values_are_yaml(tmp_path: Path) -> None:
         (
             {},
             [],
-            ["request_gpu_type=true"],
-            "not implemented in this release, so not accepted: request_gpu_type",
+            ["gpu_sandbox_provider={sandbox: docker, engine: x}"],
+            "gpu_sandbox_provider.engine",
         ),
         ({}, [], ["tasksets=[a]"], "set by the run itself, not by settings: tasksets"),
         ({}, [], ["no-equals-sign"], "--harbor-set 'no-equals-sign': expected KEY=VALUE"),

@@ -151,14 +151,18 @@ class Engine:
         return self._cpus
 
 
+def describe_endpoint(endpoint: Endpoint | None) -> str:
+    """An engine's address and where it came from, for a message."""
+    if endpoint is not None:
+        return f"{endpoint.url} (sandbox_provider_options.hosts)"
+    if os.environ.get("DOCKER_HOST"):
+        return f"{os.environ['DOCKER_HOST']} (DOCKER_HOST)"
+    return "unix:///var/run/docker.sock (the default; DOCKER_HOST is not set)"
+
+
 def unreachable(endpoint: Endpoint | None, why: str) -> str:
     """Why an engine does not answer: the address tried, where it came from, the fix."""
-    if endpoint is not None:
-        where = f"{endpoint.url} (sandbox_provider_options.hosts)"
-    elif os.environ.get("DOCKER_HOST"):
-        where = f"{os.environ['DOCKER_HOST']} (DOCKER_HOST)"
-    else:
-        where = "unix:///var/run/docker.sock (the default; DOCKER_HOST is not set)"
+    where = describe_endpoint(endpoint)
     return (
         f"the Docker engine at {where} does not answer: {why}. Start it (as root, .ci/setup "
         "does: it installs and starts dockerd), or set DOCKER_HOST to an engine that answers"

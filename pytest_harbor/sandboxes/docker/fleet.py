@@ -161,6 +161,14 @@ class DockerFleet:
         self.capabilities: SandboxCapabilities = self.engines[0].provider.capabilities
         self._lock = threading.Lock()
 
+    def gpu_problem(self) -> str | None:
+        """An episode may land on any engine: each must have a GPU runtime."""
+        for engine in self.engines:
+            problem = engine.provider.gpu_problem()
+            if problem is not None:
+                return problem
+        return None
+
     # ------------------------------------------------------------------------ placing
 
     def place(self) -> EnginePlacement:

@@ -37,6 +37,7 @@ from pytest_harbor.sandboxes.docker.engine import (
     ENGINE_ERRORS,
     TRANSPORT_ERRORS,
     Endpoint,
+    describe_endpoint,
     engine_for,
     explain,
     tail_lines,
@@ -76,9 +77,10 @@ class DockerProvider:
     """Starts one container per sandbox: keep-alive sleep, labels, limits, forceful removal."""
 
     name = "docker"
-    #: Plain containers on one engine: no accelerators or egress filtering; `--user`
-    #: takes a group. (On the host network a phase cannot go without the network.)
-    capabilities = SandboxCapabilities(user_groups=True, compose=True)
+    #: Containers on one engine: GPUs when the engine has a GPU runtime (gpu_problem()),
+    #: no TPUs or egress filtering; `--user` takes a group. (On the host network a phase
+    #: cannot go without the network.)
+    capabilities = SandboxCapabilities(user_groups=True, compose=True, gpus=True)
 
     def __init__(
         self,
@@ -95,12 +97,31 @@ class DockerProvider:
         self.network = network or DEFAULT_NETWORK
         if self.network == "host":
             self.capabilities = SandboxCapabilities(
-                user_groups=True, compose=True, network_off=False
+                user_groups=True, compose=True, gpus=True, network_off=False
             )
         #: Its images: made, pulled or copied from a peer once each.
         self.images = EngineImages(endpoint, builder)
         #: Where sandboxes go in place of the engine's default bridge.
         self._isolated = IsolatedNetwork(endpoint)
+        self._gpu_problem: tuple[str | None] | None = None
+
+    def gpu_problem(self) -> str | None:
+        """None when the engine has a GPU runtime (`nvidia` among the runtimes it lists),
+        else why not, naming the engine; asked once."""
+        if self._gpu_problem is None:
+            where = describe_endpoint(self.endpoint)
+            try:
+                runtimes = sorted(engine_for(self.endpoint).api.info().get("Runtimes") or {})
+            except ENGINE_ERRORS as error:
+                return f"cannot ask the Docker engine at {where} for its runtimes: {explain(error)}"
+            self._gpu_problem = (
+                None
+                if GPU_RUNTIME in runtimes
+                else f"the Docker engine at {where} has no GPU runtime (it lists "
+                f"{', '.join(runtimes) or 'none'}; GPUs need the NVIDIA Container Toolkit's "
+                f"{GPU_RUNTIME!r})",
+            )
+        return self._gpu_problem[0]
 
     def _network_of(self, spec: SandboxSpec) -> str:
         """The network a sandbox with network access joins: the one the provider option
@@ -173,6 +194,7 @@ class DockerProvider:
             limits["nano_cpus"] = int(min(spec.cpus, engine.cpus) * 1e9)
         if spec.memory_mb is not None:
             limits["mem_limit"] = limits["memswap_limit"] = f"{spec.memory_mb}m"
+        limits.update(gpu_request(spec))
         # The keep-alive is the sandbox's lifetime: a leaked one ends by itself, and the
         # reaper removes it. It is not removed by the engine as it ends: a sandbox that
         # stopped must still be there to say why (status()).
@@ -252,6 +274,7 @@ class DockerProvider:
             main["mem_limit"] = main["memswap_limit"] = f"{spec.memory_mb}m"
         if spec.pids_limit is not None:
             main["pids_limit"] = spec.pids_limit
+        main.update(compose_gpu_request(spec))
 
         name = project_name(group.episode, uuid.uuid4().hex[:8])
         config = episode_project(
@@ -361,6 +384,35 @@ class DockerProvider:
 def _first_process(spec: SandboxSpec) -> tuple[list[str], list[str]]:
     lifetime = _FOREVER_S if spec.ttl_s is None else _lifetime(spec.ttl_s)
     return first_process(lifetime, spec.directories, spec.start_script, spec.start_arguments)
+
+
+#: The runtime an engine lists when the NVIDIA Container Toolkit is set up for it.
+GPU_RUNTIME = "nvidia"
+
+
+def gpu_request(spec: SandboxSpec) -> dict[str, Any]:
+    """The host configuration's device request for the sandbox's GPUs (`docker run
+    --gpus N`); none without GPUs. A GPU type cannot be asked of Docker: refused."""
+    if spec.gpu_type is not None:
+        raise SandboxStartError(
+            f"the docker sandbox cannot choose a GPU type ({spec.gpu_type!r}): "
+            "turn request_gpu_type off, or give GPU tasks a provider that can "
+            "(gpu_sandbox_provider)"
+        )
+    if not spec.gpus:
+        return {}
+    return {
+        "device_requests": [docker.types.DeviceRequest(count=spec.gpus, capabilities=[["gpu"]])]
+    }
+
+
+def compose_gpu_request(spec: SandboxSpec) -> dict[str, Any]:
+    """The same for `main` in a Compose project (a device reservation)."""
+    gpu_request(spec)  # a type is refused here too
+    if not spec.gpus:
+        return {}
+    device = {"driver": GPU_RUNTIME, "count": spec.gpus, "capabilities": ["gpu"]}
+    return {"deploy": {"resources": {"reservations": {"devices": [device]}}}}
 
 
 def _take_first_report(sandbox: DockerSandbox, spec: SandboxSpec, api: docker.APIClient) -> None:
