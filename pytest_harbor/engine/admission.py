@@ -42,6 +42,12 @@ def refuse_unrunnable(task: Task, capabilities: SandboxCapabilities, provider: s
                 f'network_mode = "allowlist" cannot be enforced by the {provider} sandbox',
                 key=f"{key}.network_mode",
             )
+    if task.filtered and task.compose_file is not None:
+        raise TaskLoadError(
+            task.compose_file,
+            'network_mode = "allowlist" is not enforced in Compose tasks yet: give the '
+            "task one container, or a public network",
+        )
     verifier_compose = task.path / "tests" / "docker-compose.yaml"
     if verifier_compose.is_file():
         raise TaskLoadError(
@@ -120,10 +126,16 @@ def _refuse_environment(
 
 
 def refuse_at_seed(
-    task: Task, settings: HarborSettings, harness: Harness, provider: SandboxProvider
+    task: Task,
+    settings: HarborSettings,
+    harness: Harness,
+    provider: SandboxProvider,
+    *,
+    separate_verifier: bool = False,
 ) -> None:
     """Raise EpisodeError (`harbor:task_refused`) for what the settings, the harness or
-    the provider cannot give the task."""
+    the provider cannot give the task (`separate_verifier`: the task verifies in a
+    sandbox of its own)."""
     config = task.config
     multi_step = config.is_multi_step
     if multi_step and settings.turn_sessions == "continue" and not harness.can_continue:
@@ -137,6 +149,13 @@ def refuse_at_seed(
             FailureKind.TASK_REFUSED,
             "separate_verifier_for_artifacts cannot send a multi-step task to a separate "
             "verifier: multi-step tasks verify in their agent's sandbox",
+        )
+    verifier_hosts = any(turn.verifier_hosts is not None for turn in task.turns)
+    if verifier_hosts and (settings.verify_from_snapshot or separate_verifier):
+        raise EpisodeError(
+            FailureKind.TASK_REFUSED,
+            'a verifier phase with network_mode = "allowlist" runs only in the agent\'s '
+            "sandbox (shared verification); it is not enforced in a separate or snapshot one",
         )
     if settings.verify_from_snapshot and not provider.capabilities.snapshots:
         raise EpisodeError(

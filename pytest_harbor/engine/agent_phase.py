@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar, cast
+from urllib.parse import urlsplit
 
 from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
@@ -76,6 +77,14 @@ class AgentPhase:
         #: A root agent has had the sandbox in this attempt: it can stop it (end its first
         #: process, whose limits root may lower), so a stopped sandbox is not the engine's.
         self.root_had_sandbox = False
+
+    def allowed_hosts(self, hosts: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        """An agent phase's allow-list with the model endpoint's host added (as Harbor
+        adds it): an agent that works in the sandbox must reach its model."""
+        if hosts is None or self.model is None:
+            return hosts
+        host = urlsplit(self.model.base_url).hostname
+        return hosts if not host or host in hosts else (*hosts, host.lower())
 
     @property
     def has_session(self) -> bool:

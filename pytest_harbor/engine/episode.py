@@ -56,7 +56,7 @@ from pytest_harbor.engine.verifiers import (
 from pytest_harbor.harnesses.base import AgentFailure, AgentRun, Harness, ModelGate, Usage
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.redaction import Redactor, run_redactor
-from pytest_harbor.sandboxes.base import Sandbox, SandboxError, SandboxProvider
+from pytest_harbor.sandboxes.base import Sandbox, SandboxError, SandboxProvider, set_phase_network
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task, Turn
 
@@ -220,7 +220,13 @@ class Episode:
         budget = self.budget
         if budget.warning:
             log.warning(budget.warning)
-        refuse_at_seed(self.task, self.settings, self.harness, self.launcher.provider)
+        refuse_at_seed(
+            self.task,
+            self.settings,
+            self.harness,
+            self.launcher.provider,
+            separate_verifier=self.launcher.separate_verifier,
+        )
         if self.launcher.image is None:
             self.prepare()
         image = self.launcher.image
@@ -303,7 +309,8 @@ class Episode:
                 sandbox, turn, self._workdir_now, first=not self._turns
             )
             turn = prompted(turn, self.settings)
-            sandbox.set_network(turn.agent_network)
+            hosts = self._agent.allowed_hosts(turn.agent_hosts)
+            set_phase_network(sandbox, turn.agent_network, hosts)
             before = self._processes_now(sandbox)
         except SandboxError as error:
             if not self._turns:
@@ -421,7 +428,7 @@ class Episode:
         users, survey_ = self._attempt.users, self._attempt.survey
         assert survey_ is not None
         try:
-            sandbox.set_network(turn.verifier_network)
+            set_phase_network(sandbox, turn.verifier_network, turn.verifier_hosts)
             agent_id = users.agent_id(turn, self._image_user)
             if agent_id is not None and self.task.config.verifier.collect:
                 doing = "ending the agent's processes"

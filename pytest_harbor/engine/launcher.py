@@ -239,6 +239,8 @@ class SandboxLauncher:
         network: bool | None = None,
         group: SandboxGroup | None = None,
         survey_users: set[str] | None = None,
+        filtered: bool = False,
+        allowed_hosts: tuple[str, ...] | None = None,
     ) -> Sandbox:
         """A sandbox from `image` with `environment`'s settings; `network` (else the
         environment's mode) says whether it has the network from its start. With
@@ -274,6 +276,8 @@ class SandboxLauncher:
                 group=group,
                 pids_limit=self.settings.sandbox_pids_limit,
                 gpus=environment.gpus or None,
+                filtered=filtered,
+                allowed_hosts=allowed_hosts,
                 gpu_type=environment.gpu_types[0]
                 if self.settings.request_gpu_type and environment.gpus and environment.gpu_types
                 else None,
@@ -298,6 +302,17 @@ class SandboxLauncher:
             group = SandboxGroup(config=spec.config, built=self._built, episode=self._episode)
             return self.start(
                 self.image, environment, network=needed, group=group, survey_users=users
+            )
+        if self.task.filtered:
+            # Behind its egress from the start, in the environment's own policy.
+            hosts = tuple(environment.allowed_hosts or ()) if online else None
+            return self.start(
+                self.image,
+                environment,
+                network=online,
+                survey_users=users,
+                filtered=True,
+                allowed_hosts=hosts if environment.network_mode == "allowlist" else None,
             )
         sandbox = self.start(self.image, environment, network=needed, survey_users=users)
         if needed and not online:

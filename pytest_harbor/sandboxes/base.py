@@ -25,6 +25,7 @@ __all__ = [
     "ChecksGpus",
     "EngineUnreachable",
     "ExecResult",
+    "FiltersEgress",
     "ImageConfig",
     "ImageLayer",
     "ImageSource",
@@ -49,6 +50,7 @@ __all__ = [
     "SweepsLeftovers",
     "is_root_user",
     "service_of",
+    "set_phase_network",
     "without_channel",
 ]
 
@@ -235,6 +237,11 @@ class SandboxSpec:
     #: refuses it).
     gpus: int | None = None
     gpu_type: str | None = None
+    #: Some phase of the sandbox has an allow-listed network: it reaches the outside only
+    #: through what enforces one (FiltersEgress), from its start. `allowed_hosts` is its
+    #: first phase's list (None: the first phase is not an allow-list).
+    filtered: bool = False
+    allowed_hosts: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -417,6 +424,16 @@ class ReadinessCheck(Protocol):
 
 
 @runtime_checkable
+class FiltersEgress(Protocol):
+    """A sandbox started `filtered` whose network can be an allow-list for a phase."""
+
+    def set_egress(self, enabled: bool, hosts: tuple[str, ...] | None) -> None:
+        """From now on: no network (`enabled` false), only `hosts` (names, `*.suffix`,
+        addresses or networks), or the whole network (`hosts` None). Raises SandboxError."""
+        ...
+
+
+@runtime_checkable
 class ChecksGpus(Protocol):
     """A provider whose capabilities say GPUs, but whose engine may have none to give: it
     says so before a GPU task is collected."""
@@ -488,6 +505,17 @@ class ReportsStart(Protocol):
     def start_output(self) -> str | None:
         """What the start script printed, when it ran and exited 0; None otherwise."""
         ...
+
+
+def set_phase_network(sandbox: Sandbox, enabled: bool, hosts: tuple[str, ...] | None) -> None:
+    """A phase's network: none, only `hosts` (an allow-list; the sandbox must have been
+    started `filtered`), or the whole network (`hosts` None)."""
+    if isinstance(sandbox, FiltersEgress):
+        sandbox.set_egress(enabled, hosts if enabled else None)
+    elif hosts is not None and enabled:
+        raise SandboxError(f"sandbox {sandbox.id[:12]} cannot hold its network to an allow-list")
+    else:
+        sandbox.set_network(enabled)
 
 
 def without_channel(sandbox: Sandbox) -> Sandbox:

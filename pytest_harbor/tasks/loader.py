@@ -8,7 +8,7 @@ import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -495,6 +495,8 @@ def _turns(
                 solution_env=dict(config.solution.env),
                 agent_network=_online(config.agent.network_mode, config),
                 verifier_network=_online(config.verifier.network_mode, config),
+                agent_hosts=allowed_hosts(config, config.agent),
+                verifier_hosts=allowed_hosts(config, config.verifier),
                 artifacts=tuple(config.artifacts),
                 python_verifier=python_verifier(
                     (tests,) if tests.is_dir() else (), shared, task_data
@@ -528,6 +530,8 @@ def _turns(
                 verifier_network=_online(
                     step.verifier.network_mode or config.verifier.network_mode, config
                 ),
+                agent_hosts=allowed_hosts(config, step.agent, config.agent),
+                verifier_hosts=allowed_hosts(config, step.verifier, config.verifier),
                 workdir_dir=folder / "workdir" if (folder / "workdir").is_dir() else None,
                 healthcheck=step.healthcheck,
                 artifacts=(*config.artifacts, *step.artifacts),
@@ -537,6 +541,26 @@ def _turns(
             )
         )
     return tuple(turns)
+
+
+class _NetworkTable(Protocol):
+    @property
+    def network_mode(self) -> str | None: ...
+
+    @property
+    def allowed_hosts(self) -> list[str] | None: ...
+
+
+def allowed_hosts(config: TaskConfig, *phases: _NetworkTable) -> tuple[str, ...] | None:
+    """The hosts a phase may reach when its network is an allow-list (None: it is not):
+    the first of `phases` (a step's table, then the task's) that sets `network_mode`
+    decides, else the environment."""
+    for table in (*phases, config.environment):
+        if table.network_mode is not None:
+            if table.network_mode != "allowlist":
+                return None
+            return tuple(table.allowed_hosts or ())
+    return None
 
 
 def _online(mode: str | None, config: TaskConfig) -> bool:

@@ -47,6 +47,9 @@ class Turn:
     #: `network_mode`, else the step's, else the environment's).
     agent_network: bool = True
     verifier_network: bool = True
+    #: The hosts each phase may reach when its network is an allow-list (None: it is not).
+    agent_hosts: tuple[str, ...] | None = None
+    verifier_hosts: tuple[str, ...] | None = None
     #: A step's `steps/<name>/workdir/`: copied into the working directory before the
     #: turn, its `setup.sh` run after the copy (multi-step tasks only).
     workdir_dir: Path | None = None
@@ -132,6 +135,13 @@ class Task:
             and not (self.environment_dir / "Dockerfile").exists()
             and self.compose_file is None
             and any(self.environment_dir.iterdir())
+        )
+
+    @property
+    def filtered(self) -> bool:
+        """Some phase's network is an allow-list: the environment's, or a turn's."""
+        return self.config.environment.network_mode == "allowlist" or any(
+            turn.agent_hosts is not None or turn.verifier_hosts is not None for turn in self.turns
         )
 
     @property

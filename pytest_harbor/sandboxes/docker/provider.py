@@ -43,6 +43,7 @@ from pytest_harbor.sandboxes.docker.engine import (
     tail_lines,
     unreachable,
 )
+from pytest_harbor.sandboxes.docker.filtering import Egress, start_egress
 from pytest_harbor.sandboxes.docker.first_process import (
     FIRST_USER,
     first_process,
@@ -80,7 +81,9 @@ class DockerProvider:
     #: Containers on one engine: GPUs when the engine has a GPU runtime (gpu_problem()),
     #: no TPUs or egress filtering; `--user` takes a group. (On the host network a phase
     #: cannot go without the network.)
-    capabilities = SandboxCapabilities(user_groups=True, compose=True, gpus=True)
+    capabilities = SandboxCapabilities(
+        user_groups=True, compose=True, gpus=True, network_allowlists=True
+    )
 
     def __init__(
         self,
@@ -199,9 +202,17 @@ class DockerProvider:
         # reaper removes it. It is not removed by the engine as it ends: a sandbox that
         # stopped must still be there to say why (status()).
         entrypoint, command = _first_process(spec)
+        egress: Egress | None = None
+        env = dict(spec.env)
         for attempt in range(2):
             # Made even for a sandbox that starts offline: a later phase may join it.
             network = self._network_of(spec)
+            if spec.filtered and egress is None:
+                egress = start_egress(
+                    self.images, outside=network, labels=spec.labels, endpoint=self.endpoint
+                )
+                limits["dns"] = [egress.address]
+                env = egress.proxy_env | env
             try:
                 created = api.create_container(
                     spec.image,
@@ -209,10 +220,10 @@ class DockerProvider:
                     command=command,
                     user=FIRST_USER,
                     labels=dict(spec.labels),
-                    environment=[f"{key}={value}" for key, value in spec.env.items()],
+                    environment=[f"{key}={value}" for key, value in env.items()],
                     working_dir=spec.workdir,
                     host_config=api.create_host_config(
-                        network_mode=network if spec.network else "none",
+                        network_mode=network if spec.network or egress else "none",
                         binds={self.tools_volume(): {"bind": TRUSTED_TOOLS, "mode": "ro"}},
                         pids_limit=spec.pids_limit,
                         **limits,
@@ -225,20 +236,29 @@ class DockerProvider:
                     # The isolated network was removed: make it again.
                     self._isolated.forget()
                     continue
+                if egress is not None:
+                    egress.remove()
                 raise SandboxStartError(
                     f"cannot create a sandbox from {spec.image}: {explain(error)}"
                 ) from None
         sandbox = DockerSandbox(
             created["Id"],
-            online=spec.network,
+            online=spec.network or egress is not None,
             network=network,
             endpoint=self.endpoint,
             user=self.image_config(spec.image).user,
             channel=True,
         )
+        sandbox.egress = egress
         try:
+            if egress is not None:
+                # Its own network first, then its first phase (which may take the outside
+                # away) before anything in it runs but the keep-alive.
+                api.connect_container_to_network(created["Id"], egress.network)
             api.start(created["Id"])
-        except ENGINE_ERRORS as error:
+            if egress is not None:
+                sandbox.set_egress(spec.network, spec.allowed_hosts)
+        except (*ENGINE_ERRORS, SandboxError) as error:
             sandbox.stop()
             raise SandboxStartError(
                 f"the sandbox from {spec.image} did not start: {explain(error)}"

@@ -43,6 +43,7 @@ from pytest_harbor.sandboxes.docker.engine import (
     engine_for,
     explain,
 )
+from pytest_harbor.sandboxes.docker.filtering import Egress
 from pytest_harbor.sandboxes.docker.projects import (
     remove_container,
     remove_project,
@@ -105,6 +106,8 @@ class DockerSandbox:
         self._channels = ChannelPool(container_id, endpoint, self._kill_group) if channel else None
         #: What the spec's start script printed (set by the provider; ReportsStart).
         self.started_with: str | None = None
+        #: The sandbox's egress, when it was started `filtered` (filtering.py).
+        self.egress: Egress | None = None
 
     @property
     def id(self) -> str:
@@ -326,6 +329,9 @@ class DockerSandbox:
         return chunks
 
     def set_network(self, enabled: bool) -> None:
+        self.set_egress(enabled, None)
+
+    def _set_plain_network(self, enabled: bool) -> None:
         if enabled == self._online:
             return
         if self._network == "host":
@@ -345,6 +351,32 @@ class DockerSandbox:
                 f"its network: {explain(error)}"
             ) from None
         self._online = enabled
+
+    def set_egress(self, enabled: bool, hosts: tuple[str, ...] | None) -> None:
+        """The policy first, then the route: the outside network is taken away before an
+        allow-list or no network holds, and given back only once the egress passes all."""
+        egress = self.egress
+        if egress is None:
+            if enabled and hosts is not None:
+                raise SandboxError(f"sandbox {self._id[:12]} was not started with an egress")
+            self._set_plain_network(enabled)
+            return
+        outside = enabled and hosts is None
+        if outside:
+            egress.set_policy("public")
+        api = engine_for(self._endpoint).api
+        try:
+            if outside and not self._online:
+                api.connect_container_to_network(self._id, egress.outside)
+            elif not outside and self._online:
+                api.disconnect_container_from_network(self._id, egress.outside, force=True)
+        except ENGINE_ERRORS as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: cannot change its network: {explain(error)}"
+            ) from None
+        self._online = outside
+        if not outside:
+            egress.set_policy("allowlist" if enabled else "none", hosts or ())
 
     def snapshot(self, labels: Mapping[str, str]) -> str:
         try:
@@ -403,6 +435,8 @@ class DockerSandbox:
         if self._channels is not None:
             self._channels.close()
         remove_container(self._id, self._endpoint)
+        if self.egress is not None:
+            self.egress.remove()
         self._stopped = True
 
 
@@ -429,7 +463,7 @@ class ComposeSandbox(DockerSandbox):
         )
         self.project = project
 
-    def set_network(self, enabled: bool) -> None:
+    def _set_plain_network(self, enabled: bool) -> None:
         if enabled != self._online:
             raise SandboxError(
                 "a Compose project keeps one network for all its phases (its services "

@@ -1,0 +1,174 @@
+"""Allow-listed networks on the docker provider: a listed name answers, an unlisted name
+and a raw address do not, and a root agent cannot widen the list; phases switch between
+an allow-list and the whole network. The servers are containers of the test's own on a
+Docker network it creates."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import docker
+import pytest
+
+from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
+
+pytestmark = pytest.mark.docker
+
+SERVER_IMAGE = "busybox:musl"
+
+
+@dataclass
+class Servers:
+    network: str
+    listed_ip: str
+
+
+@pytest.fixture
+def servers(docker_client: docker.DockerClient) -> Iterator[Servers]:
+    """Two web servers on a network of the test's own: one answers as `listed.harbor.test`
+    and `api.suffix.harbor.test` (body `server-a`), the other as `unlisted.harbor.test`
+    (body `server-b`)."""
+    mark = {"pytest-harbor.run": f"allowlist-test-{uuid.uuid4().hex[:8]}"}
+    network = docker_client.networks.create(
+        f"harbor-allow-{uuid.uuid4().hex[:8]}", driver="bridge", labels=mark
+    )
+    started = []
+    try:
+        for body, aliases in (
+            ("server-a", ["listed.harbor.test", "api.suffix.harbor.test"]),
+            ("server-b", ["unlisted.harbor.test"]),
+        ):
+            container = docker_client.containers.create(
+                SERVER_IMAGE,
+                [
+                    "/bin/busybox",
+                    "sh",
+                    "-c",
+                    f"/bin/busybox mkdir -p /www && echo {body} > /www/index.html "
+                    "&& exec /bin/busybox httpd -f -p 80 -h /www",
+                ],
+                labels=mark,
+            )
+            started.append(container)
+            network.connect(container, aliases=aliases)
+            container.start()
+        started[0].reload()
+        address = started[0].attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
+        yield Servers(network.name, address)
+    finally:
+        for container in started:
+            container.remove(force=True)
+        network.remove()
+
+
+#: Probes run by solve.sh as root; each prints one line.
+PROBES = r"""
+get() {  # name [address to connect to]: the body's last line, or "unreachable"
+  body=$(timeout 5 bash -c '
+    exec 3<>"/dev/tcp/$2/80" || exit 1
+    printf "GET / HTTP/1.0\r\nHost: %s\r\n\r\n" "$1" >&3
+    tail -n 1 <&3' _ "$1" "${2:-$1}" 2>/dev/null)
+  echo "${body:-unreachable}"
+}
+{
+  echo "listed: $(get listed.harbor.test)"
+  echo "suffix: $(get api.suffix.harbor.test)"
+  echo "unlisted: $(get unlisted.harbor.test)"
+  echo "raw address: $(get listed.harbor.test "$SERVER_IP")"
+  echo "unlisted resolves: $(getent hosts unlisted.harbor.test >/dev/null && echo yes || echo no)"
+  # A Host header naming another host, on a connection to a listed name.
+  echo "smuggled: $(get unlisted.harbor.test listed.harbor.test)"
+  # The proxy port, asked for an unlisted host.
+  echo "proxy: $(timeout 5 bash -c 'exec 3<>/dev/tcp/$1/3128 || exit 1
+    printf "CONNECT unlisted.harbor.test:80 HTTP/1.1\r\n\r\n" >&3; head -n 1 <&3' _ \
+    "$(getent hosts listed.harbor.test | cut -d" " -f1)" | tr -d "\r")"
+  # Root tries to go around: its own name server, and any route it can make.
+  cp /etc/resolv.conf /tmp/resolv.conf
+  echo "nameserver $SERVER_IP" > /etc/resolv.conf
+  echo "own resolver: $(get unlisted.harbor.test)"
+  cp /tmp/resolv.conf /etc/resolv.conf
+  # No capability to change routes or firewall rules (CAP_NET_ADMIN, bit 12).
+  echo "net admin: $(( (0x$(awk '/^CapEff/ {print $2}' /proc/self/status) >> 12) & 1 ))"
+} > /app/probes.txt
+"""
+
+EXPECTED = """listed: server-a
+suffix: server-a
+unlisted: unreachable
+raw address: unreachable
+unlisted resolves: no
+smuggled: unreachable
+proxy: HTTP/1.1 403 Forbidden
+own resolver: unreachable
+net admin: 0
+"""
+
+
+def allowlist_task(
+    dataset: Dataset,
+    name: str,
+    servers: Servers,
+    toml: str,
+    test_sh: str,
+    environment: str = "",
+) -> None:
+    dataset.task(
+        name,
+        toml=toml
+        + f'[environment]\ndocker_image = "{BASE_IMAGE}"\nworkdir = "/app"\n{environment}'
+        + f'[solution]\nenv = {{ SERVER_IP = "{servers.listed_ip}" }}\n',
+        solve_sh=PROBES,
+        test_sh=test_sh,
+    )
+
+
+def run_on(pytester: pytest.Pytester, dataset: Dataset, servers: Servers) -> pytest.RunResult:
+    """The run, its sandboxes' outside network being the servers'."""
+    return run_harbor(
+        pytester, dataset, f"--harbor-set=sandbox_provider_options.network={servers.network}"
+    )
+
+
+def test_an_allow_list_lets_listed_names_through_and_nothing_else(
+    pytester: pytest.Pytester, harbor_dataset: Dataset, servers: Servers
+) -> None:
+    check = (
+        f'cat /app/probes.txt\n[ "$(cat /app/probes.txt)" = "{EXPECTED.strip()}" ] '
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    # The environment's allow-list holds for every phase.
+    allowlist_task(
+        harbor_dataset,
+        "held",
+        servers,
+        "[agent]\ntimeout_sec = 120\n[verifier]\ntimeout_sec = 60\n",
+        check,
+        environment='network_mode = "allowlist"\n'
+        'allowed_hosts = ["listed.harbor.test", "*.suffix.harbor.test"]\n',
+    )
+    result = run_on(pytester, harbor_dataset, servers)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.assert_outcomes(passed=1)
+
+
+def test_a_phase_with_the_whole_network_after_an_allow_listed_one(
+    pytester: pytest.Pytester, harbor_dataset: Dataset, servers: Servers
+) -> None:
+    # The agent's phase is an allow-list; the verifier's the whole network again.
+    check = (
+        "cat /app/probes.txt\n"
+        "grep -qx 'unlisted: unreachable' /app/probes.txt || exit 0\n"
+        "body=$(timeout 5 bash -c 'exec 3<>/dev/tcp/unlisted.harbor.test/80 && "
+        'printf "GET / HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n" >&3 && tail -n 1 <&3\')\n'
+        '[ "$body" = server-b ] && echo 1 > /logs/verifier/reward.txt\n'
+    )
+    toml = (
+        '[agent]\ntimeout_sec = 120\nnetwork_mode = "allowlist"\n'
+        'allowed_hosts = ["listed.harbor.test"]\n[verifier]\ntimeout_sec = 60\n'
+    )
+    allowlist_task(harbor_dataset, "switched", servers, toml, check)
+    result = run_on(pytester, harbor_dataset, servers)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.assert_outcomes(passed=1)
