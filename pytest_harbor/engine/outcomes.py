@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pytest_harbor.engine.results import TurnResult
 
-__all__ = ["Outcome", "decide_outcome", "nop_check_outcome"]
+__all__ = [
+    "Outcome",
+    "decide_outcome",
+    "nop_check_outcome",
+    "probe_check_outcome",
+    "probe_findings",
+]
 
 Status = Literal["passed", "failed", "error", "skipped"]
 
@@ -43,6 +50,37 @@ def _headline(result: TurnResult) -> str:
     if result.failure_reason:
         text += f": {result.failure_reason}"
     return text
+
+
+def probe_check_outcome(result: TurnResult) -> Outcome:
+    """Check mode's probe (harnesses/probe.py): a turn fails when an agent that only
+    created the files the tests name scores above 0, or when the probe found the answer
+    within reach (a git history, the solution's or tests' text in the image)."""
+    headline = _headline(result)
+    if result.mask_sample:
+        return Outcome("error", f"masked: {headline}")
+    findings = probe_findings(result.response)
+    found = [
+        what
+        for what, key in (("a git history", "git"), ("the solution's text in the image", "image"))
+        if findings.get(key)
+    ]
+    if result.reward > 0.0 and findings.get("created"):
+        found.insert(0, f"a score of {result.reward:g} for only creating the files the tests name")
+    if found:
+        return Outcome("failed", f"the task can be won without the work: {'; '.join(found)}")
+    return Outcome("passed", headline)
+
+
+def probe_findings(response: str | None) -> dict[str, list[Any]]:
+    """The probe's findings from its answer (empty when it has none, or a bad one)."""
+    try:
+        data = json.loads(response or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {key: value for key, value in data.items() if isinstance(value, list)}
 
 
 def nop_check_outcome(result: TurnResult) -> Outcome:

@@ -13,9 +13,10 @@ import pytest
 
 from pytest_harbor import strict_json
 from pytest_harbor.engine import EpisodeResult
+from pytest_harbor.engine.outcomes import probe_findings
 from pytest_harbor.plugin.item_reports import harbor_data
 from pytest_harbor.plugin.ledger import split_trial, trial_of
-from pytest_harbor.plugin.nodes import NOP_TRIAL, task_warnings
+from pytest_harbor.plugin.nodes import NOP_TRIAL, PROBE_TRIAL, task_warnings
 from pytest_harbor.tasks import Task
 
 __all__ = ["Problem", "TaskCheck", "TaskRecord"]
@@ -35,6 +36,9 @@ ProblemKind = Literal[
     "no-result",
     "load-warning",
     "refused",
+    "probe-scores",
+    "git-history",
+    "answer-in-image",
 ]
 
 
@@ -58,6 +62,8 @@ class TaskRecord:
     #: The oracle's rows by repeat, and the empty agent's row.
     oracle: dict[int, EpisodeResult] = field(default_factory=dict)
     nop: EpisodeResult | None = None
+    #: The probe's row (harnesses/probe.py).
+    probe: EpisodeResult | None = None
     #: Trials that ended with no result: trial name -> `kind: reason`.
     lost: dict[str, str] = field(default_factory=dict)
 
@@ -73,7 +79,7 @@ class TaskCheck:
     def add(self, report: pytest.TestReport) -> None:
         data = harbor_data(report)
         taskset, task, trial_name = split_trial(trial_of(report.nodeid))
-        if not task or not (trial_name == NOP_TRIAL or trial_name[1:].isdigit()):
+        if not task or not (trial_name in (NOP_TRIAL, PROBE_TRIAL) or trial_name[1:].isdigit()):
             return
         record = self.records.setdefault((taskset, task), TaskRecord())
         record.nodeids.add(report.nodeid)
@@ -86,7 +92,7 @@ class TaskCheck:
         if report.when == "setup":
             if "unloadable" in data:
                 record.lost[trial_name] = f"unloadable: {data['unloadable']}"
-            elif data.get("unvalidated") and trial_name != NOP_TRIAL:
+            elif data.get("unvalidated") and trial_name not in (NOP_TRIAL, PROBE_TRIAL):
                 record.unvalidated = str(data.get("skip_reason") or "no solution")
             elif report.failed:
                 record.lost[trial_name] = _failure_text(data)
@@ -95,6 +101,8 @@ class TaskCheck:
                 result = EpisodeResult.model_validate(data["result"])
                 if trial_name == NOP_TRIAL:
                     record.nop = result
+                elif trial_name == PROBE_TRIAL:
+                    record.probe = result
                 else:
                     record.oracle[int(trial_name[1:])] = result
             elif data.get("status") == "error":
@@ -129,6 +137,7 @@ class TaskCheck:
                 "problems": [problem.as_json() for problem in found],
                 "oracle_rewards": [record.oracle[r].reward for r in sorted(record.oracle)],
                 "nop_reward": record.nop.reward if record.nop is not None else None,
+                "probe_reward": record.probe.reward if record.probe is not None else None,
             }
         text = strict_json.dumps(
             {"schema_version": SCHEMA_VERSION, "repeats": self.repeats, "tasks": entries},
@@ -163,7 +172,7 @@ def _task_problems(record: TaskRecord, task: Task | None) -> list[Problem]:
     if record.unvalidated is not None:
         found.append(Problem("no-solution", record.unvalidated))
     for trial, reason in sorted(record.lost.items()):
-        who = "nop" if trial == NOP_TRIAL else f"oracle {trial}"
+        who = trial if trial in (NOP_TRIAL, PROBE_TRIAL) else f"oracle {trial}"
         found.append(Problem("no-result", f"{who}: {reason}"))
     scored = {repeat: row for repeat, row in sorted(record.oracle.items()) if not row.partial}
     failed: dict[str, list[str]] = {}
@@ -190,6 +199,51 @@ def _task_problems(record: TaskRecord, task: Task | None) -> list[Problem]:
                     "the verifier accepts the sandbox as the task leaves it",
                 )
             )
+    if record.probe is not None and not record.probe.mask_sample:
+        empty = record.nop.turns if record.nop is not None else []
+        found += _probed(record.probe, {turn.step for turn in empty if turn.reward >= 1.0})
+    return found
+
+
+def _probed(row: EpisodeResult, nop_passes: set[str]) -> list[Problem]:
+    """What the probe found: a score for files that merely exist (in a step the empty
+    agent did not pass already: `nop_passes`), a git history, the solution's or tests'
+    text in the image."""
+    found: list[Problem] = []
+    created = [
+        name for turn in row.turns for name in probe_findings(turn.response).get("created", [])
+    ]
+    scoring = [turn for turn in row.turns if turn.reward > 0.0 and turn.step not in nop_passes]
+    # Having created nothing, it is the empty agent: nop-passes says that already.
+    if scoring and created:
+        names = ", ".join(created[:5]) + (" ..." if len(created) > 5 else "")
+        found.append(
+            Problem(
+                "probe-scores",
+                f"an agent creating only {names} scores {scoring[0].reward:g}"
+                + (f" in step {scoring[0].step}" if len(row.turns) > 1 else "")
+                + ": the verifier checks that files exist, not what they hold",
+            )
+        )
+    first = probe_findings(row.turns[0].response) if row.turns else {}
+    if first.get("git"):
+        found.append(
+            Problem(
+                "git-history",
+                f"{', '.join(map(str, first['git']))}: the working directory has a git "
+                "history an agent can read (a fix, an answer, the tests' origin)",
+            )
+        )
+    image = [entry for entry in first.get("image", []) if isinstance(entry, dict)]
+    if image:
+        shown = "; ".join(f"{entry.get('file')} holds `{entry.get('text')}`" for entry in image[:3])
+        more = f" (and {len(image) - 3} more files)" if len(image) > 3 else ""
+        found.append(
+            Problem(
+                "answer-in-image",
+                f"the image holds text of the task's solution/ or tests/: {shown}{more}",
+            )
+        )
     return found
 
 

@@ -15,7 +15,7 @@ from pytest_harbor.display import escape_controls
 from pytest_harbor.engine import Episode, EpisodeResult, TurnResult, decide_outcome
 from pytest_harbor.engine.budget import backstop_seconds
 from pytest_harbor.engine.failures import EpisodeError
-from pytest_harbor.engine.outcomes import nop_check_outcome
+from pytest_harbor.engine.outcomes import nop_check_outcome, probe_check_outcome
 from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.engine.results import episode_id
 from pytest_harbor.engine.verifiers import verifies_separately
@@ -39,6 +39,8 @@ __all__ = [
 _TAIL_LINES = 30
 #: The name of the nop trial of each task in check mode: `quickstart/hello::nop::episode`.
 NOP_TRIAL = "nop"
+#: And of the probe's (harnesses/probe.py): `quickstart/hello::probe::episode`.
+PROBE_TRIAL = "probe"
 _ANSWER_CHARS = 300
 
 
@@ -192,6 +194,18 @@ class HarborTask(_HarborNode, pytest.Collector):
                     check_role="nop",
                 )
             )
+        if run.probe_harness is not None:
+            # And one that only creates the files the tests name must score nothing.
+            trials.append(
+                HarborTrial.from_parent(
+                    self,
+                    name=PROBE_TRIAL,
+                    task=task,
+                    repeat=0,
+                    skip_reason=run.probe_harness.unavailable_reason(task),
+                    check_role="probe",
+                )
+            )
         for trial in trials:
             for marker in markers:
                 trial.add_marker(marker)
@@ -251,13 +265,15 @@ class HarborTrial(_HarborNode, pytest.Collector):
         run = _run(self)
         if self.check_role == "nop" and run.check_harness is not None:
             return run.check_harness
+        if self.check_role == "probe" and run.probe_harness is not None:
+            return run.probe_harness
         return run.harness
 
     @property
     def episode_name(self) -> str:
         """The name of its folders: `<task>__r<repeat>`, or `<task>__nop` in check mode."""
-        if self.check_role == "nop":
-            return f"{self.task.id}__{NOP_TRIAL}"
+        if self.check_role is not None:
+            return f"{self.task.id}__{self.check_role}"
         return episode_id(self.task.id, self.repeat)
 
     def _episode(self) -> Episode:
@@ -378,6 +394,8 @@ class HarborTurnItem(_HarborNode, pytest.Item):
             self.harbor_payload["result"] = self._row(episode).model_dump(mode="json")
         if self.trial.check_role == "nop":
             outcome = nop_check_outcome(turn)
+        elif self.trial.check_role == "probe":
+            outcome = probe_check_outcome(turn)
         else:
             outcome = decide_outcome(
                 turn, validation=run.harness.validates, pass_reward=run.options.pass_reward

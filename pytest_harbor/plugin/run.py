@@ -32,6 +32,7 @@ from pytest_harbor.harnesses import (
     UnknownHarness,
     make_harness,
 )
+from pytest_harbor.harnesses.probe import ProbeHarness
 from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL, TASK_LABEL, TRIAL_LABEL
 from pytest_harbor.locks import FileLock, Slots
 from pytest_harbor.plugin.options import HarborOptions, ModelOptions
@@ -133,6 +134,8 @@ class HarborRun:
             raise pytest.UsageError(f"--harbor-agent {options.agent}: {error}{extra}") from None
         #: Check mode's second harness, run once per task beside the oracle's repeats.
         self.check_harness: Harness | None = make_harness("nop", {}) if options.check else None
+        #: Check mode's third: an agent that looks for ways to win without the work.
+        self.probe_harness: Harness | None = ProbeHarness() if options.check else None
         #: The model the harness talks to (None for harnesses that talk to none).
         self.model: ModelConfig | None = (
             _model_config(options.model, options.agent) if self.harness.needs_model else None

@@ -220,7 +220,7 @@ class TerminalSummary:
                 continue
             bad = {task: found for task, found in checked.items() if found}
             write(
-                f"{taskset}: task check (oracle x{repeats} and nop per task): "
+                f"{taskset}: task check (oracle x{repeats}, nop and probe per task): "
                 f"{len(checked)} task(s), {len(bad)} with problems",
                 red=bool(bad),
                 green=not bad,

@@ -45,18 +45,30 @@ def test_the_check_finds_each_broken_task_and_lf_runs_them_again(
     assert kinds["wrong-solution"] == ["oracle-failed"]
     assert kinds["slow-solution"] == ["slow-oracle"]
     assert kinds["unknown-key"] == ["load-warning"]
+    # The probe: a verifier that checks only that a file exists, the answer in the image,
+    # a git history in the working directory.
+    assert kinds["exists-only"] == ["probe-scores"]
+    assert kinds["answer-in-image"] == ["answer-in-image"]
+    assert kinds["git-history"] == ["git-history"]
     # A coin flip: it may score alike twice; what it found is still a problem.
     assert set(kinds["coin-flip"]) <= {"oracle-failed", "flaky-verifier"}
     assert tasks["sound"]["oracle_rewards"] == [1.0, 1.0]
     assert tasks["sound"]["nop_reward"] == 0.0
     assert tasks["accepts-anything"]["nop_reward"] == 1.0
+    assert tasks["sound"]["probe_reward"] == 0.0
+    assert tasks["exists-only"]["probe_reward"] == 1.0
     result.stdout.fnmatch_lines(
         [
-            f"{demo.name}: task check (oracle x2 and nop per task): 7 task(s), "
+            f"{demo.name}: task check (oracle x2, nop and probe per task): 10 task(s), "
             f"{sum(bool(found) for found in kinds.values())} with problems",
             "  task *  problem *  detail",
             "  accepts-anything  nop-passes * an agent that does nothing scores 1: the verifier "
             "accepts the sandbox as the task leaves it",
+            "  answer-in-image * answer-in-image * the image holds text of the task's solution/ "
+            "or tests/: /opt/vault/.expected holds `correct-horse-battery-staple-7731`",
+            "  exists-only * probe-scores * an agent creating only /app/report.txt scores 1: "
+            "the verifier checks that files exist, not what they hold",
+            "  git-history * git-history * /app/.git: the working directory has a git history *",
             "  no-solution * no-solution * unvalidated: the task has no solution/solve.sh",
             "  slow-solution * slow-oracle * solve.sh took 3.* s of its 5 s timeout",
             "  unknown-key * load-warning * task.toml: unknown key ignored: environment.cpu "
@@ -74,13 +86,13 @@ def test_the_check_finds_each_broken_task_and_lf_runs_them_again(
     assert "nop-passes" in page and "accepts-anything" in page
     rows = demo.rows(pytester.path / RESULTS_DIR)
     assert {row["agent"] for row in rows} == {"oracle"}
-    assert len(rows) == 6 * 2  # no-solution's trials are skipped
+    assert len(rows) == 9 * 2  # no-solution's trials are skipped
     # --lf: every item of each task with a problem (its passing items too), nothing else.
     again = run_harbor(
         pytester, demo, "--harbor-check", "--harbor-check-repeats=2", "-n", "2", "--lf"
     )
     with_problems = [task for task, found in kinds.items() if found]
-    again.stdout.fnmatch_lines([f"*2 workers [[]{3 * len(with_problems)} items[]]*"])
+    again.stdout.fnmatch_lines([f"*2 workers [[]{4 * len(with_problems)} items[]]*"])
     assert set(_check(pytester, demo)["tasks"]) == set(with_problems)
 
 
@@ -88,16 +100,16 @@ def test_problems_that_fail_no_item_still_fail_the_run(
     pytester: pytest.Pytester, demo: Dataset
 ) -> None:
     result = run_harbor(pytester, demo, "--harbor-check", "-k", "unknown-key")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(
-        ["*: task check (oracle x1 and nop per task): 1 task(s), 1 with problems"]
+        ["*: task check (oracle x1, nop and probe per task): 1 task(s), 1 with problems"]
     )
     sound = run_harbor(pytester, demo, "--harbor-check", "-k", "sound")
-    sound.assert_outcomes(passed=2)
+    sound.assert_outcomes(passed=3)
     assert sound.ret == pytest.ExitCode.OK
     sound.stdout.fnmatch_lines(
-        ["*: task check (oracle x1 and nop per task): 1 task(s), 0 with problems"]
+        ["*: task check (oracle x1, nop and probe per task): 1 task(s), 0 with problems"]
     )
 
 
@@ -167,7 +179,7 @@ def test_task_folders_left_out_are_problems_of_the_check(
     harbor_dataset.task("fine")
     harbor_dataset.task("broken", toml="[environment\n")
     result = run_harbor(pytester, harbor_dataset, "--harbor-check", "--harbor-skip-unloadable")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["  broken  refused  *task.toml*"])
     tasks = _check(pytester, harbor_dataset)["tasks"]

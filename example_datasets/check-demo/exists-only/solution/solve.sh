@@ -1,0 +1,2 @@
+#!/bin/bash
+ls /etc > /app/report.txt
