@@ -86,10 +86,13 @@ def collect_artifacts(
             "service": artifact.service or "main",
         }
         manifest.append(entry)
-        overlap = next((taken for taken in claimed if _overlaps(taken, place)), None)
+        overlap = next(
+            (taken for taken in (PurePosixPath(MANIFEST), *claimed) if _overlaps(taken, place)),
+            None,
+        )
         if overlap is not None:
             entry["status"] = "skipped"
-            entry["reason"] = f"its place overlaps {overlap}, which an earlier entry took"
+            entry["reason"] = f"its place overlaps {overlap}, which is taken"
             continue
         claimed.append(place)
         entry["status"], reason = _copy_one(
@@ -99,9 +102,12 @@ def collect_artifacts(
             entry["reason"] = reason
             if entry["status"] != "missing":
                 tally.notes.append(f"{artifact.source}: {reason}")
-    (into / MANIFEST).write_text(
-        json.dumps({"artifacts": manifest}, indent=2, ensure_ascii=False) + "\n"
-    )
+    try:
+        (into / MANIFEST).write_text(
+            json.dumps({"artifacts": manifest}, indent=2, ensure_ascii=False) + "\n"
+        )
+    except (OSError, ValueError) as error:
+        tally.notes.append(f"{MANIFEST}: not written ({type(error).__name__})")
     if tally.files == 0 and not tally.notes:
         shutil.rmtree(into, ignore_errors=True)
     return [f"artifacts: {note}" for note in tally.notes]

@@ -368,16 +368,14 @@ class Episode:
     def _prepare_step(self, sandbox: Sandbox, turn: Turn) -> RewardReading | None:
         """A step's files, set-up and healthcheck (engine/steps.py): None when it has none
         or they went well, else the reading the turn scores."""
-        if turn.workdir_dir is None and turn.healthcheck is None:
-            return None
-        assert self._attempt.survey is not None
+        survey_ = self._attempt.survey
         try:
             return prepare_step(
                 sandbox,
                 turn,
                 workdir=self._workdir_now(),
                 user=self._attempt.users.agent_id(turn, self._image_user),
-                bash=self._attempt.survey.bash,
+                bash=survey_.bash if survey_ is not None else None,
                 setup_s=setup_seconds(turn, self.settings) or self.clock.before_verifier(turn),
                 remaining=lambda: self.clock.before_verifier(turn),
                 redactor=self.redactor,
@@ -421,18 +419,22 @@ class Episode:
     def _after_agent(
         self, sandbox: Sandbox, turn: Turn, agent: AgentRun, notes: list[str]
     ) -> VerifierRun:
-        """The network for the verifier, the agent's processes ended (a non-root agent's,
-        before the collect hooks too), the collect hooks (their failures go to `notes`),
-        then the verification."""
-        doing = f"giving the verification of {turn.name} its network"
+        """A non-root agent's processes ended (before a network the verifier has and the
+        agent had not, and before the collect hooks), the verifier's network, the collect
+        hooks (their failures go to `notes`), then the verification."""
+        doing = "ending the agent's processes"
         users, survey_ = self._attempt.users, self._attempt.survey
         assert survey_ is not None
         try:
-            set_phase_network(sandbox, turn.verifier_network, turn.verifier_hosts)
             agent_id = users.agent_id(turn, self._image_user)
-            if agent_id is not None and self.task.config.verifier.collect:
-                doing = "ending the agent's processes"
+            phases = {
+                (turn.agent_network, turn.agent_hosts),
+                (turn.verifier_network, turn.verifier_hosts),
+            }
+            if agent_id is not None and (len(phases) > 1 or self.task.config.verifier.collect):
                 end_user_processes(sandbox, agent_id)
+            doing = f"giving the verification of {turn.name} its network"
+            set_phase_network(sandbox, turn.verifier_network, turn.verifier_hosts)
             doing = "running the collect hooks"
             notes.extend(run_collect_hooks(sandbox, self.task, self.workdir, self.clock.within))
             doing = f"verifying {turn.name}"

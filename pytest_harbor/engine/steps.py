@@ -12,6 +12,7 @@ the episode stops after it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
 from pytest_harbor.engine.readiness import wait_healthy
@@ -25,8 +26,16 @@ from pytest_harbor.tasks import Turn
 __all__ = ["UNPACK_WORKDIR", "prepare_step"]
 
 #: As the step's agent user: the step's files, from stdin, into the working directory $1
-#: (unpacked as that user, so they are the user's and land only where the user may write).
-UNPACK_WORKDIR = '$B tar -x -f - -C "$1"'
+#: (unpacked as that user, so they are the user's and land only where the user may write),
+#: once none of the folders they go into ($2...) is a link (an earlier agent's, which the
+#: unpacking would follow: for a root step, into any folder of the sandbox).
+UNPACK_WORKDIR = """
+W=$1; shift
+for folder in "$@"; do
+  if [ -L "$W/$folder" ]; then echo "$W/$folder is a link, not a folder" >&2; exit 3; fi
+done
+$B tar -x -f - -C "$W"
+"""
 #: As the step's agent user: `bash <workdir>/setup.sh` from the working directory $1 with
 #: the image's bash $2, then the script removed (whatever it did to itself).
 RUN_SETUP = """
@@ -36,6 +45,11 @@ status=$?
 $B rm -f "$1/setup.sh"
 exit $status
 """
+
+
+def _folders(root: Path) -> list[str]:
+    """The folders below `root`, relative, parents first."""
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.is_dir())
 
 
 def prepare_step(
@@ -60,7 +74,7 @@ def prepare_step(
     sandbox = without_channel(sandbox)
     if turn.workdir_dir is not None:
         unpacked = sandbox.exec(
-            trusted(UNPACK_WORKDIR, workdir),
+            trusted(UNPACK_WORKDIR, workdir, *_folders(turn.workdir_dir)),
             user=user,
             timeout=min(120.0, max(remaining(), 1.0)),
             stdin=pack_folder(turn.workdir_dir),

@@ -399,8 +399,13 @@ class ArtifactConfig(_Table):
             raise ValueError(
                 f"artifact destination {value!r} must be a relative path without '..' or '\\'"
             )
-        if value.strip("/") == "manifest.json":
-            raise ValueError("artifact destination manifest.json is reserved")
+        parts = [part for part in value.split("/") if part not in ("", ".")]
+        if parts[:1] == ["manifest.json"] or not parts:
+            raise ValueError(
+                "artifact destination manifest.json is reserved"
+                if parts
+                else f"artifact destination {value!r} names no file or folder"
+            )
         return value
 
     @model_validator(mode="after")

@@ -172,3 +172,32 @@ def test_a_phase_with_the_whole_network_after_an_allow_listed_one(
     result = run_on(pytester, harbor_dataset, servers)
     assert result.ret == 0, result.stdout.str()[-3000:]
     result.assert_outcomes(passed=1)
+
+
+def test_a_non_root_agents_leftover_never_has_the_verifiers_wider_network(
+    pytester: pytest.Pytester, harbor_dataset: Dataset, servers: Servers
+) -> None:
+    # The agent (nobody) leaves loops behind that try a server's raw address, which only
+    # the whole network reaches; the verifier's phase has it. The agent's processes end
+    # before that network is given.
+    leftover = (
+        # Wait for a new network interface (the whole network given back), then connect.
+        "setsid nohup bash -c 'for i in 1 2 3 4; do ( "
+        "while [ $(ls /sys/class/net | wc -l) -lt 3 ]; do :; done; "
+        "(exec 3<>/dev/tcp/$SERVER_IP/80) 2>/dev/null && touch /tmp/leaked "
+        ") & done; wait' > /dev/null 2>&1 &\n"
+    )
+    check = "sleep 3\n[ -e /tmp/leaked ] && exit 0\necho 1 > /logs/verifier/reward.txt\n"
+    harbor_dataset.task(
+        "leftover",
+        toml=(
+            '[agent]\ntimeout_sec = 60\nuser = "nobody"\nnetwork_mode = "allowlist"\n'
+            'allowed_hosts = ["listed.harbor.test"]\n[verifier]\ntimeout_sec = 60\n'
+            f'[environment]\ndocker_image = "{BASE_IMAGE}"\n'
+            f'[solution]\nenv = {{ SERVER_IP = "{servers.listed_ip}" }}\n'
+        ),
+        solve_sh=leftover,
+        test_sh=check,
+    )
+    result = run_on(pytester, harbor_dataset, servers)
+    result.assert_outcomes(passed=1)

@@ -272,3 +272,24 @@ def test_a_non_root_agent_cannot_turn_the_next_steps_files_against_root(
     else:
         assert turns[1]["failure_kind"] == "harbor:step_setup_failed"
     assert result.ret in (0, 1)
+
+
+def test_a_link_an_earlier_agent_planted_stops_a_root_steps_copy(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    # Step 1's agent (nobody, owner of /work) makes /work/sub a link to /etc; step 2 runs
+    # as root, and its files would go through the link into /etc.
+    check = "[ -e /etc/dropped.txt ] && exit 0\n" + PASS
+    multi_step(
+        dataset,
+        "root-copy",
+        {"s1": ("ln -s /etc /work/sub\n", PASS), "s2": ("true\n", check)},
+        step_toml={"s1": NOBODY, "s2": '[steps.agent]\nuser = "root"\n'},
+        extra_files={"steps/s2/workdir/sub/dropped.txt": "planted-by-the-task\n"},
+    )
+    run_harbor(pytester, dataset)
+    (row,) = dataset.rows(pytester.path / "out")
+    turns = row["turns"]
+    assert isinstance(turns, list) and len(turns) == 2
+    assert turns[1]["failure_kind"] == "harbor:step_setup_failed"
+    assert "/work/sub is a link, not a folder" in turns[1]["failure_reason"]
