@@ -16,7 +16,7 @@ def tasks(pytester: pytest.Pytester) -> str:
     return f"--harbor-dataset={dataset}"
 
 
-def test_check_collects_the_oracle_repeats_and_one_nop_trial_per_task(
+def test_check_collects_the_oracle_repeats_and_one_nop_and_probe_trial_per_task(
     pytester: pytest.Pytester, tasks: str
 ) -> None:
     result = pytester.runpytest(tasks, "--harbor-check", "--harbor-check-repeats=2", "--co", "-q")
@@ -25,10 +25,12 @@ def test_check_collects_the_oracle_repeats_and_one_nop_trial_per_task(
             "tasks/alpha::r0::episode",
             "tasks/alpha::r1::episode",
             "tasks/alpha::nop::episode",
+            "tasks/alpha::probe::episode",
             "tasks/beta::r0::episode",
             "tasks/beta::r1::episode",
             "tasks/beta::nop::episode",
-            "6 tests collected*",
+            "tasks/beta::probe::episode",
+            "8 tests collected*",
         ]
     )
 
@@ -42,7 +44,11 @@ def test_without_check_there_is_no_nop_trial(pytester: pytest.Pytester, tasks: s
 def test_check_is_selectable_by_trial(pytester: pytest.Pytester, tasks: str) -> None:
     result = pytester.runpytest(tasks, "--harbor-check", "-k", "nop", "--co", "-q")
     result.stdout.fnmatch_lines(
-        ["tasks/alpha::nop::episode", "tasks/beta::nop::episode", "2/4 tests collected*"]
+        ["tasks/alpha::nop::episode", "tasks/beta::nop::episode", "2/6 tests collected*"]
+    )
+    result = pytester.runpytest(tasks, "--harbor-check", "-k", "probe", "--co", "-q")
+    result.stdout.fnmatch_lines(
+        ["tasks/alpha::probe::episode", "tasks/beta::probe::episode", "2/6 tests collected*"]
     )
 
 

@@ -198,7 +198,12 @@ def test_check_json_and_the_items_lf_runs_again(tmp_path: Path, task: Task) -> N
     path = check.write(tmp_path / "check.json", SET, problems)
     data = json.loads(path.read_text())
     assert data["schema_version"] == 1 and data["repeats"] == 2
-    assert data["tasks"]["ok"] == {"problems": [], "oracle_rewards": [1.0, 1.0], "nop_reward": 0.0}
+    assert data["tasks"]["ok"] == {
+        "problems": [],
+        "oracle_rewards": [1.0, 1.0],
+        "nop_reward": 0.0,
+        "probe_reward": None,
+    }
     assert [p["kind"] for p in data["tasks"]["t"]["problems"]] == ["nop-passes"]
     assert sorted(check.failed_nodeids(problems)) == [
         f"{SET}/t::nop::episode",
@@ -228,5 +233,39 @@ def test_refused_folders_and_unloadable_tasks_are_problems(tmp_path: Path, task:
         "problems": [{"kind": "refused", "detail": "task.toml: not TOML"}],
         "oracle_rewards": [],
         "nop_reward": None,
+        "probe_reward": None,
     }
     assert list(check.failed_nodeids(problems)) == [nodeid]
+
+
+def _probe_row(task: str, rewards: list[float], responses: list[dict[str, Any]]) -> dict[str, Any]:
+    row = _row(task, 0, rewards)
+    for turn, response in zip(row["turns"], responses, strict=True):
+        turn["response"] = json.dumps(response)
+    return row
+
+
+def test_what_the_probe_found_is_a_problem_each_naming_its_evidence(task: Task) -> None:
+    check = TaskCheck(repeats=1)
+    _episode(check, "t", "r0", _row("t", 0, [1.0]))
+    _episode(check, "t", "nop", _row("t", 0, [0.0]))
+    findings = {
+        "git": ["/app/.git"],
+        "image": [{"file": "/opt/answer", "text": "the-answer-42"}],
+        "created": ["/app/out.txt"],
+    }
+    _episode(check, "t", "probe", _probe_row("t", [1.0], [findings]))
+    found = {p.kind: p.detail for p in _problems(check, task)}
+    assert found["probe-scores"].startswith("an agent creating only /app/out.txt scores 1")
+    assert found["git-history"].startswith("/app/.git: the working directory has a git history")
+    assert "/opt/answer holds `the-answer-42`" in found["answer-in-image"]
+
+
+def test_a_probe_that_created_nothing_or_scored_where_nop_did_adds_nothing(task: Task) -> None:
+    check = TaskCheck(repeats=1)
+    _episode(check, "t", "r0", _row("t", 0, [1.0, 1.0]))
+    _episode(check, "t", "nop", _row("t", 0, [0.0, 1.0]))
+    _episode(
+        check, "t", "probe", _probe_row("t", [0.0, 1.0], [{"created": []}, {"created": ["/x"]}])
+    )
+    assert [p.kind for p in _problems(check, task)] == ["nop-passes"]
