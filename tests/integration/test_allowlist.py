@@ -201,3 +201,28 @@ def test_a_non_root_agents_leftover_never_has_the_verifiers_wider_network(
     )
     result = run_on(pytester, harbor_dataset, servers)
     result.assert_outcomes(passed=1)
+
+
+def test_a_non_root_agents_leftover_never_has_the_network_after_a_phase_without_it(
+    pytester: pytest.Pytester, harbor_dataset: Dataset, servers: Servers
+) -> None:
+    # The same race after a phase with no network at all: the loops wait for the first
+    # interface past the loopback.
+    leftover = (
+        "setsid nohup bash -c 'for i in 1 2 3 4; do ( "
+        "while [ $(ls /sys/class/net | wc -l) -lt 2 ]; do :; done; "
+        "(exec 3<>/dev/tcp/$SERVER_IP/80) 2>/dev/null && touch /tmp/leaked "
+        ") & done; wait' > /dev/null 2>&1 &\n"
+    )
+    harbor_dataset.task(
+        "offline-leftover",
+        toml=(
+            '[agent]\ntimeout_sec = 60\nuser = "nobody"\nnetwork_mode = "no-network"\n'
+            f'[verifier]\ntimeout_sec = 60\n[environment]\ndocker_image = "{BASE_IMAGE}"\n'
+            f'[solution]\nenv = {{ SERVER_IP = "{servers.listed_ip}" }}\n'
+        ),
+        solve_sh=leftover,
+        test_sh="sleep 3\n[ -e /tmp/leaked ] && exit 0\necho 1 > /logs/verifier/reward.txt\n",
+    )
+    result = run_on(pytester, harbor_dataset, servers)
+    result.assert_outcomes(passed=1)
