@@ -75,7 +75,7 @@ STOPPER = textwrap.dedent(
     EOF
     setsid bash /tmp/stop.sh > /dev/null 2>&1 < /dev/null &
     sleep 0.3
-    touch /tmp/turn-over
+    : > /tmp/turn-over  # no process of its own, which the watcher could stop mid-turn
     """
 )
 
