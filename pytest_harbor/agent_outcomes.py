@@ -10,7 +10,12 @@ __all__ = ["AGENT_CAUSES", "AgentCause", "AgentOutcomePolicy", "OutcomeAction", 
 
 #: The classified causes a harness (or the engine) gives for an agent turn that failed.
 AgentCause = Literal[
-    "timeout", "rate_limited", "api_error", "context_length_exceeded", "agent_crashed"
+    "timeout",
+    "rate_limited",
+    "api_error",
+    "context_length_exceeded",
+    "agent_crashed",
+    "tools_unavailable",
 ]
 AGENT_CAUSES: tuple[str, ...] = get_args(AgentCause)
 
@@ -50,7 +55,8 @@ class AgentOutcomePolicy(BaseModel):
 
     Defaults: what the agent did counts when it ran out of time, overflowed its context or
     crashed (the verifier grades the sandbox as it is); a rate limit or an API error is the
-    endpoint's doing, so the episode runs again, twice, and then has no result.
+    endpoint's doing, so the episode runs again, twice, and then has no result. A required
+    MCP server that cannot be reached leaves the episode without a result.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -60,6 +66,9 @@ class AgentOutcomePolicy(BaseModel):
     api_error: OutcomeRule = OutcomeRule(action="retry")
     context_length_exceeded: OutcomeRule = OutcomeRule(action="verify")
     agent_crashed: OutcomeRule = OutcomeRule(action="verify")
+    #: An MCP server `task_mcp_grants = required` grants could not be reached before the
+    #: agent's first turn (after a later turn, the agent may have broken it: scored).
+    tools_unavailable: OutcomeRule = OutcomeRule(action="fail")
 
     def rule(self, cause: str) -> OutcomeRule:
         rule: OutcomeRule = getattr(self, cause)

@@ -60,6 +60,11 @@ class Redactor:
     def __bool__(self) -> bool:
         return bool(self._texts)
 
+    def adding(self, secrets: Iterable[str]) -> Redactor:
+        """This redactor with `secrets` masked too (itself when there are none)."""
+        more = [value for value in secrets if value and value not in self._values]
+        return Redactor([*self._values, *more]) if more else self
+
     def text(self, value: str) -> str:
         if not self._texts:
             return value

@@ -31,7 +31,7 @@ __all__ = [
 CONFIG_BLOCK = ("harbor_environment_server", "environment_servers", "harbor")
 
 #: Keys of the table this release does not act on: setting one is refused, never ignored.
-NOT_IMPLEMENTED = frozenset({"task_mcp_grants"})
+NOT_IMPLEMENTED: frozenset[str] = frozenset()
 #: Keys Gym's `eval run` sets itself; here the command line does their job.
 SET_BY_THE_RUN = frozenset({"agent_server", "tasksets", "sandbox_provider"})
 

@@ -333,3 +333,24 @@ def model_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     yield start
     for server in servers:
         server.__exit__(None, None, None)
+
+
+# ---------------------------------------------------------------- an MCP server's image
+
+#: The build context of the test MCP server (the `mcp` SDK on the base image): a task
+#: environment with the same two files gets the same image by content.
+MCP_SERVER = REPO_ROOT / "tests" / "data" / "mcp_server"
+
+
+@pytest.fixture(scope="session")
+def mcp_image(docker_client: docker.DockerClient) -> str:
+    """The test MCP server's image, built once per machine (it stays, a real cache)."""
+    from pytest_harbor.sandboxes.images import build_lock, image_tag_for
+
+    tag = image_tag_for(MCP_SERVER)
+    with build_lock(tag):
+        try:
+            docker_client.images.get(tag)
+        except docker.errors.ImageNotFound:
+            docker_client.images.build(path=str(MCP_SERVER), tag=tag, rm=True, forcerm=True)
+    return tag

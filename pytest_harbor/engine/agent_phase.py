@@ -35,6 +35,8 @@ from pytest_harbor.harnesses.base import (
     SessionContext,
     TurnContext,
 )
+from pytest_harbor.harnesses.mcp.access import NO_MCP, McpAccess
+from pytest_harbor.harnesses.mcp.turns import describe_task, unreachable_servers
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.base import Sandbox, SandboxError
@@ -63,8 +65,10 @@ class AgentPhase:
         model_gate: ModelGate,
         logs_dir: Path | None,
         redactor: Redactor,
+        mcp: McpAccess = NO_MCP,
     ) -> None:
         self.harness = harness
+        self.mcp = mcp
         self.episode_id = episode_id
         self.task = task
         self.model = model
@@ -133,6 +137,17 @@ class AgentPhase:
         later if it has not returned by then)."""
         session = self._session
         assert session is not None, "open_session() first"
+        describe_task(sandbox, self.mcp, self.task, turn, turn.agent_user)
+        # The oracle runs solve.sh, which takes no tools (as Harbor's oracle ignores them).
+        unreachable = None
+        if not self.harness.validates:
+            unreachable = unreachable_servers(
+                sandbox, self.mcp, user=turn.agent_user, workdir=workdir, redactor=self.redactor
+            )
+        if unreachable is not None:
+            # After a first turn the agent has had the sandbox (and the servers): a claim.
+            failure = AgentFailure("tools_unavailable", unreachable, claimed=index > 0)
+            return AgentRun(failure=failure)
         ran = self._call(
             f"turn {turn.name}",
             sandbox,
@@ -263,6 +278,7 @@ class AgentPhase:
             deadline=deadline,
             cancel=cancel,
             model_gate=self.model_gate,
+            mcp=self.mcp,
         )
 
     def _turn_context(
@@ -286,6 +302,7 @@ class AgentPhase:
             deadline=base.deadline,
             cancel=base.cancel,
             model_gate=base.model_gate,
+            mcp=base.mcp,
             turn=turn,
             index=index,
         )

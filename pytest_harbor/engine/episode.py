@@ -8,6 +8,7 @@ the verifier modes (engine/verifiers/) and the result (engine/records.py).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -54,6 +55,7 @@ from pytest_harbor.engine.verifiers import (
     verifies_separately,
 )
 from pytest_harbor.harnesses.base import AgentFailure, AgentRun, Harness, ModelGate, Usage
+from pytest_harbor.harnesses.mcp.access import mcp_access
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.redaction import Redactor, run_redactor
 from pytest_harbor.sandboxes.base import Sandbox, SandboxError, SandboxProvider, set_phase_network
@@ -73,12 +75,11 @@ class Episode:
     that leave the episode without a result raise EpisodeError.
 
     `model` is what a model-driven harness talks to; `model_gate` caps its requests in
-    flight (one process's own cap when not given); the harness keeps its files in
-    `agent_logs_dir`, each verification's files go to `verifier_logs_dir`, and each turn's
-    artifacts to `artifacts_dir` (for a multi-step task, a folder per step below each);
-    any, when not given, is a temporary folder removed at cleanup. Values of `redactor`
-    (when not given, the run's: the settings' secrets and the model's key) never reach
-    those files or a failure message.
+    flight (one process's own cap when not given); the harness's files go to
+    `agent_logs_dir`, each verification's to `verifier_logs_dir`, each turn's artifacts to
+    `artifacts_dir` (a folder per step below each for a multi-step task); each, when not
+    given, a temporary folder removed at cleanup. Values of `redactor` (the run's when not
+    given), and MCP header credentials, never reach those files or a failure message.
     """
 
     def __init__(
@@ -110,7 +111,8 @@ class Episode:
         self.settings = settings
         self.expected_digest = expected_digest
         self.model = model
-        self.redactor = redactor or run_redactor(settings, model)
+        self.mcp = mcp_access(self.task, settings.task_mcp_grants, settings.secrets, os.environ)
+        self.redactor = (redactor or run_redactor(settings, model)).adding(self.mcp.secrets)
         self.clock = EpisodeClock(settings.verifier_grace_s)
         self._budget: EpisodeBudget | None = None
         separate = verifies_separately(task, settings)
@@ -144,6 +146,7 @@ class Episode:
             model_gate=model_gate or InProcessGate(model.max_concurrent_requests if model else 1),
             logs_dir=agent_logs_dir,
             redactor=self.redactor,
+            mcp=self.mcp,
         )
         self._attempt = Attempt(1, SandboxUsers(self.task))
         self._early = EarlyStart(self.launcher)

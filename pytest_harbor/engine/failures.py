@@ -29,6 +29,7 @@ class FailureKind:
     AGENT_API_ERROR = "agent_api_error"
     AGENT_CONTEXT_LENGTH_EXCEEDED = "agent_context_length_exceeded"
     AGENT_CRASHED = "agent_crashed"
+    AGENT_TOOLS_UNAVAILABLE = "agent_tools_unavailable"
     SANDBOX_START_FAILED = "harbor:sandbox_start_failed"
     EPISODE_TIMEOUT = "harbor:episode_timeout"
     DIGEST_MISMATCH = "harbor:digest_mismatch"
@@ -60,6 +61,7 @@ class FailureKind:
             "api_error": FailureKind.AGENT_API_ERROR,
             "context_length_exceeded": FailureKind.AGENT_CONTEXT_LENGTH_EXCEEDED,
             "agent_crashed": FailureKind.AGENT_CRASHED,
+            "tools_unavailable": FailureKind.AGENT_TOOLS_UNAVAILABLE,
         }[cause]
 
 

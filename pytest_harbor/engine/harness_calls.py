@@ -26,6 +26,7 @@ from pytest_harbor.sandboxes.base import (
     without_channel,
 )
 from pytest_harbor.sandboxes.copies import HARNESS_COPY, bounded
+from pytest_harbor.sandboxes.pipes import OpensPipes, Pipe
 from pytest_harbor.threads import join
 
 __all__ = ["HARNESS_GRACE_S", "CallOutcome", "InProcessGate", "SandboxWindow", "call_harness"]
@@ -50,6 +51,9 @@ class SandboxWindow:
         self._what = what
         #: Shared with the window's plain-exec view (without_channel).
         self._closed_event = threading.Event()
+        #: The pipes the call opened: closed with the window, so none outlives the call.
+        self._pipes: list[Pipe] = []
+        self._pipes_lock = threading.Lock()
 
     @property
     def id(self) -> str:
@@ -57,6 +61,10 @@ class SandboxWindow:
 
     def close(self) -> None:
         self._closed_event.set()
+        with self._pipes_lock:
+            pipes, self._pipes = self._pipes, []
+        for pipe in pipes:
+            pipe.close()
 
     @property
     def is_closed(self) -> bool:
@@ -125,6 +133,27 @@ class SandboxWindow:
 
     def set_network(self, enabled: bool) -> None:
         raise SandboxError("a harness cannot change the sandbox's network")
+
+    def open_pipe(
+        self,
+        command: Sequence[str],
+        *,
+        user: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Pipe:
+        """A command with its input and output joined to the harness (OpensPipes), ended
+        when the call ends; SandboxError when the sandbox's provider cannot do that."""
+        self._may_change()
+        if not isinstance(self._sandbox, OpensPipes):
+            raise SandboxError("this sandbox's provider cannot join a command's input and output")
+        pipe = self._sandbox.open_pipe(command, user=user, workdir=workdir, env=env)
+        with self._pipes_lock:
+            if not self.is_closed:
+                self._pipes.append(pipe)
+                return pipe
+        pipe.close()
+        raise SandboxError(f"{self._what} is over: the harness no longer has the sandbox")
 
     def spawn(
         self, command: Sequence[str], *, user: str | None = None, workdir: str | None = None

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar, runti
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pytest_harbor.agent_outcomes import AgentCause
+from pytest_harbor.harnesses.mcp.access import McpAccess
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.sandboxes.base import Sandbox, SandboxProvider
 from pytest_harbor.tasks.task import Task, Turn
@@ -117,6 +118,9 @@ class SessionContext:
     deadline: Deadline
     cancel: threading.Event
     model_gate: ModelGate
+    #: The task's MCP servers: those granted (`task_mcp_grants`) with their headers
+    #: filled in, and those not (harnesses/mcp/access.py).
+    mcp: McpAccess
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,8 @@ class TurnContext(SessionContext):
 
 
 class Usage(BaseModel):
-    """Model usage: tokens, requests and, when the endpoint tells, cost."""
+    """Model usage: tokens, requests and, when the endpoint tells, cost; and the calls of
+    MCP tools."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -144,12 +149,14 @@ class Usage(BaseModel):
     completion_tokens: int = Field(default=0, ge=0)
     requests: int = Field(default=0, ge=0)
     cost_usd: float | None = None
+    #: Calls of MCP tools (left out of the row while there were none).
+    tool_calls: int = Field(default=0, ge=0, exclude_if=lambda count: not count)
 
     #: The largest count kept: an agent's log may claim a count of thousands of digits,
     #: which sums, formats and JSON writers refuse past Python's integer-string limit.
     MOST: ClassVar[int] = 2**63 - 1
 
-    @field_validator("prompt_tokens", "completion_tokens", "requests")
+    @field_validator("prompt_tokens", "completion_tokens", "requests", "tool_calls")
     @classmethod
     def _at_most(cls, count: int) -> int:
         return min(count, cls.MOST)
@@ -161,6 +168,7 @@ class Usage(BaseModel):
             completion_tokens=self.completion_tokens + other.completion_tokens,
             requests=self.requests + other.requests,
             cost_usd=sum(costs) if costs else None,
+            tool_calls=self.tool_calls + other.tool_calls,
         )
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,7 +48,11 @@ from pytest_harbor.harnesses.chat import (
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.base import SandboxError
+from pytest_harbor.sandboxes.pipes import OpensPipes, Pipe
 from pytest_harbor.untrusted import load_json
+
+if TYPE_CHECKING:
+    from pytest_harbor.harnesses.mcp.client import McpTools
 
 __all__ = ["BASH_TOOL", "ShellAgentHarness", "ShellAgentOptions", "cut_output"]
 
@@ -83,8 +87,17 @@ returns its exit code and its output (stdout and stderr together; output longer 
 `cd` and variables do not. Commands must not wait for input. A command is killed after \
 {timeout:g} seconds unless you pass a different `timeout_sec`.
 
-Work step by step: look around, make the changes, check your work. When the task is done, \
+{mcp}Work step by step: look around, make the changes, check your work. When the task is done, \
 reply with a short summary and no tool call; that ends your turn."""
+
+
+_MCP_PROMPT = """\
+You also have the tools of the task's MCP servers, named `mcp__<server>__<tool>`: call them \
+as their descriptions say; each answers with its result as text.
+
+"""
+#: The longest a turn waits for its MCP servers to connect.
+_CONNECT_S = 30.0
 
 
 class ShellAgentOptions(BaseModel):
@@ -180,8 +193,25 @@ class _Turn:
         self.model = session.client.model
         self.meter = UsageMeter()
         self.steps: list[Step] = []
+        self.tools: McpTools | None = None
+        self.tool_calls = 0
 
     def run(self) -> AgentRun:
+        if self.context.mcp.granted:
+            self.tools = _connect(self.context, Redactor(self.context.mcp.secrets))
+        try:
+            return self._run()
+        finally:
+            if self.tools is not None:
+                self.tools.close()
+
+    def _run(self) -> AgentRun:
+        tools = self.tools
+        if tools is not None and tools.failures and self.context.mcp.required:
+            why = "; ".join(f"{name}: {reason}" for name, reason in sorted(tools.failures.items()))
+            message = f"required MCP servers cannot be used: {why}"
+            claimed = self.context.index > 0
+            return AgentRun(failure=AgentFailure("tools_unavailable", message, claimed=claimed))
         messages = self.session.messages
         if not messages:
             prompt = self.options.system_prompt or self._system_prompt()
@@ -210,6 +240,9 @@ class _Turn:
                 self._act(text, calls, reply.usage)
             else:
                 notes = f"stopped after max_steps = {self.options.max_steps} model responses"
+            if tools is not None and tools.failures:
+                left = "; ".join(f"{name}: {why}" for name, why in sorted(tools.failures.items()))
+                notes = "; ".join(filter(None, [notes, f"MCP servers not connected: {left}"]))
         except ChatError as error:
             failure = AgentFailure(error.cause, error.message, error.status_code)
         except OutOfTime:
@@ -219,7 +252,7 @@ class _Turn:
                 raise
             timed_out = True
         self._answer_pending_calls()
-        usage = self.meter.usage
+        usage = self.meter.usage + Usage(tool_calls=self.tool_calls)
         return AgentRun(
             exit_code=0 if failure is None and not timed_out else None,
             timed_out=timed_out,
@@ -249,7 +282,7 @@ class _Turn:
 
     def _ask(self) -> ChatReply:
         body: dict[str, Any] = {"tool_choice": "auto", **self.model.params}
-        body.update(model=self.model.name, messages=self.session.messages, tools=[BASH_TOOL])
+        body.update(model=self.model.name, messages=self.session.messages, tools=self._tools())
         return self.session.client.complete(
             body,
             deadline=self.context.deadline,
@@ -258,13 +291,35 @@ class _Turn:
             meter=self.meter,
         )
 
+    def _tools(self) -> list[dict[str, Any]]:
+        """`bash`, and the tools of the granted MCP servers that connected."""
+        offered = [tool.definition() for tool in (self.tools.tools if self.tools else {}).values()]
+        return [BASH_TOOL, *offered]
+
+    def _call_tool(self, name: str, raw: Any) -> tuple[dict[str, Any], str]:
+        """An MCP tool's call: its arguments and the answer the model is sent."""
+        assert self.tools is not None
+        arguments, problem = _object_arguments(raw)
+        if problem is not None:
+            return {}, f"error: {problem}"
+        self.tool_calls += 1
+        timeout = min(self.options.command_timeout_sec, self.context.deadline.remaining())
+        answer = self.tools.call(name, arguments, timeout)
+        text = cut_output(answer.text.encode(), self.options.max_output_bytes)
+        return arguments, f"error: {text}" if answer.is_error else text
+
     def _act(self, text: str, calls: list[Any], usage: Usage) -> None:
         """Run the tool calls of one response in order and answer each."""
         recorded: list[ToolCall] = []
         results: list[ObservationResult] = []
         for number, call in enumerate(calls):
             call_id, name, raw = _parts(call, f"call_{len(self.steps)}_{number}")
-            arguments, problem = _arguments(name, raw)
+            if self.tools is not None and name in self.tools.tools:
+                arguments, output = self._call_tool(name, raw)
+                problem = None
+            else:
+                arguments, problem = _arguments(name, raw, self._tools())
+                output = ""
             recorded.append(
                 ToolCall(
                     tool_call_id=call_id,
@@ -273,7 +328,10 @@ class _Turn:
                     extra=None if problem is None else {"raw_arguments": str(raw)},
                 )
             )
-            output = f"error: {problem}" if problem is not None else self._bash(arguments)
+            if problem is not None:
+                output = f"error: {problem}"
+            elif not output:
+                output = self._bash(arguments)
             self.session.messages.append(
                 {"role": "tool", "tool_call_id": call_id, "content": output}
             )
@@ -339,7 +397,7 @@ class _Turn:
                 name="shell-agent",
                 version=_package_version(),
                 model_name=self.model.name,
-                tool_definitions=[BASH_TOOL],
+                tool_definitions=self._tools(),
             ),
             steps=self.steps,
             notes=notes,
@@ -348,6 +406,7 @@ class _Turn:
                 total_completion_tokens=usage.completion_tokens,
                 total_cost_usd=usage.cost_usd,
                 total_steps=len(self.steps),
+                extra={"mcp_tool_calls": self.tool_calls} if self.tools is not None else None,
             ),
         )
 
@@ -358,6 +417,7 @@ class _Turn:
             workdir=self.context.workdir or "the image's working directory",
             cap=self.options.max_output_bytes,
             timeout=self.options.command_timeout_sec,
+            mcp=_MCP_PROMPT if self.tools is not None and self.tools.tools else "",
         )
 
 
@@ -387,10 +447,52 @@ def _parts(call: Any, fallback_id: str) -> tuple[str, str, Any]:
     )
 
 
-def _arguments(name: str, raw: Any) -> tuple[dict[str, Any], str | None]:
+def _connect(context: TurnContext, redactor: Redactor) -> McpTools:
+    """The turn's granted MCP servers, connected through the sandbox as the agent user."""
+    from pytest_harbor.harnesses.mcp.client import McpTools
+
+    sandbox = context.sandbox
+    if not isinstance(sandbox, OpensPipes):
+        tools = McpTools(context.mcp, _no_pipes, redactor)
+        tools.failures.update(
+            {server.name: "this sandbox cannot relay connections" for server in context.mcp.granted}
+        )
+        return tools
+
+    def open_pipe(command: Sequence[str]) -> Pipe:
+        return sandbox.open_pipe(command, user=context.agent_user, workdir=context.workdir)
+
+    tools = McpTools(context.mcp, open_pipe, redactor)
+    tools.connect(min(_CONNECT_S, context.deadline.remaining()))
+    return tools
+
+
+def _no_pipes(command: Sequence[str]) -> Pipe:
+    raise SandboxError("this sandbox cannot relay connections")
+
+
+def _object_arguments(raw: Any) -> tuple[dict[str, Any], str | None]:
+    """A tool call's arguments as a JSON object, or why they are not one."""
+    if isinstance(raw, str):
+        raw, error = load_json(raw) if raw.strip() else ({}, None)
+        if error is not None:
+            return {}, f"the arguments are not valid JSON (they {error})"
+    if raw is None:
+        return {}, None
+    if not isinstance(raw, dict):
+        return {}, "the arguments must be a JSON object"
+    return raw, None
+
+
+def _arguments(
+    name: str, raw: Any, offered: Sequence[dict[str, Any]] = (BASH_TOOL,)
+) -> tuple[dict[str, Any], str | None]:
     """The `bash` call's arguments, or why they cannot be used (told to the model)."""
     if name != "bash":
-        return {}, f"there is no tool {name!r}; the only tool is `bash`"
+        if len(offered) == 1:
+            return {}, f"there is no tool {name!r}; the only tool is `bash`"
+        names = ", ".join(str(tool["function"]["name"]) for tool in offered)
+        return {}, f"there is no tool {name!r}; the tools are {names}"
     if isinstance(raw, str):
         raw, error = load_json(raw) if raw.strip() else ({}, None)
         if error is not None:

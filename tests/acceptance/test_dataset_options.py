@@ -133,8 +133,8 @@ def test_materialized_rows_carry_instruction_and_digest(pytester: pytest.Pyteste
             "*unknown setting 'no_such_key' (from --harbor-set no_such_key=1)*",
         ),
         (
-            ["--harbor-set=task_mcp_grants=optional"],
-            "*not implemented in this release*task_mcp_grants*",
+            ["--harbor-set=task_mcp_grants=sometimes"],
+            "*setting task_mcp_grants*",
         ),
         (
             ["--harbor-set=compose_overlay={prompt_template: no placeholder}"],

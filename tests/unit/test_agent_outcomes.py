@@ -17,6 +17,7 @@ def test_the_default_table() -> None:
         "api_error": "retry",
         "context_length_exceeded": "verify",
         "agent_crashed": "verify",
+        "tools_unavailable": "fail",
     }
     assert (policy.rate_limited.retries, policy.rate_limited.backoff_s) == (2, 30.0)
 

@@ -98,13 +98,7 @@ def test_values_are_yaml(tmp_path: Path) -> None:
             ["max_concurrent_episodes=2"],
             "max_concurrent_episodes requires queue_timeout_seconds",
         ),
-        (
-            {},
-            [],
-            ["task_mcp_grants=required"],
-            "not implemented in this release, so not accepted: "
-            "task_mcp_grants (from --harbor-set task_mcp_grants=required)",
-        ),
+        ({}, [], ["task_mcp_grants=always"], "task_mcp_grants"),
         (
             {},
             [],
@@ -125,8 +119,17 @@ def test_refused(
     assert message in str(caught.value)
 
 
-def test_an_unimplemented_key_at_its_default_is_accepted() -> None:
+def test_an_unimplemented_key_is_refused_unless_at_its_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("pytest_harbor.settings.NOT_IMPLEMENTED", frozenset({"task_mcp_grants"}))
     assert load_settings({}, [], ["task_mcp_grants=off"]).task_mcp_grants == "off"
+    with pytest.raises(SettingsError, match="not implemented in this release"):
+        load_settings({}, [], ["task_mcp_grants=optional"])
+
+
+def test_mcp_grants_are_taken() -> None:
+    assert load_settings({}, [], ["task_mcp_grants=required"]).task_mcp_grants == "required"
 
 
 def test_config_file_needs_the_harbor_block(tmp_path: Path) -> None:

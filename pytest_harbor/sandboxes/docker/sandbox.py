@@ -44,6 +44,7 @@ from pytest_harbor.sandboxes.docker.engine import (
     explain,
 )
 from pytest_harbor.sandboxes.docker.filtering import Egress
+from pytest_harbor.sandboxes.docker.pipes import PID_FIRST, DockerPipe
 from pytest_harbor.sandboxes.docker.projects import (
     remove_container,
     remove_project,
@@ -258,6 +259,32 @@ class DockerSandbox:
         except ENGINE_ERRORS as error:
             raise _exec_failed(self._id, error) from None
         return _Spawned(exec_id, connection, engine.api)
+
+    def open_pipe(
+        self,
+        command: Sequence[str],
+        *,
+        user: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> DockerPipe:
+        engine = engine_for(self._endpoint)
+        argv = [TRUSTED_BUSYBOX, "sh", "-c", PID_FIRST, "sh", *command]
+        try:
+            exec_id = engine.api.exec_create(
+                self._id,
+                argv,
+                stdout=True,
+                stderr=True,
+                stdin=True,
+                user=user or self._user or "",
+                workdir=workdir,
+                environment=[f"{key}={value}" for key, value in (env or {}).items()],
+            )["Id"]
+            connection = ExecConnection(engine.api.exec_start(exec_id, socket=True))
+        except ENGINE_ERRORS as error:
+            raise _exec_failed(self._id, error) from None
+        return DockerPipe(connection, self._kill_group, f"sandbox {self._id[:12]}: {command[0]}")
 
     def _kill_group(self, pid: int | None) -> None:
         if pid is None:

@@ -1,0 +1,168 @@
+"""Which of a task's MCP servers its agent gets (`task_mcp_grants`), their `${VAR}` header
+credentials filled in, and the task description file every harness finds in the sandbox.
+
+`off` grants nothing; `optional` and `required` grant every server of the task and of the
+job's `compose_overlay` (the overlay's entry wins by name). A header value's `${VAR}` is
+filled from the run's `secrets`, else from the run's environment; the value is a secret
+(masked wherever the run writes). A server whose header names a variable set nowhere is
+not granted, and the reason is kept (`problems`): under `required` the turn fails.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from pytest_harbor.tasks import Task, Turn
+from pytest_harbor.tasks.config import MCPServerConfig
+
+__all__ = [
+    "NO_MCP",
+    "TASK_FILE",
+    "GrantMode",
+    "GrantedServer",
+    "McpAccess",
+    "exposed_tool_name",
+    "mcp_access",
+]
+
+GrantMode = Literal["off", "optional", "required"]
+
+#: Where every harness finds the task described (its instruction, its MCP servers, which
+#: of them are granted), written before each turn as the turn's agent user.
+TASK_FILE = "/tmp/.pytest-harbor/task.json"
+
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+@dataclass(frozen=True)
+class GrantedServer:
+    """A server the agent gets, its headers filled in."""
+
+    config: MCPServerConfig
+    #: Header name -> value with every `${VAR}` filled (a secret where it named one).
+    headers: Mapping[str, str]
+    #: Header name -> the environment variable an in-sandbox agent's configuration names
+    #: for it; the agent's process gets the filled value under that name (McpAccess.env).
+    variables: Mapping[str, str]
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+@dataclass(frozen=True)
+class McpAccess:
+    """One episode's MCP servers: granted, not granted, and why any was left out."""
+
+    mode: GrantMode
+    granted: tuple[GrantedServer, ...] = ()
+    ungranted: tuple[MCPServerConfig, ...] = ()
+    #: Why a server the mode grants was left out (a header's variable is set nowhere).
+    problems: tuple[str, ...] = ()
+    #: The values filled into headers from variables: masked wherever the run writes.
+    secrets: tuple[str, ...] = ()
+
+    @property
+    def required(self) -> bool:
+        return self.mode == "required"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The variables an in-sandbox agent's process gets, for its configuration's
+        headers (never written into a file)."""
+        return {
+            variable: server.headers[header]
+            for server in self.granted
+            for header, variable in server.variables.items()
+        }
+
+    def task_file(self, task: Task, turn: Turn) -> bytes:
+        """The task description file's content: the turn's instruction and every MCP
+        server as the task writes it (headers unfilled), each marked granted or not."""
+        granted = {server.name for server in self.granted}
+        every = [*(server.config for server in self.granted), *self.ungranted]
+        servers = [
+            {**config.model_dump(mode="json"), "granted": config.name in granted}
+            for config in every
+        ]
+        data = {
+            "task": task.id,
+            "step": turn.name,
+            "instruction": turn.instruction,
+            "task_mcp_grants": self.mode,
+            "mcp_servers": servers,
+        }
+        return json.dumps(data, indent=2).encode()
+
+
+NO_MCP = McpAccess(mode="off")
+
+
+def mcp_access(
+    task: Task,
+    mode: GrantMode,
+    secrets: Mapping[str, str],
+    environ: Mapping[str, str],
+) -> McpAccess:
+    """The MCP servers of `task` (the overlay's already merged in) as `mode` grants them;
+    `${VAR}` filled from `secrets`, else `environ`."""
+    servers = task.config.environment.mcp_servers
+    if mode == "off":
+        return McpAccess(mode=mode, ungranted=tuple(servers))
+    granted: list[GrantedServer] = []
+    ungranted: list[MCPServerConfig] = []
+    problems: list[str] = []
+    filled: list[str] = []
+    for number, server in enumerate(servers):
+        headers: dict[str, str] = {}
+        variables: dict[str, str] = {}
+        missing: list[str] = []
+        for index, (header, written) in enumerate(server.headers.items()):
+            names = _VARIABLE.findall(written)
+            missing += [
+                f"{header} names ${{{name}}}"
+                for name in names
+                if name not in secrets and name not in environ
+            ]
+            for name in names:
+                value = secrets.get(name, environ.get(name, ""))
+                if value:
+                    filled.append(value)
+            headers[header] = _VARIABLE.sub(
+                lambda match: secrets.get(match.group(1), environ.get(match.group(1), "")),
+                written,
+            )
+            variables[header] = f"HARBOR_MCP_AUTH_{number}_{index}"
+        if missing:
+            ungranted.append(server)
+            problems.append(
+                f"{task.path / 'task.toml'}: environment.mcp_servers[{number}] "
+                f"({server.name}): header {'; '.join(missing)}, which is neither a secret "
+                "of the run nor set in its environment"
+            )
+            continue
+        granted.append(GrantedServer(config=server, headers=headers, variables=variables))
+    return McpAccess(
+        mode=mode,
+        granted=tuple(granted),
+        ungranted=tuple(ungranted),
+        problems=tuple(problems),
+        secrets=tuple(filled),
+    )
+
+
+def exposed_tool_name(server: str, tool: str, taken: set[str]) -> str:
+    """The name a tool is offered to a model under: `mcp__<server>__<tool>`, within the
+    characters and the 64 a function name may have, and unlike every name in `taken`."""
+    base = _TOOL_NAME.sub("_", f"mcp__{server}__{tool}")[:64]
+    name, number = base, 2
+    while name in taken:
+        suffix = f"_{number}"
+        name, number = base[: 64 - len(suffix)] + suffix, number + 1
+    taken.add(name)
+    return name
