@@ -360,3 +360,28 @@ def test_a_harbor_agent_cannot_forge_its_reward_leak_the_key_or_end_the_sandbox(
     assert any(path.name == "leak.txt" for path in files)
     for path in files:
         assert server.api_key.encode() not in path.read_bytes(), path
+
+
+def test_a_harbor_agent_gets_the_granted_mcp_servers_harbors_way(
+    tmp_path: Path, dataset: Dataset, model_server: Server
+) -> None:
+    servers = (
+        '[[environment.mcp_servers]]\nname = "tools"\ntransport = "streamable-http"\n'
+        'url = "http://tools.example:8000/mcp"\n'
+        '[[environment.mcp_servers]]\nname = "local"\ntransport = "stdio"\n'
+        'command = "tool-server"\nargs = ["--stdio"]\n'
+    )
+    write_task(dataset.path, "tools", toml=_toml() + servers, dockerfile=TMUX_DOCKERFILE)
+    server = model_server(lambda request: answer(terminus(complete=True)))
+    done = harbor_pytest(
+        tmp_path,
+        server,
+        f"--harbor-dataset={dataset.path}",
+        "--harbor-agent=harbor:terminus-2",
+        "--harbor-set=task_mcp_grants=optional",
+    )
+    assert "1 failed" in done.stdout, done.stdout[-3000:]
+    # terminus-2 hands its MCP servers to the model in its first prompt, as under Harbor.
+    first = json.dumps(server.requests[0].messages)
+    assert "tools: streamable-http transport, url: http://tools.example:8000/mcp" in first
+    assert "local: stdio transport, command: tool-server --stdio" in first

@@ -80,3 +80,14 @@ def test_tool_names_fit_what_a_model_takes_and_never_collide() -> None:
     long = exposed_tool_name("s" * 40, "t" * 40, taken)
     again = exposed_tool_name("s" * 40, "t" * 40, taken)
     assert len(long) == 64 and len(again) == 64 and long != again
+
+
+def test_harbors_agents_get_the_entries_as_written_and_the_variables_beside() -> None:
+    task = task_with([HTTP, STDIO])
+    access = mcp_access(task, "optional", {"TOOLS_TOKEN": "from-secrets"}, {})
+    assert access.as_written()[0]["headers"] == {
+        "Authorization": "Bearer ${TOOLS_TOKEN}",
+        "X-Team": "evals",
+    }
+    assert access.as_written()[1]["command"] == "python3"
+    assert access.values == {"TOOLS_TOKEN": "from-secrets"}

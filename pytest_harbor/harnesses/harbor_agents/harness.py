@@ -148,6 +148,15 @@ class HarborAgentHarness(Harness):
                 for name in ("temperature", "reasoning_effort"):
                     if name in model.params:
                         kwargs.setdefault(name, model.params[name])
+            if context.mcp.granted:
+                # Harbor's way: the entries as the task writes them, `${VAR}` filled by
+                # the agent from its environment, which gets the variables here.
+                from harbor.models.task.config import MCPServerConfig
+
+                kwargs["mcp_servers"] = [
+                    MCPServerConfig.model_validate(entry) for entry in context.mcp.as_written()
+                ]
+                kwargs["extra_env"] = {**kwargs.get("extra_env", {}), **context.mcp.values}
             return agent_class(logs_dir=logs, model_name=model_name, **kwargs)
         except Exception as error:  # Harbor's own refusal, whatever its kind
             raise AgentSetupError(

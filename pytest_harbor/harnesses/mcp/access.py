@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pytest_harbor.tasks import Task, Turn
@@ -66,6 +66,9 @@ class McpAccess:
     problems: tuple[str, ...] = ()
     #: The values filled into headers from variables: masked wherever the run writes.
     secrets: tuple[str, ...] = ()
+    #: The variables the granted servers' headers name, with their values (for an agent
+    #: that fills `${VAR}` itself, as Harbor's do).
+    values: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def required(self) -> bool:
@@ -80,6 +83,11 @@ class McpAccess:
             for server in self.granted
             for header, variable in server.variables.items()
         }
+
+    def as_written(self) -> list[dict[str, object]]:
+        """The granted servers as the task writes them (headers with `${VAR}` unfilled),
+        for an agent that takes Harbor's MCP server entries."""
+        return [server.config.model_dump(mode="json") for server in self.granted]
 
     def task_file(self, task: Task, turn: Turn) -> bytes:
         """The task description file's content: the turn's instruction and every MCP
@@ -118,6 +126,7 @@ def mcp_access(
     ungranted: list[MCPServerConfig] = []
     problems: list[str] = []
     filled: list[str] = []
+    values: dict[str, str] = {}
     for number, server in enumerate(servers):
         headers: dict[str, str] = {}
         variables: dict[str, str] = {}
@@ -147,12 +156,16 @@ def mcp_access(
             )
             continue
         granted.append(GrantedServer(config=server, headers=headers, variables=variables))
+        for written in server.headers.values():
+            for name in _VARIABLE.findall(written):
+                values[name] = secrets.get(name, environ.get(name, ""))
     return McpAccess(
         mode=mode,
         granted=tuple(granted),
         ungranted=tuple(ungranted),
         problems=tuple(problems),
         secrets=tuple(filled),
+        values=values,
     )
 
 
