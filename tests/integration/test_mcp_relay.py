@@ -138,6 +138,25 @@ def test_a_stdio_server_runs_in_the_sandbox_as_the_agent_user(
     assert owners_of(sandbox, "stdio") == []
 
 
+def test_a_server_that_floods_is_cut_off_not_held_in_memory(
+    start: StartSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pytest_harbor.harnesses.mcp.relay.MOST_ANSWER_BYTES", 1024 * 1024)
+    sandbox = start()
+    flood = MCPServerConfig(
+        name="flood", transport="stdio", command="sh", args=["-c", "yes x | tr -d '\\n'"]
+    )
+    tools = McpTools(
+        mcp_access(task_with([flood]), "required", {}, {}), opener(sandbox), Redactor()
+    )
+    tools.connect(20)
+    try:
+        assert set(tools.failures) == {"flood"}, tools.failures
+        assert "no answer" not in tools.failures["flood"], tools.failures
+    finally:
+        tools.close()
+
+
 def test_a_server_that_does_not_answer_is_named_with_why(start: StartSandbox) -> None:
     sandbox = start(network=True)
     tools = tools_for(

@@ -35,6 +35,9 @@ OpenPipe = Callable[[Sequence[str]], Pipe]
 
 #: How long one read waits before it looks again whether it was cancelled.
 _POLL_S = 0.5
+#: The most one answer of a server may hold (an SSE stream counts as one answer): a
+#: server is the task's code, and what it sends is held in this process's memory.
+MOST_ANSWER_BYTES = 64 * 1024 * 1024
 
 
 class _PipeBytes(anyio.abc.ByteStream):
@@ -158,8 +161,14 @@ class _ResponseBody(httpx2.AsyncByteStream):
         self._stream = stream
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        read = 0
         try:
             async for part in self._stream:
+                read += len(part)
+                if read > MOST_ANSWER_BYTES:
+                    raise httpx2.ReadError(
+                        f"the server's answer passed {MOST_ANSWER_BYTES} bytes: not read further"
+                    )
                 yield part
         except httpcore2.TimeoutException as error:
             raise httpx2.ReadTimeout(str(error)) from None
@@ -239,6 +248,11 @@ async def stdio_over_pipe(
                     return
                 lines = (buffer + chunk).split(b"\n")
                 buffer = lines.pop()
+                if len(buffer) > MOST_ANSWER_BYTES:
+                    await reader_in.send(
+                        ValueError(f"a line of the server passed {MOST_ANSWER_BYTES} bytes")
+                    )
+                    return
                 for line in lines:
                     if not line.strip():
                         continue
