@@ -25,7 +25,7 @@ from pytest_harbor.sandboxes.docker import DockerProvider, DockerSandbox
 from pytest_harbor.sandboxes.images import image_tag_for
 from pytest_harbor.tasks.config import MCPServerConfig
 from tests.fixtures import MCP_SERVER
-from tests.unit.test_mcp_access import task_with
+from tests.unit.test_mcp_access import grants, task_with
 
 SERVER = "/opt/mcp/server.py"
 
@@ -33,7 +33,7 @@ SERVER = "/opt/mcp/server.py"
 def measure(
     sandbox: DockerSandbox, server: MCPServerConfig, calls: int
 ) -> tuple[float, list[float]]:
-    access = mcp_access(task_with([server]), "required", {}, {})
+    access = mcp_access(task_with([server]), grants("required"), {})
     started = time.monotonic()
     tools = McpTools(access, lambda command: sandbox.open_pipe(command), Redactor())
     tools.connect(60)

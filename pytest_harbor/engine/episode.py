@@ -111,7 +111,7 @@ class Episode:
         self.settings = settings
         self.expected_digest = expected_digest
         self.model = model
-        self.mcp = mcp_access(self.task, settings.task_mcp_grants, settings.secrets, os.environ)
+        self.mcp = mcp_access(self.task, settings, os.environ)
         self.redactor = (redactor or run_redactor(settings, model)).adding(self.mcp.secrets)
         self.clock = EpisodeClock(settings.verifier_grace_s)
         self._budget: EpisodeBudget | None = None

@@ -16,7 +16,7 @@ from pytest_harbor.sandboxes.docker import DockerSandbox
 from pytest_harbor.sandboxes.pipes import Pipe
 from pytest_harbor.tasks.config import MCPServerConfig
 from tests.fixtures import StartSandbox
-from tests.unit.test_mcp_access import task_with
+from tests.unit.test_mcp_access import grants, task_with
 
 pytestmark = pytest.mark.docker
 
@@ -59,7 +59,9 @@ def owners_of(sandbox: DockerSandbox, word: str) -> list[str]:
 def tools_for(
     sandbox: DockerSandbox, *servers: MCPServerConfig, env: dict[str, str] | None = None
 ) -> McpTools:
-    access = mcp_access(task_with(list(servers)), "required", {}, env or {})
+    access = mcp_access(
+        task_with(list(servers)), grants("required", host_env=list(env or {})), env or {}
+    )
     tools = McpTools(access, opener(sandbox), Redactor(access.secrets))
     tools.connect(30)
     return tools
@@ -118,8 +120,7 @@ def test_a_stdio_server_runs_in_the_sandbox_as_the_agent_user(
                 )
             ]
         ),
-        "required",
-        {},
+        grants("required"),
         {},
     )
     tools = McpTools(access, opener(sandbox, "agent"), Redactor())
@@ -147,7 +148,7 @@ def test_a_server_that_floods_is_cut_off_not_held_in_memory(
         name="flood", transport="stdio", command="sh", args=["-c", "yes x | tr -d '\\n'"]
     )
     tools = McpTools(
-        mcp_access(task_with([flood]), "required", {}, {}), opener(sandbox), Redactor()
+        mcp_access(task_with([flood]), grants("required"), {}), opener(sandbox), Redactor()
     )
     tools.connect(20)
     try:

@@ -136,7 +136,9 @@ def test_shell_agent_calls_the_tools_of_every_granted_server(
     mcp_task(dataset)
     monkeypatch.setenv("TOOLS_TOKEN", TOKEN)
     server = model_server(using_the_tools)
-    result = run_harbor(pytester, dataset, *server.options("--harbor-set=task_mcp_grants=required"))
+    # The task's ${TOOLS_TOKEN} reads the host's variable only because host_env names it.
+    grants = ("--harbor-set=task_mcp_grants=required", "--harbor-set=host_env=[TOOLS_TOKEN]")
+    result = run_harbor(pytester, dataset, *server.options(*grants))
     result.assert_outcomes(passed=1)
     (row,) = dataset.rows(pytester.path / "out", validation=False)
     assert row["reward"] == 1.0

@@ -3,7 +3,8 @@ credentials filled in, and the task description file every harness finds in the 
 
 `off` grants nothing; `optional` and `required` grant every server of the task and of the
 job's `compose_overlay` (the overlay's entry wins by name). A header value's `${VAR}` is
-filled from the run's `secrets`, else from the run's environment; the value is a secret
+filled from the run's `secrets`, else from a host variable `host_env` names (a task is
+a stranger's code: no other host variable may reach its servers); the value is a secret
 (masked wherever the run writes). A server whose header names a variable set nowhere is
 not granted, and the reason is kept (`problems`): under `required` the turn fails.
 """
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task, Turn
 from pytest_harbor.tasks.config import MCPServerConfig
 
@@ -111,14 +113,13 @@ class McpAccess:
 NO_MCP = McpAccess(mode="off")
 
 
-def mcp_access(
-    task: Task,
-    mode: GrantMode,
-    secrets: Mapping[str, str],
-    environ: Mapping[str, str],
-) -> McpAccess:
-    """The MCP servers of `task` (the overlay's already merged in) as `mode` grants them;
-    `${VAR}` filled from `secrets`, else `environ`."""
+def mcp_access(task: Task, settings: HarborSettings, environ: Mapping[str, str]) -> McpAccess:
+    """The MCP servers of `task` (the overlay's already merged in) as the settings'
+    `task_mcp_grants` grants them; `${VAR}` filled from `secrets`, else from the variables
+    of `environ` that `host_env` names (only those)."""
+    mode: GrantMode = settings.task_mcp_grants
+    secrets = settings.secrets
+    environ = {name: environ[name] for name in settings.host_env if name in environ}
     servers = task.config.environment.mcp_servers
     if mode == "off":
         return McpAccess(mode=mode, ungranted=tuple(servers))
@@ -152,7 +153,7 @@ def mcp_access(
             problems.append(
                 f"{task.path / 'task.toml'}: environment.mcp_servers[{number}] "
                 f"({server.name}): header {'; '.join(missing)}, which is neither a secret "
-                "of the run nor set in its environment"
+                "of the run nor a host variable host_env names and the environment sets"
             )
             continue
         granted.append(GrantedServer(config=server, headers=headers, variables=variables))
