@@ -42,12 +42,6 @@ def refuse_unrunnable(task: Task, capabilities: SandboxCapabilities, provider: s
                 f'network_mode = "allowlist" cannot be enforced by the {provider} sandbox',
                 key=f"{key}.network_mode",
             )
-    if task.filtered and task.compose_file is not None:
-        raise TaskLoadError(
-            task.compose_file,
-            'network_mode = "allowlist" is not enforced in Compose tasks yet: give the '
-            "task one container, or a public network",
-        )
     verifier_compose = task.path / "tests" / "docker-compose.yaml"
     if verifier_compose.is_file():
         raise TaskLoadError(

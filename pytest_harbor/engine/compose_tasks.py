@@ -101,16 +101,7 @@ def refuse_compose(task: Task, settings: HarborSettings) -> None:
             "verify_from_snapshot verifies in a lone container, without the Compose "
             "project's other services",
         )
-    phases = {turn.agent_network for turn in task.turns} | {
-        turn.verifier_network for turn in task.turns
-    }
-    if len(phases) > 1:
-        raise TaskLoadError(
-            task_file,
-            "a Compose project keeps one network for all its phases; this task's phases "
-            "differ (network_mode)",
-            key="environment.network_mode",
-        )
+    _refuse_phase_networks(task, task_file)
     services = set(spec.config["services"])
     for index, hook in enumerate(task.config.verifier.collect):
         if hook.service not in services:
@@ -139,3 +130,31 @@ def with_overlay(task: Task, settings: HarborSettings) -> Task:
     environment = task.config.environment.model_copy(update={"mcp_servers": list(servers.values())})
     config = task.config.model_copy(update={"environment": environment})
     return dataclasses.replace(task, config=config)
+
+
+def _refuse_phase_networks(task: Task, task_file: Path) -> None:
+    """A Compose project keeps its networks for every phase. Without an allow-list every
+    phase has the network or none does; with one, the project is behind its egress from
+    the start and no phase (the environment's included) may have the whole network."""
+    phases = [(turn.agent_network, turn.agent_hosts) for turn in task.turns] + [
+        (turn.verifier_network, turn.verifier_hosts) for turn in task.turns
+    ]
+    if not task.filtered:
+        if len({network for network, _ in phases}) > 1:
+            raise TaskLoadError(
+                task_file,
+                "a Compose project keeps one network for all its phases; this task's "
+                "phases differ (network_mode)",
+                key="environment.network_mode",
+            )
+        return
+    if task.config.environment.network_mode == "public" or any(
+        network and hosts is None for network, hosts in phases
+    ):
+        raise TaskLoadError(
+            task_file,
+            'a Compose task with network_mode = "allowlist" keeps its services behind the '
+            "allow-list in every phase; a phase with the whole network (public) cannot "
+            'follow or precede it: make each phase "allowlist" or "no-network"',
+            key="environment.network_mode",
+        )

@@ -297,22 +297,28 @@ class SandboxLauncher:
         # Surveyed as it starts when nothing else starts in it at the seed.
         users = self.named_users() if self.nothing_starts_at_seed else None
         spec = self.compose
-        if spec is not None:
-            # One network for every phase (checked at planning).
-            group = SandboxGroup(config=spec.config, built=self._built, episode=self._episode)
-            return self.start(
-                self.image, environment, network=needed, group=group, survey_users=users
-            )
+        group = (
+            None
+            if spec is None
+            else SandboxGroup(config=spec.config, built=self._built, episode=self._episode)
+        )
         if self.task.filtered:
-            # Behind its egress from the start, in the environment's own policy.
+            # Behind its egress from the start, in the environment's own policy (a
+            # Compose project's every phase, checked at planning).
             hosts = tuple(environment.allowed_hosts or ()) if online else None
             return self.start(
                 self.image,
                 environment,
                 network=online,
+                group=group,
                 survey_users=users,
                 filtered=True,
                 allowed_hosts=hosts if environment.network_mode == "allowlist" else None,
+            )
+        if group is not None:
+            # One network for every phase (checked at planning).
+            return self.start(
+                self.image, environment, network=needed, group=group, survey_users=users
             )
         sandbox = self.start(self.image, environment, network=needed, survey_users=users)
         if needed and not online:

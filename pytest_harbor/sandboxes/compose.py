@@ -23,6 +23,7 @@ from typing import Any
 from pytest_harbor.sandboxes.base import BuildOptions
 from pytest_harbor.sandboxes.compose_model import (
     RESERVED_LABEL_PREFIXES,
+    RESERVED_NAME_PREFIX,
     ComposeRefused,
     read_project,
 )
@@ -34,6 +35,7 @@ from pytest_harbor.tasks.dockerfiles import MAX_DOCKERFILE_BYTES, check_dockerfi
 __all__ = [
     "ComposeRefused",
     "ComposeSpec",
+    "EgressLink",
     "ServiceBuild",
     "check_config",
     "episode_project",
@@ -44,6 +46,21 @@ __all__ = [
 
 #: Compose runs get this long for `config`; `up` has the sandbox's own start limit.
 CONFIG_TIMEOUT_S = 60.0
+#: The key an allow-list's egress network has in an episode's project.
+EGRESS_KEY = RESERVED_NAME_PREFIX + "-egress"
+#: The bridge option that keeps an address for this machine off a network: a service on
+#: an internal network would reach this machine's own services at the bridge's address.
+NO_HOST_ADDRESS = "com.docker.network.bridge.inhibit_ipv4"
+
+
+@dataclass(frozen=True)
+class EgressLink:
+    """An allow-list's egress, as a Compose project joins it: its network (internal, no
+    address on this machine) and its address there, which every service's names are
+    resolved by."""
+
+    network: str
+    address: str
 
 
 def project_name(episode: str, unique: str) -> str:
@@ -389,13 +406,18 @@ def episode_project(
     labels: Mapping[str, str],
     main: Mapping[str, Any],
     internal: bool,
+    egress: EgressLink | None = None,
 ) -> dict[str, Any]:
     """The project one episode starts, made from the `canonical` configuration: `main`
     runs `main_image` with what `main` says (entrypoint, command, environment,
     working_dir, volumes, limits); built services run
     their built images; every container, network and volume carries `labels`; published
     host ports become ports the engine picks (parallel episodes never collide), and
-    `container_name`s go (they would too). `internal`: no network beyond the project."""
+    `container_name`s go (they would too). `internal`: no network beyond the project (and
+    no address on this machine). `egress`: the project's networks are internal, and every
+    service with a network of its own also joins the egress's network and has its names
+    resolved by the egress, so what the egress's policy lists is all it reaches beyond the
+    project."""
     config: dict[str, Any] = json.loads(json.dumps(canonical))
     config["name"] = name
     services: dict[str, Any] = config["services"]
@@ -427,10 +449,27 @@ def episode_project(
         if not network.get("external"):
             network["name"] = f"{name}_{key}"
             network["labels"] = {**(network.get("labels") or {}), **labels}
-            if internal:
+            if internal or egress is not None:
                 network["internal"] = True
+                network["driver_opts"] = {NO_HOST_ADDRESS: "true"}
+    if egress is not None:
+        _join_egress(services, networks, egress)
     for key, volume in (config.get("volumes") or {}).items():
         if not volume.get("external"):
             volume["name"] = f"{name}_{key}"
             volume["labels"] = {**(volume.get("labels") or {}), **labels}
     return config
+
+
+def _join_egress(services: dict[str, Any], networks: dict[str, Any], egress: EgressLink) -> None:
+    """Every service with a network namespace of its own joins the egress's network (as
+    well as its own: naming networks takes a service off `default` unless it is named)
+    and resolves names through the egress. A service in another's namespace
+    (`network_mode: service:x`) has x's; one with `network_mode: none` has none."""
+    networks[EGRESS_KEY] = {"external": True, "name": egress.network}
+    for service in services.values():
+        if "network_mode" in service:
+            continue
+        joined = service.get("networks") or {"default": None}
+        service["networks"] = {**joined, EGRESS_KEY: None}
+        service["dns"] = [egress.address]

@@ -124,10 +124,12 @@ def allowlist_task(
     )
 
 
-def run_on(pytester: pytest.Pytester, dataset: Dataset, servers: Servers) -> pytest.RunResult:
+def run_on(
+    pytester: pytest.Pytester, dataset: Dataset, servers: Servers, *args: str
+) -> pytest.RunResult:
     """The run, its sandboxes' outside network being the servers'."""
     return run_harbor(
-        pytester, dataset, f"--harbor-set=sandbox_provider_options.network={servers.network}"
+        pytester, dataset, f"--harbor-set=sandbox_provider_options.network={servers.network}", *args
     )
 
 
@@ -226,3 +228,110 @@ def test_a_non_root_agents_leftover_never_has_the_network_after_a_phase_without_
     )
     result = run_on(pytester, harbor_dataset, servers)
     result.assert_outcomes(passed=1)
+
+
+#: A Compose task's sidecar: it answers `/` with `sidecar-up`, and `/cgi-bin/probe` with
+#: what it reaches itself, asked when the agent asks (so under the agent's phase).
+SIDECAR_PROBE = r"""#!/bin/busybox sh
+echo "Content-Type: text/plain"
+echo
+reach() {  # the last line of the answer (busybox nc, its input held open for it)
+  body=$( (printf "GET / HTTP/1.0\r\nHost: $1\r\n\r\n"; /bin/busybox sleep 3) \
+    | /bin/busybox nc -w 3 "$1" 80 2>/dev/null | /bin/busybox tail -n 1)
+  echo "${body:-unreachable}"
+}
+echo "listed=$(reach listed.harbor.test) unlisted=$(reach unlisted.harbor.test)"
+"""
+
+COMPOSE_PROBES = r"""
+{
+  echo "sidecar: $(get helper)"
+  echo "sidecar probes: $(timeout 10 bash -c 'exec 3<>/dev/tcp/helper/80 || exit 1
+    printf "GET /cgi-bin/probe HTTP/1.0\r\nHost: helper\r\n\r\n" >&3; tail -n 1 <&3')"
+  # This machine's address on each of main's networks (the bridge's first address):
+  # none answers, so no service of this machine is reached around the egress.
+  gateways=$(/.pytest-harbor/busybox ip -4 -o addr show scope global \
+    | awk '{split($4, a, "[./]"); print a[1] "." a[2] "." a[3] ".1"}' | sort -u)
+  answered=none
+  for gateway in $gateways; do
+    /.pytest-harbor/busybox ping -c 1 -W 2 "$gateway" >/dev/null 2>&1 && answered=$gateway
+  done
+  echo "networks: $(echo "$gateways" | wc -l), host answers: $answered"
+  echo "no proxy: $(echo "$NO_PROXY" | tr ',' '\n' | grep -cx helper)"
+} >> /app/probes.txt
+"""
+
+SIDECAR_EXPECTED = """sidecar: sidecar-up
+sidecar probes: listed=server-a unlisted=unreachable
+networks: 2, host answers: none
+no proxy: 1
+"""
+
+
+def compose_allowlist_task(
+    dataset: Dataset, name: str, servers: Servers, toml: str, test_sh: str
+) -> None:
+    folder = dataset.task(
+        name,
+        toml=toml
+        + '[environment]\nworkdir = "/app"\nnetwork_mode = "allowlist"\n'
+        + 'allowed_hosts = ["listed.harbor.test", "*.suffix.harbor.test"]\n'
+        + f'[solution]\nenv = {{ SERVER_IP = "{servers.listed_ip}" }}\n',
+        solve_sh=PROBES + COMPOSE_PROBES,
+        test_sh=test_sh,
+        dockerfile=f"FROM {BASE_IMAGE}\n",
+    )
+    environment = folder / "environment"
+    (environment / "docker-compose.yaml").write_text(
+        "services:\n  main:\n    depends_on: [helper]\n  helper:\n    build: ./helper\n"
+    )
+    helper = environment / "helper"
+    helper.mkdir()
+    (helper / "probe").write_text(SIDECAR_PROBE)
+    (helper / "Dockerfile").write_text(
+        f"FROM {SERVER_IMAGE}\n"
+        "COPY probe /www/cgi-bin/probe\n"
+        'RUN ["/bin/busybox", "sh", "-c", "/bin/busybox chmod 755 /www/cgi-bin/probe '
+        '&& echo sidecar-up > /www/index.html"]\n'
+        'CMD ["/bin/busybox", "httpd", "-f", "-p", "80", "-h", "/www"]\n'
+    )
+
+
+def test_a_compose_task_behind_an_allow_list(
+    pytester: pytest.Pytester, harbor_dataset: Dataset, servers: Servers
+) -> None:
+    """Every service of the project is behind the allow-list: main reaches its sidecar by
+    name and listed names, nothing else, and no address of this machine; the sidecar
+    reaches a listed name and not an unlisted one."""
+    check = (
+        "cat /app/probes.txt\n"
+        f'[ "$(cat /app/probes.txt)" = "{(EXPECTED + SIDECAR_EXPECTED).strip()}" ] '
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    compose_allowlist_task(
+        harbor_dataset,
+        "composed",
+        servers,
+        "[agent]\ntimeout_sec = 120\n[verifier]\ntimeout_sec = 60\n",
+        check,
+    )
+    result = run_on(pytester, harbor_dataset, servers)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    result.assert_outcomes(passed=1)
+
+
+def test_a_compose_task_with_a_public_phase_beside_an_allow_list_is_refused(
+    pytester: pytest.Pytester, harbor_dataset: Dataset, servers: Servers
+) -> None:
+    compose_allowlist_task(
+        harbor_dataset,
+        "mixed",
+        servers,
+        '[agent]\ntimeout_sec = 120\n[verifier]\ntimeout_sec = 60\nnetwork_mode = "public"\n',
+        "echo 1 > /logs/verifier/reward.txt\n",
+    )
+    result = run_on(pytester, harbor_dataset, servers)
+    assert result.ret != 0
+    output = result.stdout.str()
+    assert "task.toml: environment.network_mode: a Compose task with" in output, output[-3000:]
+    assert "a phase with the whole network (public)" in output

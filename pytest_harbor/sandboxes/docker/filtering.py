@@ -15,6 +15,10 @@ names are resolved by the egress (the sandbox's DNS server is the egress's addre
   and a raw address has no route.
 - **No network**: the outside network taken away, and the egress forwards nothing.
 
+A Compose project behind an allow-list has every network internal (no address on this
+machine either); each of its services also joins the egress's network and resolves names
+through it, and the policy changes by phase as for one sandbox (compose.episode_project).
+
 The policy lives in the egress container, written by the engine through its archive API;
 the sandbox shares no namespace, file or process with it, and has no capability to change
 routes or firewall rules. A root agent cannot widen any of it.
@@ -28,7 +32,7 @@ import json
 import tarfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,13 +66,14 @@ class Egress:
     outside: str
     endpoint: Endpoint | None
 
-    @property
-    def proxy_env(self) -> dict[str, str]:
-        """The variables that send proxy-aware clients through the egress."""
+    def proxy_env(self, beside: Iterable[str] = ()) -> dict[str, str]:
+        """The variables that send proxy-aware clients through the egress; the names
+        `beside` (a Compose project's services) are reached directly."""
         proxy = f"http://{self.address}:{PROXY_PORT}"
+        direct = ",".join(["localhost", "127.0.0.1", *beside])
         return {
             name: proxy for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
-        } | {"NO_PROXY": "localhost,127.0.0.1", "no_proxy": "localhost,127.0.0.1"}
+        } | {"NO_PROXY": direct, "no_proxy": direct}
 
     def set_policy(self, mode: str, hosts: tuple[str, ...] = ()) -> None:
         """`public`, `allowlist` (with `hosts`) or `none`; raises SandboxError."""

@@ -212,7 +212,7 @@ class DockerProvider:
                     self.images, outside=network, labels=spec.labels, endpoint=self.endpoint
                 )
                 limits["dns"] = [egress.address]
-                env = egress.proxy_env | env
+                env = egress.proxy_env() | env
             try:
                 created = api.create_container(
                     spec.image,
@@ -270,11 +270,9 @@ class DockerProvider:
         """The Compose project `group`, `main` kept alive like any sandbox (the trusted
         sleep as its first process, the trusted tools mounted), its other services first,
         as their depends_on conditions and health checks say (`up --wait`)."""
-        from pytest_harbor.sandboxes.compose import episode_project, project_name
         from pytest_harbor.sandboxes.compose_model import TOOLS_KEY
 
         engine = engine_for(self.endpoint)
-        tools = self.tools_volume()
         entrypoint, command = _first_process(spec)
         main: dict[str, Any] = {
             # Compose reads `$` as its own variables': `$$` is a `$` for the shell.
@@ -296,6 +294,38 @@ class DockerProvider:
             main["pids_limit"] = spec.pids_limit
         main.update(compose_gpu_request(spec))
 
+        egress: Egress | None = None
+        if spec.filtered:
+            # The project's networks are internal; the egress is its only way out, in
+            # the seed's policy before any service starts.
+            egress = start_egress(
+                self.images,
+                outside=self._network_of(spec),
+                labels=spec.labels,
+                endpoint=self.endpoint,
+            )
+            main["environment"] = egress.proxy_env(group.config["services"]) | main["environment"]
+        try:
+            if egress is not None and spec.network and spec.allowed_hosts is not None:
+                egress.set_policy("allowlist", spec.allowed_hosts)
+            sandbox = self._up(spec, group, main, egress)
+        except BaseException:
+            if egress is not None:
+                egress.remove()
+            raise
+        sandbox.egress = egress
+        _take_first_report(sandbox, spec, engine_for(self.endpoint).api)
+        return sandbox
+
+    def _up(
+        self, spec: SandboxSpec, group: SandboxGroup, main: dict[str, Any], egress: Egress | None
+    ) -> ComposeSandbox:
+        """`docker compose up --wait` of the episode's project, its main service found;
+        raises SandboxStartError (the project removed)."""
+        from pytest_harbor.sandboxes.compose import EgressLink, episode_project, project_name
+        from pytest_harbor.sandboxes.compose_model import TOOLS_KEY
+
+        engine = engine_for(self.endpoint)
         name = project_name(group.episode, uuid.uuid4().hex[:8])
         config = episode_project(
             group.config,
@@ -305,12 +335,13 @@ class DockerProvider:
             labels=spec.labels,
             main=main,
             internal=not spec.network,
+            egress=None if egress is None else EgressLink(egress.network, egress.address),
         )
         volumes = config.setdefault("volumes", {})
         if TOOLS_KEY in volumes:
             # The model refuses the name in a task's file: never let one stand for the tools.
             raise SandboxStartError(f"the project already has a volume {TOOLS_KEY}")
-        volumes[TOOLS_KEY] = {"external": True, "name": tools}
+        volumes[TOOLS_KEY] = {"external": True, "name": self.tools_volume()}
         with tempfile.TemporaryDirectory(prefix="harbor-compose-") as scratch:
             file = Path(scratch) / "compose.json"
             file.write_text(json.dumps(config))
@@ -347,16 +378,14 @@ class DockerProvider:
         if not found:
             remove_project(name, self.endpoint)
             raise SandboxStartError(f"the Compose project {name} came up without its main")
-        sandbox = ComposeSandbox(
+        return ComposeSandbox(
             found[0]["Id"],
             name,
-            online=spec.network,
+            online=spec.network and egress is None,
             endpoint=self.endpoint,
             user=self.image_config(spec.image).user,
             channel=True,
         )
-        _take_first_report(sandbox, spec, engine.api)
-        return sandbox
 
     def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:
         found = engine_for(self.endpoint).api.containers(all=True, filters={"label": key})

@@ -497,6 +497,19 @@ class ComposeSandbox(DockerSandbox):
                 "must reach each other)"
             )
 
+    def set_egress(self, enabled: bool, hosts: tuple[str, ...] | None) -> None:
+        """Behind an egress, the project's networks are internal in every phase: a phase
+        is an allow-list or no network, only the egress's policy changes."""
+        if self.egress is None:
+            super().set_egress(enabled, hosts)
+        elif enabled and hosts is None:
+            raise SandboxError(
+                "a Compose project behind an allow-list keeps it for all its phases: a "
+                "phase cannot have the whole network"
+            )
+        else:
+            self.egress.set_policy("allowlist" if enabled else "none", hosts or ())
+
     def service(self, name: str) -> DockerSandbox:
         """Another service's container, to run a command in or copy from."""
         found = engine_for(self._endpoint).api.containers(
@@ -519,6 +532,8 @@ class ComposeSandbox(DockerSandbox):
         if self._channels is not None:
             self._channels.close()
         remove_project(self.project, self._endpoint)
+        if self.egress is not None:
+            self.egress.remove()
         self._stopped = True
 
 

@@ -1,1 +1,0 @@
-echo 1 > /logs/verifier/reward.txt
