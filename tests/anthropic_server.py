@@ -14,7 +14,7 @@ from typing import Any
 
 from tests.local_server import LocalServer, QuietHandler
 
-__all__ = ["MODEL", "MessagesRequest", "ScriptedMessages", "bash", "text"]
+__all__ = ["MODEL", "MessagesRequest", "ScriptedMessages", "bash", "text", "use"]
 
 MODEL = "claude-scripted"
 
@@ -33,6 +33,17 @@ def bash(command: str) -> tuple[list[Block], str]:
         "id": f"toolu_{time.monotonic_ns()}",
         "name": "Bash",
         "input": {"command": command, "description": "run it"},
+    }
+    return [call], "tool_use"
+
+
+def use(name: str, arguments: dict[str, Any]) -> tuple[list[Block], str]:
+    """An answer calling the tool `name` with `arguments`."""
+    call = {
+        "type": "tool_use",
+        "id": f"toolu_{time.monotonic_ns()}",
+        "name": name,
+        "input": arguments,
     }
     return [call], "tool_use"
 

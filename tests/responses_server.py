@@ -14,7 +14,14 @@ from typing import Any
 
 from tests.local_server import LocalServer, QuietHandler
 
-__all__ = ["MODEL", "ResponsesRequest", "ScriptedResponses", "message", "shell_call"]
+__all__ = [
+    "MODEL",
+    "ResponsesRequest",
+    "ScriptedResponses",
+    "function_call",
+    "message",
+    "shell_call",
+]
 
 MODEL = "responses-scripted"
 
@@ -75,6 +82,20 @@ def shell_call(request: ResponsesRequest, command: str) -> Item:
             "status": "completed",
         }
     raise LookupError(f"no shell tool among {sorted(request.tools)}")
+
+
+def function_call(name: str, arguments: dict[str, Any], *, namespace: str | None = None) -> Item:
+    """A call of the function tool `name` (of the tool namespace `namespace`) with
+    `arguments`."""
+    call = {
+        "type": "function_call",
+        "id": f"fc_{time.monotonic_ns()}",
+        "call_id": f"call_{time.monotonic_ns()}",
+        "name": name,
+        "arguments": json.dumps(arguments),
+        "status": "completed",
+    }
+    return call if namespace is None else {**call, "namespace": namespace}
 
 
 Script = Callable[[ResponsesRequest], Item]

@@ -14,6 +14,7 @@ import fnmatch
 import hashlib
 import json
 import re
+import shlex
 import tarfile
 from collections.abc import Mapping
 from pathlib import PurePosixPath
@@ -35,6 +36,7 @@ from pytest_harbor.harnesses.base import (
     parse_options,
 )
 from pytest_harbor.harnesses.converters import ConverterInput, convert
+from pytest_harbor.harnesses.mcp.agent_configs import agent_mcp_config
 from pytest_harbor.harnesses.recipes import Recipe, render
 from pytest_harbor.labels import AGENT_LABEL, RUN_LABEL
 from pytest_harbor.redaction import clip_head, clip_tail
@@ -172,6 +174,14 @@ class _CliSession:
             name: render(value, {**values, "api_key": key}, quote=False)
             for name, value in recipe.run.env.items()
         }
+        if recipe.mcp is not None:
+            tools = agent_mcp_config(context.mcp, recipe.mcp.format, AGENT_LOGS)
+            for left_out in tools.left_out:
+                log.warning("%s: MCP server %s", context.episode_id, left_out)
+            if tools.files:
+                sandbox.upload(tools.files, AGENT_LOGS)
+            command += "".join(" " + shlex.quote(word) for word in tools.args)
+            env.update(tools.env)
         result = sandbox.exec(
             ["/bin/sh", "-c", command],
             user=context.agent_user,

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pytest_harbor.agent_outcomes import AGENT_CAUSES
 from pytest_harbor.harnesses import BUILT_IN_RECIPES, RECIPE_ENTRY_POINT_GROUP, RECIPES
 from pytest_harbor.harnesses.base import RecipeError
+from pytest_harbor.harnesses.mcp.agent_configs import McpFormat
 
 __all__ = [
     "BUILT_IN_RECIPES",
@@ -78,6 +79,15 @@ class LogsStep(BaseModel):
     trajectory: str | None = None
 
 
+class McpStep(BaseModel):
+    """`[mcp]`: how the agent reads the MCP servers granted to it (task_mcp_grants): the
+    form the harness writes them in (harnesses/mcp/agent_configs.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: McpFormat
+
+
 class Recipe(BaseModel):
     """One CLI agent: what it speaks, how it installs, how one turn runs."""
 
@@ -92,6 +102,8 @@ class Recipe(BaseModel):
     install: InstallStep
     run: RunStep
     logs: LogsStep = LogsStep()
+    #: Without it, the agent finds its MCP servers only in the task description file.
+    mcp: McpStep | None = None
     #: Patterns (regular expressions) in the output of a run that failed, by the cause
     #: they show: rate_limited, api_error, context_length_exceeded, timeout.
     causes: dict[str, list[str]] = {}

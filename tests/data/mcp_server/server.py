@@ -1,10 +1,12 @@
-"""An MCP server for the tests, on the `mcp` SDK: `python3 server.py TRANSPORT [PORT]`.
+"""An MCP server for the tests, on the `mcp` SDK: `python3 server.py TRANSPORT [PORT [HOST]]`
+(HOST 0.0.0.0 unless given; the secret is MCP_SECRET when that is set).
 
 Its tools: `get_secret` (a value made at start, so only a real call can know it),
 `add` (two integers), `whoami` (the headers the call came with, by name, so a test can
 see a credential arrive), `fail` (an error result) and `slow` (answers after `seconds`).
 """
 
+import os
 import secrets
 import sys
 import time
@@ -12,7 +14,7 @@ import time
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 
-SECRET = "mcp-secret-" + secrets.token_hex(8)
+SECRET = os.environ.get("MCP_SECRET") or "mcp-secret-" + secrets.token_hex(8)
 
 server = MCPServer("harbor-test-tools")
 
@@ -57,4 +59,5 @@ if __name__ == "__main__":
     else:
         open_to_all = TransportSecuritySettings(enable_dns_rebinding_protection=False)
         port = int(sys.argv[2]) if len(sys.argv) > 2 else 8000
-        server.run(transport, host="0.0.0.0", port=port, transport_security=open_to_all)
+        host = sys.argv[3] if len(sys.argv) > 3 else "0.0.0.0"
+        server.run(transport, host=host, port=port, transport_security=open_to_all)
