@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_harbor.harnesses.atif import Trajectory
-from tests.fixtures import BASE_IMAGE, MCP_SERVER, Dataset, Server, run_harbor
+from tests.fixtures import BASE_IMAGE, MCP_SERVER, Dataset, Server, multi_step, run_harbor
 from tests.model_server import ChatRequest, Reply, answer, tool_call
 
 pytestmark = pytest.mark.docker
@@ -227,3 +227,48 @@ def test_a_required_server_that_cannot_be_used_leaves_the_episode_without_a_resu
     assert server.requests == []  # the agent never started
     (failure,) = dataset.failures(pytester.path / "out", validation=False)
     assert failure["failure_kind"] == "agent_tools_unavailable"
+
+
+#: Step one's agent (nobody) plants links where the engine writes the task description
+#: file before step two: at the file and at the file it writes first, or in place of the
+#: folder (to a folder only root may write in).
+PLANTERS = {
+    "files": """\
+set -e
+cd /tmp/.pytest-harbor
+rm -f task.json task.json.new
+ln -s /etc/motd task.json.new
+ln -s /etc/issue task.json
+""",
+    "folder": "set -e\ncd /tmp && mv .pytest-harbor planted && ln -s /root .pytest-harbor\n",
+}
+
+#: Root's files the links name are as they were.
+UNTOUCHED = """\
+if grep -q task_mcp_grants /etc/motd /etc/issue /root/task.json* 2>/dev/null; then
+  echo 0 > /logs/verifier/reward.txt
+else
+  echo 1 > /logs/verifier/reward.txt
+fi
+"""
+
+
+def test_a_link_planted_where_the_task_file_goes_leads_only_where_the_agent_could_write(
+    pytester: pytest.Pytester, harbor_dataset: Dataset
+) -> None:
+    for name, planter in PLANTERS.items():
+        multi_step(
+            harbor_dataset,
+            name,
+            {"one": (planter, None), "two": ("echo two > /tmp/two\n", None)},
+            toml='[agent]\ntimeout_sec = 60\nuser = "nobody"\n'
+            '[[environment.mcp_servers]]\nname = "local"\ntransport = "stdio"\ncommand = "true"\n',
+            shared_test=UNTOUCHED,
+        )
+    result = run_harbor(pytester, harbor_dataset)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    rows = harbor_dataset.rows(pytester.path / "out")
+    assert sorted((row["task_id"].split("/")[-1], row["reward"]) for row in rows) == [
+        ("files", 1.0),
+        ("folder", 1.0),
+    ], rows
