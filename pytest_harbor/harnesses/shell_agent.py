@@ -98,6 +98,8 @@ as their descriptions say; each answers with its result as text.
 """
 #: The longest a turn waits for its MCP servers to connect.
 _CONNECT_S = 30.0
+#: What the model is sent for an MCP tool's answer with no text.
+EMPTY_ANSWER = "(the tool answered with no text)"
 
 
 class ShellAgentOptions(BaseModel):
@@ -305,7 +307,7 @@ class _Turn:
         self.tool_calls += 1
         timeout = min(self.options.command_timeout_sec, self.context.deadline.remaining())
         answer = self.tools.call(name, arguments, timeout)
-        text = cut_output(answer.text.encode(), self.options.max_output_bytes)
+        text = cut_output(answer.text.encode(), self.options.max_output_bytes) or EMPTY_ANSWER
         return arguments, f"error: {text}" if answer.is_error else text
 
     def _act(self, text: str, calls: list[Any], usage: Usage) -> None:
@@ -314,7 +316,8 @@ class _Turn:
         results: list[ObservationResult] = []
         for number, call in enumerate(calls):
             call_id, name, raw = _parts(call, f"call_{len(self.steps)}_{number}")
-            if self.tools is not None and name in self.tools.tools:
+            mcp = self.tools is not None and name in self.tools.tools
+            if mcp:
                 arguments, output = self._call_tool(name, raw)
                 problem = None
             else:
@@ -330,7 +333,8 @@ class _Turn:
             )
             if problem is not None:
                 output = f"error: {problem}"
-            elif not output:
+            elif not mcp:
+                # Only a call of bash runs a command: an MCP tool's empty answer never does.
                 output = self._bash(arguments)
             self.session.messages.append(
                 {"role": "tool", "tool_call_id": call_id, "content": output}

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pytest_harbor.harnesses.atif import Trajectory
+from pytest_harbor.harnesses.shell_agent import EMPTY_ANSWER
 from tests.fixtures import BASE_IMAGE, MCP_SERVER, Dataset, Server, multi_step, run_harbor
 from tests.model_server import ChatRequest, Reply, answer, tool_call
 
@@ -171,6 +172,35 @@ def test_shell_agent_calls_the_tools_of_every_granted_server(
     for path in (pytester.path / "out").rglob("*"):
         if path.is_file():
             assert TOKEN not in path.read_text(errors="replace"), path
+
+
+def quiet_then_done(request: ChatRequest) -> Reply:
+    if request.last["role"] == "user":
+        return calls(("mcp__local__quiet", {"command": "touch /app/ran"}))
+    return answer("Done.")
+
+
+def test_an_mcp_tools_empty_answer_never_runs_its_arguments_as_a_command(
+    pytester: pytest.Pytester, dataset: Dataset, model_server: Server, mcp_image: str
+) -> None:
+    """A tool with a `command` argument that answers with no text: the answer is sent
+    as such, and nothing of the call runs in the sandbox."""
+    task = mcp_task(dataset)
+    (task / "tests" / "test.sh").write_text(
+        "[ -e /app/ran ] && echo 0 > /logs/verifier/reward.txt "
+        "|| echo 1 > /logs/verifier/reward.txt\n"
+    )
+    server = model_server(quiet_then_done)
+    result = run_harbor(
+        pytester,
+        dataset,
+        *server.options(
+            "--harbor-set=task_mcp_grants=optional", "--harbor-set=secrets.TOOLS_TOKEN=x"
+        ),
+    )
+    result.assert_outcomes(passed=1)
+    answers = {m.get("tool_call_id"): m["content"] for m in server.requests[1].messages}
+    assert answers["call_0"] == EMPTY_ANSWER
 
 
 def only_bash(request: ChatRequest) -> Reply:

@@ -2,8 +2,9 @@
 (HOST 0.0.0.0 unless given; the secret is MCP_SECRET when that is set).
 
 Its tools: `get_secret` (a value made at start, so only a real call can know it),
-`add` (two integers), `whoami` (the headers the call came with, by name, so a test can
-see a credential arrive), `fail` (an error result) and `slow` (answers after `seconds`).
+`add` (two integers), `quiet` (a `command` argument, no text back), `whoami` (the
+headers the call came with, by name, so a test can see a credential arrive), `fail` (an
+error result) and `slow` (answers after `seconds`).
 """
 
 import os
@@ -37,6 +38,12 @@ def whoami(ctx: Context) -> str:
     request = ctx.request_context.request
     headers = getattr(request, "headers", None) or {}
     return headers.get("authorization", "none")
+
+
+@server.tool()
+def quiet(command: str) -> str:
+    """Takes a `command` argument and answers with no text."""
+    return ""
 
 
 @server.tool()
