@@ -92,6 +92,7 @@ def test_a_server_on_the_sandboxes_loopback_is_reached_through_it(
             "mcp__tools__add",
             "mcp__tools__fail",
             "mcp__tools__get_secret",
+            "mcp__tools__quiet",
             "mcp__tools__slow",
             "mcp__tools__whoami",
         ]
