@@ -143,6 +143,8 @@ def pytest_runtest_protocol(
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     run = item.config.stash.get(HARBOR_RUN, None)
+    if run is not None and isinstance(item, HarborTurnItem):
+        run.watch()
     if isinstance(item, HarborTurnItem) and not isinstance(run and run.provider, PlacesEpisodes):
         item.start_next_trial_early()
 
@@ -381,6 +383,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if run is None:
         return
     run.wait_for_cleanup()
+    run.unwatch()
     if run.is_worker or not run.targets or config.option.collectonly:
         return
     shutil.rmtree(run.scratch_dir, ignore_errors=True)

@@ -18,6 +18,7 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from pytest_harbor.datasets import ResolvedDataset
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine import Episode, EpisodeError, FailureKind
 from pytest_harbor.engine.compose_tasks import compose_spec, refuse_compose
 from pytest_harbor.engine.planning import Selection, TasksetPlan, plan_taskset
@@ -47,7 +48,7 @@ from pytest_harbor.sandboxes import (
     UnknownProvider,
     make_provider,
 )
-from pytest_harbor.sandboxes.base import ChecksGpus
+from pytest_harbor.sandboxes.base import ChecksGpus, WatchesOver
 from pytest_harbor.tasks import Task, TaskLoadError, is_dataset_dir, is_task_dir
 from pytest_harbor.writers import ResultsLayout, RolloutsWriter
 
@@ -57,6 +58,9 @@ __all__ = [
     "Target",
     "find_target",
 ]
+
+
+log = harbor_logger()
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,7 @@ class HarborRun:
         self.started_early: list[Episode] = []
         self._cleanups: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
+        self._watched = False
 
     @property
     def provider(self) -> SandboxProvider:
@@ -406,6 +411,32 @@ class HarborRun:
         """Built images are a cache for later runs: they name the run and process that
         built them (the reaper leaves them alone)."""
         return {RUN_LABEL: self.run_id, OWNER_LABEL: self.owner}
+
+    def watch(self) -> None:
+        """Once per process: what this process makes is removed when it is gone, however
+        it ends (each provider that can see to it); one warning when one cannot."""
+        if self._watched:
+            return
+        self._watched = True
+        for provider in self.providers:
+            if not isinstance(provider, WatchesOver):
+                continue
+            try:
+                provider.watch({RUN_LABEL: self.run_id, OWNER_LABEL: self.owner})
+            except SandboxError as error:
+                log.warning(
+                    "%s: %s; what this process leaves if it is killed is removed when the "
+                    "next run starts",
+                    provider.name,
+                    error,
+                )
+
+    def unwatch(self) -> None:
+        """This process is done with its providers: their watchdogs go."""
+        for provider in self.providers:
+            if isinstance(provider, WatchesOver):
+                with contextlib.suppress(SandboxError):
+                    provider.unwatch()
 
     def reap(self) -> int:
         """Remove the sandboxes of runs whose process is gone (never a live run's)."""

@@ -48,6 +48,7 @@ __all__ = [
     "ServiceGroup",
     "Spawned",
     "SweepsLeftovers",
+    "WatchesOver",
     "is_root_user",
     "service_of",
     "set_phase_network",
@@ -455,6 +456,21 @@ class SweepsLeftovers(Protocol):
 
     def remove_leftover(self, reference: str) -> None:
         """Remove one; in use or already gone: no error."""
+        ...
+
+
+@runtime_checkable
+class WatchesOver(Protocol):
+    """A provider that removes what one process made once the process is gone, however
+    it ended and with no later run (the docker provider's watchdog on the engine)."""
+
+    def watch(self, labels: Mapping[str, str]) -> None:
+        """From now on, what carries every one of `labels` is removed when this process
+        is gone; raises SandboxError when that cannot be arranged."""
+        ...
+
+    def unwatch(self) -> None:
+        """This process is done: what is left of it goes now."""
         ...
 
 

@@ -257,6 +257,22 @@ class DockerFleet:
         """The engine unplaced work goes to (images made ahead, say): the first answering."""
         return self._answering(required=True)[0].provider
 
+    def watch(self, labels: Mapping[str, str]) -> None:
+        """A watchdog on every engine that answers; SandboxError names those where none
+        could start (the others keep theirs)."""
+        problems = []
+        for engine in self._answering():
+            try:
+                engine.provider.watch(labels)
+            except SandboxError as error:
+                problems.append(f"{engine.name}: {error}")
+        if problems:
+            raise SandboxError("; ".join(problems))
+
+    def unwatch(self) -> None:
+        for engine in self.engines:
+            engine.provider.unwatch()
+
     def check_ready(self) -> None:
         """At least one engine answers, or SandboxStartError naming every one tried."""
         self._answering(required=True)

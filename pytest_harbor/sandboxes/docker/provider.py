@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import tempfile
 import threading
 import uuid
@@ -58,6 +59,7 @@ from pytest_harbor.sandboxes.docker.projects import (
     remove_project,
 )
 from pytest_harbor.sandboxes.docker.sandbox import DEFAULT_NETWORK, ComposeSandbox, DockerSandbox
+from pytest_harbor.sandboxes.docker.watchdog import Watchdog, engine_socket
 from pytest_harbor.threads import join
 
 log = harbor_logger()
@@ -107,6 +109,7 @@ class DockerProvider:
         #: Where sandboxes go in place of the engine's default bridge.
         self._isolated = IsolatedNetwork(endpoint)
         self._gpu_problem: tuple[str | None] | None = None
+        self._watchdog: Watchdog | None = None
 
     def gpu_problem(self) -> str | None:
         """None when the engine has a GPU runtime (`nvidia` among the runtimes it lists),
@@ -133,6 +136,17 @@ class DockerProvider:
         if self.network != DEFAULT_NETWORK:
             return self.network
         return self._isolated.name()
+
+    def watch(self, labels: Mapping[str, str]) -> None:
+        if self._watchdog is None:
+            self._watchdog = Watchdog(
+                self.images, self.endpoint, engine_socket(self.endpoint, os.environ)
+            )
+        self._watchdog.arm(labels)
+
+    def unwatch(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.disarm()
 
     def check_ready(self) -> None:
         """The engine answers, or SandboxStartError naming the address tried and the fix."""
