@@ -33,7 +33,7 @@ from pytest_harbor.sandboxes.docker.engine import (
 from pytest_harbor.sandboxes.docker.filtering import EGRESS_CONTEXT, EGRESS_ROLE
 from pytest_harbor.sandboxes.docker.images import EngineImages
 
-__all__ = ["WATCHDOG_LABEL", "Watchdog", "engine_socket"]
+__all__ = ["WATCHDOG_LABEL", "Watchdog", "engine_socket", "prepare_helper_image"]
 
 log = harbor_logger()
 
@@ -41,6 +41,7 @@ log = harbor_logger()
 WATCHDOG_LABEL = LABEL_PREFIX + "watchdog"
 _SOCKET = "/var/run/docker.sock"
 _READY_S = 30.0
+_HELPER = ImageSource(docker_image=None, context_dir=EGRESS_CONTEXT, build_timeout_sec=600.0)
 
 
 def engine_socket(endpoint: Endpoint | None, environ: Mapping[str, str]) -> str:
@@ -50,6 +51,12 @@ def engine_socket(endpoint: Endpoint | None, environ: Mapping[str, str]) -> str:
     if url.startswith("unix://"):
         return url.removeprefix("unix://")
     return _SOCKET
+
+
+def prepare_helper_image(endpoint: Endpoint | None = None) -> str:
+    """The engine's helper image (the watchdog's and the egress's), made now if the engine
+    lacks it; its tag. `.ci/setup` makes it ahead of a machine's first run."""
+    return EngineImages(endpoint, "auto").prepare_image(_HELPER)
 
 
 class Watchdog:
@@ -71,9 +78,7 @@ class Watchdog:
         (nothing left behind) when it cannot be started."""
         if self.armed:
             return
-        image = self._images.prepare_image(
-            ImageSource(docker_image=None, context_dir=EGRESS_CONTEXT, build_timeout_sec=600.0)
-        )
+        image = self._images.prepare_image(_HELPER)
         api = engine_for(self._endpoint).api
         watched = [f"{key}={value}" for key, value in sorted(labels.items())]
         try:
