@@ -93,6 +93,9 @@ class HarborSettings(BaseModel):
     gpu_sandbox_provider: ProviderBlock | None = None
     request_gpu_type: bool = False
     sandbox_ready_timeout_s: float = Field(default=900.0, gt=0)
+    #: pytest-harbor's own: how long a sandbox start waits for an engine that stopped
+    #: answering (restarted, say) before the run stops.
+    engine_recovery_timeout_s: float = Field(default=120.0, gt=0)
     image_pull_retries: int = Field(default=2, ge=0)
     sandbox_provider_options: dict[str, Any] = {}
     sandbox_metadata: dict[str, str] = {"benchmark": "harbor"}

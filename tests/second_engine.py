@@ -53,6 +53,20 @@ class SecondEngine:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", self.subnet, "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
+        return self._launch()
+
+    def kill(self) -> None:
+        """SIGKILL to dockerd alone, as a crash: its containers' processes go on under
+        their shims until it starts again."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(10)
+
+    def restart(self) -> SecondEngine:
+        """dockerd again, on the same data root, after kill()."""
+        return self._launch()
+
+    def _launch(self) -> SecondEngine:
         listen = []
         if self.tls:
             self.tcp_url = f"tcp://127.0.0.1:{_free_port()}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["EpisodeError", "FailureKind"]
+__all__ = ["EngineGone", "EpisodeError", "FailureKind"]
 
 
 class FailureKind:
@@ -74,3 +74,11 @@ class EpisodeError(Exception):
         self.failure_kind = failure_kind
         self.reason = reason
         super().__init__(reason)
+
+
+class EngineGone(EpisodeError):
+    """The sandbox engine stopped answering and did not answer again within
+    `engine_recovery_timeout_s`: this episode has no result, and the run stops (one
+    message; --harbor-resume goes on from there)."""
+
+    __module__ = "pytest_harbor"

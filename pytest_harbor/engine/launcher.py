@@ -15,6 +15,7 @@ from pytest_harbor.engine.clock import EpisodeClock
 from pytest_harbor.engine.compose_tasks import compose_spec
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
 from pytest_harbor.engine.processes import SURVEY_SCRIPT, SandboxSurvey, survey
+from pytest_harbor.engine.recovery import came_back
 from pytest_harbor.engine.users import named_users
 from pytest_harbor.engine.verification import SANDBOX_DIRECTORIES
 from pytest_harbor.harnesses.base import AgentFailure, AgentSetupError, Harness, PreparesImage
@@ -257,32 +258,38 @@ class SandboxLauncher:
             + self.settings.sandbox_ttl_slack_s
         )
         started = time.monotonic()
-        sandbox = self.provider.start(
-            SandboxSpec(
-                image=image,
-                workdir=environment.workdir,
-                env=environment.env,
-                cpus=cpus,
-                memory_mb=memory,
-                network=network
-                if network is not None
-                else environment.network_mode != "no-network",
-                labels=self.labels,
-                directories=SANDBOX_DIRECTORIES,
-                start_script=None if survey_users is None else SURVEY_SCRIPT,
-                start_arguments=() if survey_users is None else tuple(sorted(survey_users)),
-                ttl_s=ttl,
-                ready_timeout_s=self.settings.sandbox_ready_timeout_s,
-                group=group,
-                pids_limit=self.settings.sandbox_pids_limit,
-                gpus=environment.gpus or None,
-                filtered=filtered,
-                allowed_hosts=allowed_hosts,
-                gpu_type=environment.gpu_types[0]
-                if self.settings.request_gpu_type and environment.gpus and environment.gpu_types
-                else None,
-            )
+        spec = SandboxSpec(
+            image=image,
+            workdir=environment.workdir,
+            env=environment.env,
+            cpus=cpus,
+            memory_mb=memory,
+            network=network if network is not None else environment.network_mode != "no-network",
+            labels=self.labels,
+            directories=SANDBOX_DIRECTORIES,
+            start_script=None if survey_users is None else SURVEY_SCRIPT,
+            start_arguments=() if survey_users is None else tuple(sorted(survey_users)),
+            ttl_s=ttl,
+            ready_timeout_s=self.settings.sandbox_ready_timeout_s,
+            group=group,
+            pids_limit=self.settings.sandbox_pids_limit,
+            gpus=environment.gpus or None,
+            filtered=filtered,
+            allowed_hosts=allowed_hosts,
+            gpu_type=environment.gpu_types[0]
+            if self.settings.request_gpu_type and environment.gpus and environment.gpu_types
+            else None,
         )
+        failed: SandboxStartError | None = None
+        try:
+            sandbox = self.provider.start(spec)
+        except SandboxStartError as error:
+            failed = error
+        if failed is not None:
+            # Out of the handler: a run stopped for a silent engine says that alone.
+            if not came_back(self.provider, failed, self.settings.engine_recovery_timeout_s):
+                raise failed
+            sandbox = self.provider.start(spec)
         if record:
             self._clock.took("start_s", started)
         return sandbox

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from pytest_harbor.engine import EpisodeError, FailureKind
+from pytest_harbor.engine.failures import EngineGone
 from pytest_harbor.plugin.ledger import trial_of
 from pytest_harbor.plugin.nodes import HarborTurnItem
 from pytest_harbor.plugin.run import HARBOR_RUN
@@ -51,6 +52,9 @@ def pytest_runtest_makereport(
         report.longrepr = (str(path), (line or 0) + 1, report.longrepr[2])
     excinfo = call.excinfo
     error = excinfo.value if excinfo is not None else None
+    if isinstance(error, EngineGone):
+        # The run stops here, with this one message (xdist carries it from a worker).
+        item.session.shouldstop = error.reason
     if isinstance(error, EpisodeError):
         data["failure"] = {"kind": error.failure_kind, "reason": error.reason}
         item.user_properties.append(("failure_kind", error.failure_kind))

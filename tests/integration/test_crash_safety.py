@@ -1,11 +1,15 @@
-"""A run killed outright (SIGKILL to the controller and every worker at once) leaves
-nothing on the engine, with no later run to clean up: each process's watchdog removes its
-containers, networks and volumes within seconds, and a live run beside it loses nothing."""
+"""Crash safety on the real engine. A run killed outright (SIGKILL to the controller and
+every worker at once) leaves nothing on the engine, with no later run to clean up: each
+process's watchdog removes its containers, networks and volumes within seconds, and a live
+run beside it loses nothing. An engine killed and started again mid-run costs only the
+episodes it was running; one that stays down stops the run with one message."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -13,8 +17,8 @@ import docker
 import docker.errors
 import pytest
 
-from pytest_harbor.labels import RUN_LABEL
-from pytest_harbor.sandboxes.docker.watchdog import WATCHDOG_LABEL
+from pytest_harbor.labels import RUN_LABEL, TASK_LABEL
+from pytest_harbor.sandboxes.docker.watchdog import WATCHDOG_LABEL, prepare_helper_image
 from tests.fixtures import (
     BASE_IMAGE,
     RESULTS_DIR,
@@ -24,6 +28,7 @@ from tests.fixtures import (
     start_run,
     wait_for_sandboxes,
 )
+from tests.second_engine import SecondEngine
 
 pytestmark = pytest.mark.docker
 
@@ -102,3 +107,91 @@ def test_a_run_killed_outright_leaves_nothing_and_a_live_run_beside_it_loses_not
     output = finish(alive)
     assert alive.returncode == 0, output[-3000:]
     assert "1 passed" in output
+
+
+# ---------------------------------------------------------------- the engine restarted
+
+
+@pytest.fixture
+def lone_engine(docker_client: docker.DockerClient) -> Iterator[SecondEngine]:
+    """An engine of the test's own, with the images a run needs (the run reaches only it,
+    through DOCKER_HOST, so nothing comes from another engine)."""
+    engine = SecondEngine().start()
+    try:
+        client = engine.client()
+        for image in (BASE_IMAGE, "busybox:musl", prepare_helper_image()):
+            client.images.load(b"".join(docker_client.images.get(image).save(named=True)))
+        yield engine
+    finally:
+        engine.stop()
+
+
+def holding_dataset(dataset: Dataset, count: int) -> list[str]:
+    names = [f"t{number}" for number in range(count)]
+    for name in names:
+        dataset.task(name, solve_sh="sleep 3; echo 1 > /tmp/answer\n")
+    return names
+
+
+def run_on(engine: SecondEngine, dataset: Dataset, *args: str) -> subprocess.Popen[str]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DOCKER_HOST", engine.url)
+        return start_run(dataset, "-n", "2", f"--harbor-results-dir={RESULTS_DIR}", *args)
+
+
+def wait_for_a_sandbox(engine: SecondEngine, run: subprocess.Popen[str]) -> None:
+    client = engine.client()
+    deadline = time.monotonic() + 120
+    while not client.containers.list(filters={"label": TASK_LABEL}):
+        assert run.poll() is None, run.stdout.read()  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "no sandbox started within 120 s"
+        time.sleep(0.1)
+    time.sleep(1.0)  # its solve.sh is running
+
+
+def test_an_engine_restarted_mid_run_costs_only_the_episodes_it_was_running(
+    dataset: Dataset, lone_engine: SecondEngine
+) -> None:
+    tasks = holding_dataset(dataset, 6)
+    run = run_on(lone_engine, dataset)
+    wait_for_a_sandbox(lone_engine, run)
+    lone_engine.kill()
+    time.sleep(4)
+    lone_engine.restart()
+    output = finish(run)
+    folder = dataset.results_folder(dataset.path.parent / RESULTS_DIR)
+    rows = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
+    failures = [
+        json.loads(line) for line in (folder / "rollouts_failures.jsonl").read_text().splitlines()
+    ]
+    # What the engine was running then has no result (it is run again on resume); the
+    # rest waited for the engine and ran once it answered again.
+    assert failures, output
+    assert {row["failure_kind"] for row in failures} == {"harbor:sandbox_lost"}, output
+    assert all(row["retry"] for row in failures)
+    assert rows and all(row["reward"] == 1.0 for row in rows), output
+    assert {row["task_id"] for row in rows} | {row["task_id"] for row in failures} == set(tasks)
+    # Nothing of the run is left on the engine, and nothing crashed on the way out.
+    left = lone_engine.client().containers.list(all=True, filters={"label": TASK_LABEL})
+    assert left == [], output
+    assert "Traceback" not in output and "INTERNALERROR" not in output, output
+    # The resume runs what was lost, and only that.
+    resumed = finish(run_on(lone_engine, dataset, "--harbor-resume"))
+    rows = [json.loads(line) for line in (folder / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted(row["task_id"] for row in rows) == sorted(tasks), resumed
+
+
+def test_an_engine_that_does_not_come_back_stops_the_run_with_one_message(
+    dataset: Dataset, lone_engine: SecondEngine
+) -> None:
+    holding_dataset(dataset, 6)
+    run = run_on(lone_engine, dataset, "--harbor-set=engine_recovery_timeout_s=5")
+    wait_for_a_sandbox(lone_engine, run)
+    lone_engine.kill()
+    started = time.monotonic()
+    output = finish(run)
+    assert time.monotonic() - started < 60, output
+    assert run.returncode == 2, output
+    assert "Interrupted: " in output and "has not answered for 5 s" in output, output
+    assert "--harbor-resume goes on from here" in output
+    assert "Traceback" not in output and "INTERNALERROR" not in output, output

@@ -94,11 +94,12 @@ def remove_networks_and_volumes(
     filters: Mapping[str, Any], endpoint: Endpoint | None = None
 ) -> None:
     api = engine_for(endpoint).api
-    with contextlib.suppress(docker.errors.APIError):
+    # In use, gone, or no engine to ask: what is left is the reaper's.
+    with contextlib.suppress(*ENGINE_ERRORS):
         for network in api.networks(filters=filters):
             with contextlib.suppress(docker.errors.APIError):
                 api.remove_network(network["Id"])
-    with contextlib.suppress(docker.errors.APIError):
+    with contextlib.suppress(*ENGINE_ERRORS):
         for volume in (api.volumes(filters=filters) or {}).get("Volumes") or []:
             with contextlib.suppress(docker.errors.APIError):
                 api.remove_volume(volume["Name"], force=True)

@@ -187,6 +187,15 @@ class DockerProvider:
         self.images.remove_image(image)
 
     def start(self, spec: SandboxSpec) -> DockerSandbox:
+        watchdog = self._watchdog
+        if watchdog is not None and watchdog.lost():
+            # The engine restarted since it was armed: its watchdog went with it.
+            try:
+                watchdog.rearm()
+            except SandboxError as error:
+                log.info("the watchdog could not be started again yet: %s", error)
+            else:
+                log.warning("the engine restarted: a new watchdog watches this process")
         if spec.ready_timeout_s is None:
             return self._start(spec)
         attempt = _StartAttempt(self, spec)
@@ -402,7 +411,10 @@ class DockerProvider:
         )
 
     def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:
-        found = engine_for(self.endpoint).api.containers(all=True, filters={"label": key})
+        try:
+            found = engine_for(self.endpoint).api.containers(all=True, filters={"label": key})
+        except ENGINE_ERRORS as error:
+            raise SandboxError(f"cannot list the engine's containers: {explain(error)}") from None
         return [(container["Id"], dict(container.get("Labels") or {})) for container in found]
 
     def remove(self, sandbox_id: str) -> None:
@@ -436,7 +448,11 @@ class DockerProvider:
         api = engine_for(self.endpoint).api
         wanted = [f"{key}={value}" for key, value in labels.items()]
         removed = 0
-        for container in api.containers(all=True, filters={"label": wanted}):
+        try:
+            found = api.containers(all=True, filters={"label": wanted})
+        except ENGINE_ERRORS as error:
+            raise SandboxError(f"cannot list the engine's containers: {explain(error)}") from None
+        for container in found:
             DockerSandbox(container["Id"], endpoint=self.endpoint).stop()
             removed += 1
         # What Compose projects made beside their containers.

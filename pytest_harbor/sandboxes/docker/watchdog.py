@@ -68,6 +68,9 @@ class Watchdog:
         self._socket_path = socket_path
         self._container: str | None = None
         self._connection: Any = None
+        self._labels: dict[str, str] = {}
+        #: Lost, and not started again yet (the engine did not answer then).
+        self._lost = False
 
     @property
     def armed(self) -> bool:
@@ -78,6 +81,7 @@ class Watchdog:
         (nothing left behind) when it cannot be started."""
         if self.armed:
             return
+        self._labels = dict(labels)
         image = self._images.prepare_image(_HELPER)
         api = engine_for(self._endpoint).api
         watched = [f"{key}={value}" for key, value in sorted(labels.items())]
@@ -112,6 +116,27 @@ class Watchdog:
             self._forget(api)
             raise SandboxError(f"the watchdog did not start: {explain(error)}") from None
         self._connection = connection
+
+    def lost(self) -> bool:
+        """The connection to the watchdog ended without disarm() (the engine restarted,
+        and the watchdog with it): nothing watches this process any more."""
+        if self._connection is None:
+            return self._lost
+        try:
+            peeked = _socket_of(self._connection).recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        return bool(peeked == b"")
+
+    def rearm(self) -> None:
+        """A new watchdog for the labels of the last one (after lost()); raises
+        SandboxError."""
+        self.disarm()
+        self._lost = True
+        self.arm(self._labels)
+        self._lost = False
 
     def disarm(self) -> None:
         """Let the watchdog go: it sweeps what is left of this process's (nothing, when
