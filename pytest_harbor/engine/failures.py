@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["EngineGone", "EpisodeError", "FailureKind"]
+import errno
+from pathlib import Path
+
+__all__ = ["EngineGone", "EpisodeError", "FailureKind", "disk_full"]
 
 
 class FailureKind:
@@ -40,6 +43,9 @@ class FailureKind:
     #: where there is none, a Python older than 3.8, a return that is not a reward).
     VERIFIER_CONTRACT = "harbor:verifier_contract"
     QUEUE_TIMEOUT = "harbor:queue_timeout"
+    #: No room left on the device of the results folder (or the engine's): no result,
+    #: and --harbor-resume runs it again once there is room.
+    DISK_FULL = "harbor:disk_full"
     BUDGET_REFUSED = "harbor:budget_refused"
     TASK_REFUSED = "harbor:task_refused"
     MIN_REWARD_MISSED = "harbor:min_reward_missed"
@@ -74,6 +80,19 @@ class EpisodeError(Exception):
         self.failure_kind = failure_kind
         self.reason = reason
         super().__init__(reason)
+
+
+def disk_full(error: BaseException, where: Path) -> EpisodeError | None:
+    """The episode's failure when `error` says a device is full (writing below `where`),
+    else None."""
+    if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    target = error.filename or where
+    return EpisodeError(
+        FailureKind.DISK_FULL,
+        f"no space left on the device of {target} ({error.strerror}): free some and "
+        "run the same command with --harbor-resume",
+    )
 
 
 class EngineGone(EpisodeError):

@@ -14,7 +14,7 @@ from xdist import get_xdist_worker_id, is_xdist_worker
 from pytest_harbor.display import escape_controls
 from pytest_harbor.engine import Episode, EpisodeResult, TurnResult, decide_outcome
 from pytest_harbor.engine.budget import backstop_seconds
-from pytest_harbor.engine.failures import EpisodeError
+from pytest_harbor.engine.failures import EpisodeError, disk_full
 from pytest_harbor.engine.outcomes import nop_check_outcome, probe_check_outcome
 from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.engine.results import episode_id
@@ -376,11 +376,14 @@ class HarborTurnItem(_HarborNode, pytest.Item):
             pytest.skip(f"the episode has no result: turn {self.trial.lost_in} broke down")
         try:
             output = episode.run_turn(self.turn)
-        except Exception:
+        except Exception as error:
             # Whatever broke, the sandbox is in no state to go on from: the later turns
             # are skipped, and it goes now rather than after them.
             self.trial.lost_in = self.turn.name
             self.trial.abort()
+            full = disk_full(error, run.layout.taskset_dir(self.trial.taskset))
+            if full is not None:
+                raise full from None
             raise
         # Paths as they will be once the controller has moved the staged folders in place.
         turn = self._placed(output.result)

@@ -14,6 +14,7 @@ import pytest
 from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine import EpisodeResult, FailureKind
 from pytest_harbor.engine.durations import record_history
+from pytest_harbor.engine.failures import disk_full
 from pytest_harbor.plugin.item_reports import harbor_data
 from pytest_harbor.plugin.ledger import TrialRecord, split_trial, trial_id, trial_of
 from pytest_harbor.plugin.nodes import HarborWarning
@@ -104,8 +105,12 @@ class ResultRecorder:
             if record.finished:
                 return  # one row per episode, whatever a worker sends twice
             result = EpisodeResult.model_validate(data["result"])
+            try:
+                self.state.writer.append_row(result)
+            except OSError as error:
+                self._not_written(record, error)
+                return
             record.result = result
-            self.state.writer.append_row(result)
         elif data.get("status") == "error":
             self._failed(record, data)
 
@@ -128,8 +133,32 @@ class ResultRecorder:
         self.state.reaped += self.run.reap()
 
     def _write_failure(self, failure: FailureRecord | None) -> None:
-        if failure is not None:
+        if failure is None:
+            return
+        try:
             self.state.writer.append_failure(failure)
+        except OSError as error:
+            self._unwritable(self.run.layout.taskset_dir(failure.taskset), error)
+
+    def _not_written(self, record: TrialRecord, error: OSError) -> None:
+        """The episode's row could not be written (a full disk, say): it counts as an
+        episode without a result, which --harbor-resume runs again."""
+        folder = self.run.layout.taskset_dir(record.taskset)
+        full = disk_full(error, folder)
+        kind, reason = (
+            (full.failure_kind, full.reason)
+            if full is not None
+            else (FailureKind.INTERNAL_ERROR, f"its row could not be written to {folder}: {error}")
+        )
+        self._write_failure(self.state.ledger.failed(record, kind, reason))
+        self._unwritable(folder, error)
+
+    def _unwritable(self, folder: Path, error: OSError) -> None:
+        full = disk_full(error, folder)
+        reason = full.reason if full is not None else f"{folder}: {error}"
+        self.state.unwritten += 1
+        self.state.unwritten_reason = reason
+        log.warning("a result was not written: %s", reason)
 
     # ------------------------------------------------------------------------ finish
 
@@ -155,7 +184,10 @@ class ResultRecorder:
                 state.writer.append_failure(failure, begins=False)
         finished_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         for taskset in state.manifests:
-            state.writer.finish(taskset)
+            try:
+                state.writer.finish(taskset)
+            except OSError as error:
+                self._unwritable(self.run.layout.taskset_dir(taskset), error)
         summaries = []
         for taskset, manifest in state.manifests.items():
             if not state.writer.begun(taskset):
@@ -169,10 +201,15 @@ class ResultRecorder:
                 episodes=list(state.ledger.entries(taskset)),
                 score=state.ledger.score(taskset),
             )
-            summaries.append(
-                write_run_summary(self.run.layout, taskset, summary, self.run.redactor)
-            )
+            try:
+                summaries.append(
+                    write_run_summary(self.run.layout, taskset, summary, self.run.redactor)
+                )
+            except OSError as error:
+                self._unwritable(self.run.layout.taskset_dir(taskset), error)
         self._write_reports(session.config, summaries)
+        if state.unwritten:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.run.harness.validates and state.nothing_validatable:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self._count_kept(session)

@@ -58,6 +58,9 @@ class RunReport:
     interrupted: bool = False
     #: Episodes under way or waiting when the run was interrupted.
     cut_short: int = 0
+    #: Results that could not be written (a full disk, say), and why the last did not.
+    unwritten: int = 0
+    unwritten_reason: str = ""
     problems: dict[tuple[str, str], list[Problem]] = field(default_factory=dict)
     check_files: dict[str, Path] = field(default_factory=dict)
     #: The HTML reports written at the end of the run, and those that failed.

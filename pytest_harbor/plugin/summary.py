@@ -142,6 +142,12 @@ class TerminalSummary:
                 "--harbor-resume runs only those, keeping the rest",
                 yellow=True,
             )
+        if state.unwritten:
+            write(
+                f"not written: {state.unwritten} result(s) of this run, the last because "
+                f"{state.unwritten_reason}",
+                red=True,
+            )
         if state.reaped:
             write(f"removed {state.reaped} sandbox(es) left by runs whose process is gone")
         builds = state.builds

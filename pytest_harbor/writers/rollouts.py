@@ -282,9 +282,18 @@ class RolloutsWriter:
         return strict_json.dumps(self.redactor.data(data), sort_keys=True) + "\n"
 
     def _append(self, path: Path, data: Mapping[str, object]) -> None:
-        with path.open("a", encoding="utf-8") as handle:
-            handle.write(self._line(data))
-            handle.flush()
+        """One line, flushed; a write that fails (a full disk) is taken back whole, so
+        the file ends with the last good line and the next append starts a line."""
+        line = self._line(data).encode()
+        with path.open("ab") as handle:
+            start = handle.tell()
+            try:
+                handle.write(line)
+                handle.flush()
+            except OSError:
+                with contextlib.suppress(OSError):
+                    handle.truncate(start)
+                raise
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -195,3 +196,46 @@ def test_an_engine_that_does_not_come_back_stops_the_run_with_one_message(
     assert "Interrupted: " in output and "has not answered for 5 s" in output, output
     assert "--harbor-resume goes on from here" in output
     assert "Traceback" not in output and "INTERNALERROR" not in output, output
+
+
+# ---------------------------------------------------------------- a full disk
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A results folder on a file system of 512 KiB of its own."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(folder)],
+        check=True,
+        capture_output=True,
+    )
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=False, capture_output=True)
+
+
+def test_a_full_results_disk_ends_the_episodes_it_cannot_hold_and_keeps_what_was_written(
+    dataset: Dataset, small_disk: Path
+) -> None:
+    # Each verifier prints 150 KB, which its folder in the results keeps.
+    for number in range(6):
+        dataset.task(
+            f"t{number}",
+            test_sh="head -c 150000 /dev/zero | tr '\\0' x; echo\n"
+            "echo 1 > /logs/verifier/reward.txt\n",
+        )
+    run = start_run(dataset, f"--harbor-results-dir={small_disk}", "--harbor-report=none")
+    output = finish(run)
+    assert run.returncode == 1, output
+    assert "INTERNALERROR" not in output and "Traceback" not in output, output
+    assert "harbor:disk_full" in output, output
+    assert f"no space left on the device of {small_disk}" in output, output
+    assert "not written: " in output
+    # The rows written before the disk filled are whole, each once, each a pass.
+    folder = dataset.results_folder(small_disk)
+    lines = (folder / "rollouts.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert 1 <= len(rows) < 6, output
+    assert len({row["task_id"] for row in rows}) == len(rows)
+    assert all(row["reward"] == 1.0 for row in rows)
