@@ -30,7 +30,7 @@ class SecondEngine:
     """A dockerd of the test's own; `url` is its socket. Images it needs come from the
     first engine through pytest-harbor itself (the fleet loads what an engine lacks)."""
 
-    def __init__(self, tls: bool = False) -> None:
+    def __init__(self, tls: bool = False, data_size: str | None = None) -> None:
         token = uuid.uuid4().hex[:8]
         # Short: a unix socket path has a length limit, a bridge name one of 15.
         self.root = Path(tempfile.mkdtemp(prefix=f"hb2-{token}-", dir="/tmp"))
@@ -44,6 +44,9 @@ class SecondEngine:
         #: clients: `tcp_url`, and `client_tls` (ca.pem, cert.pem, key.pem, as Docker names
         #: them) for the client.
         self.tls = tls
+        #: With `data_size` ("600m", say), its data root is a tmpfs of that size: a disk
+        #: a test can fill.
+        self.data_size = data_size
         self.tcp_url: str | None = None
         self.client_tls = self.root / "client-tls"
 
@@ -53,6 +56,17 @@ class SecondEngine:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", self.subnet, "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
+        if self.data_size is not None:
+            (self.root / "data").mkdir()
+            _run(
+                "mount",
+                "-t",
+                "tmpfs",
+                "-o",
+                f"size={self.data_size}",
+                "tmpfs",
+                str(self.root / "data"),
+            )
         return self._launch()
 
     def kill(self) -> None:

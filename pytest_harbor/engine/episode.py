@@ -26,7 +26,7 @@ from pytest_harbor.engine.attempt import Attempt
 from pytest_harbor.engine.budget import EpisodeBudget, episode_budget, setup_seconds
 from pytest_harbor.engine.clock import EpisodeClock
 from pytest_harbor.engine.compose_tasks import prompted, with_overlay
-from pytest_harbor.engine.failures import EpisodeError, FailureKind
+from pytest_harbor.engine.failures import EpisodeError, FailureKind, start_failure
 from pytest_harbor.engine.faults import fault
 from pytest_harbor.engine.folders import EpisodeFolders
 from pytest_harbor.engine.harness_calls import HARNESS_GRACE_S, InProcessGate
@@ -250,7 +250,7 @@ class Episode:
                 sandbox, self.launcher.image_config(), self.workdir
             )
         except SandboxError as error:
-            raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
+            raise start_failure(error) from None
         healthcheck = self.task.config.environment.healthcheck
         if healthcheck is not None:
             agent_user = self.task.config.agent.user
@@ -266,7 +266,7 @@ class Episode:
             if attempt.survey is None:
                 attempt.survey = self.launcher.survey(sandbox)
         except SandboxError as error:
-            raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
+            raise start_failure(error) from None
         attempt.users.learn(attempt.survey.ids, self._image_user())
         if self._verifier.name in (SharedVerifier.name, SnapshotVerifier.name):
             refuse_secrets_beside_root(

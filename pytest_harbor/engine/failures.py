@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-__all__ = ["EngineGone", "EpisodeError", "FailureKind", "disk_full"]
+__all__ = ["EngineGone", "EpisodeError", "FailureKind", "disk_full", "start_failure"]
 
 
 class FailureKind:
@@ -93,6 +93,15 @@ def disk_full(error: BaseException, where: Path) -> EpisodeError | None:
         f"no space left on the device of {target} ({error.strerror}): free some and "
         "run the same command with --harbor-resume",
     )
+
+
+def start_failure(error: BaseException) -> EpisodeError:
+    """The failure of an episode whose images or sandbox could not be made: the engine's
+    disk full (its words name the path), else the start failed."""
+    text = str(error)
+    if "no space left on device" in text.lower():
+        return EpisodeError(FailureKind.DISK_FULL, f"the engine's disk is full: {text}")
+    return EpisodeError(FailureKind.SANDBOX_START_FAILED, text)
 
 
 class EngineGone(EpisodeError):

@@ -13,7 +13,7 @@ from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine.budget import EpisodeBudget
 from pytest_harbor.engine.clock import EpisodeClock
 from pytest_harbor.engine.compose_tasks import compose_spec
-from pytest_harbor.engine.failures import EpisodeError, FailureKind
+from pytest_harbor.engine.failures import EpisodeError, FailureKind, start_failure
 from pytest_harbor.engine.processes import SURVEY_SCRIPT, SandboxSurvey, survey
 from pytest_harbor.engine.recovery import came_back
 from pytest_harbor.engine.users import named_users
@@ -109,7 +109,7 @@ class SandboxLauncher:
             if self.separate_verifier:
                 self.verifier_image = self.provider.prepare_image(self._verifier_source())
         except SandboxStartError as error:
-            raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
+            raise start_failure(error) from None
         self._clock.took("build_s", started)
         started = time.monotonic()
         self.setup_failure = None
@@ -220,7 +220,7 @@ class SandboxLauncher:
         try:
             self._placement = self._home.place()
         except SandboxStartError as error:
-            raise EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error)) from None
+            raise start_failure(error) from None
         self.provider = self._placement.provider
 
     def release(self) -> None:
@@ -377,7 +377,7 @@ class Background(Generic[T]):
         except EpisodeError as error:
             self.start_error = error
         except SandboxError as error:
-            self.start_error = EpisodeError(FailureKind.SANDBOX_START_FAILED, str(error))
+            self.start_error = start_failure(error)
 
     def join(self) -> None:
         join(self._thread)

@@ -6,6 +6,7 @@ episodes it was running; one that stays down stops the run with one message."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -239,3 +240,32 @@ def test_a_full_results_disk_ends_the_episodes_it_cannot_hold_and_keeps_what_was
     assert 1 <= len(rows) < 6, output
     assert len({row["task_id"] for row in rows}) == len(rows)
     assert all(row["reward"] == 1.0 for row in rows)
+
+
+def test_a_full_engine_disk_ends_the_episodes_it_cannot_start(
+    dataset: Dataset, docker_client: docker.DockerClient
+) -> None:
+    engine = SecondEngine(data_size="700m").start()
+    try:
+        client = engine.client()
+        for image in (BASE_IMAGE, "busybox:musl", prepare_helper_image()):
+            client.images.load(b"".join(docker_client.images.get(image).save(named=True)))
+        # What is left of the engine's disk is filled from this machine.
+        with (engine.root / "data" / "fill").open("wb") as fill, contextlib.suppress(OSError):
+            while True:
+                fill.write(bytes(1 << 20))
+                fill.flush()
+        holding_dataset(dataset, 2)
+        output = finish(run_on(engine, dataset, "--harbor-set=engine_recovery_timeout_s=5"))
+        assert "harbor:disk_full" in output, output
+        assert "the engine's disk is full" in output and "no space left on device" in output
+        assert "INTERNALERROR" not in output and "Traceback" not in output, output
+        folder = dataset.results_folder(dataset.path.parent / RESULTS_DIR)
+        failures = [
+            json.loads(line)
+            for line in (folder / "rollouts_failures.jsonl").read_text().splitlines()
+        ]
+        assert {row["failure_kind"] for row in failures} == {"harbor:disk_full"}, output
+        assert all(row["retry"] for row in failures)
+    finally:
+        engine.stop()
