@@ -349,8 +349,9 @@ def test_separate_verification_gets_an_artifact_from_a_service(
 def test_the_reaper_takes_a_killed_runs_project(
     dataset: Dataset, docker_client: docker.DockerClient
 ) -> None:
-    """A run killed with SIGKILL leaves its project (containers, network, volume); the
-    reaper of a later run removes all of it."""
+    """A run killed with SIGKILL leaves nothing of its project (containers, network,
+    volume): its process's watchdog removes it, and the reaper of a later run whatever
+    a watchdog could not (tests/integration/test_crash_safety.py times the watchdog)."""
     compose_task(
         dataset,
         "killed",
@@ -370,7 +371,6 @@ def test_the_reaper_takes_a_killed_runs_project(
     finally:
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
-    assert len(left_by(docker_client, dataset.name)) >= 4
     reap_orphans(make_provider("docker"))
     deadline = time.monotonic() + 30
     while left_by(docker_client, dataset.name) and time.monotonic() < deadline:
