@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from pytest_harbor.engine.reaper import owner_of_this_process
 from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL, TASK_LABEL
 from pytest_harbor.sandboxes import ImageSource, SandboxSpec
 from pytest_harbor.sandboxes.docker import DockerProvider, Endpoint
+from pytest_harbor.sandboxes.docker.watchdog import prepare_helper_image
 from pytest_harbor.sandboxes.images import image_tag_for
 from tests.fixtures import (
     BASE_IMAGE,
@@ -291,3 +293,44 @@ def test_requests_over_the_socket_do_not_read_the_environment(
     monkeypatch.setattr(os, "environ", Changing(os.environ))
     assert engine.api.ping() is True
     assert engine.api.containers(filters={"label": "pytest-harbor.run=none"}) == []
+
+
+def test_a_killed_runs_sandboxes_on_a_remote_engine_go_with_its_watchdog(
+    harbor_dataset: Dataset, tls_engine: SecondEngine, docker_client: docker.DockerClient
+) -> None:
+    """Over tcp:// with TLS, the engine named `socket` on its machine: a run killed with
+    SIGKILL leaves nothing there, with no later run."""
+    assert tls_engine.tcp_url is not None
+    remote = tls_engine.client()
+    for image in (BASE_IMAGE, "busybox:musl", prepare_helper_image()):
+        remote.images.load(b"".join(docker_client.images.get(image).save(named=True)))
+    for number in range(2):
+        harbor_dataset.task(f"hold{number}", solve_sh="sleep 300\n")
+    engine = {
+        "url": tls_engine.tcp_url,
+        "cert_path": str(tls_engine.client_tls),
+        "socket": str(tls_engine.socket),
+        "capacity": 2,
+        "name": "remote",
+    }
+    run = start_run(
+        harbor_dataset,
+        "-n",
+        "2",
+        f"--harbor-set=sandbox_provider_options={json.dumps({'hosts': [engine]})}",
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(remote.containers.list(filters={"label": TASK_LABEL})) < 2:
+            assert run.poll() is None, run.stdout.read()  # type: ignore[union-attr]
+            if time.monotonic() > deadline:
+                os.killpg(run.pid, signal.SIGKILL)
+                pytest.fail(f"the sandboxes did not start:\n{run.communicate()[0][-4000:]}")
+            time.sleep(0.2)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    deadline = time.monotonic() + 20
+    while remote.containers.list(all=True, filters={"label": TASK_LABEL}):
+        assert time.monotonic() < deadline, "a killed run's sandboxes are still there 20 s on"
+        time.sleep(0.5)

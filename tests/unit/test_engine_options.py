@@ -10,6 +10,7 @@ import pytest
 from pytest_harbor.locks import Slots
 from pytest_harbor.sandboxes import ProviderContext, ProviderOptionsError, make_provider
 from pytest_harbor.sandboxes.docker import DockerFleet, DockerProvider, Endpoint
+from pytest_harbor.sandboxes.docker.watchdog import engine_socket
 
 
 def _make(hosts: Any, tmp_path: Path) -> Any:
@@ -68,6 +69,7 @@ def test_without_hosts_the_provider_is_the_environment_s_engine(tmp_path: Path) 
         ([{"url": "unix:///b", "capacity": True}], "hosts[0].capacity: expected a whole"),
         ([{"url": "unix:///b", "tls_verify": "yes"}], "hosts[0].tls_verify: expected true or"),
         ([{"url": "unix:///b", "cert_path": 3}], "hosts[0].cert_path: expected a folder"),
+        ([{"url": "tcp://h:2376", "socket": 1}], "hosts[0].socket: expected the path of"),
         ([{"url": "unix:///b", "weight": 3}], "hosts[0]: unknown keys weight"),
         ([{"url": "tcp://h:2376", "cert_path": "/nowhere"}], "hosts[0].cert_path: /nowhere has no"),
         (["unix:///a", "unix:///a"], "the docker provider's hosts name one engine twice"),
@@ -111,3 +113,13 @@ def test_an_ssh_engine_without_paramiko_names_the_extra(
     monkeypatch.setattr("pytest_harbor.sandboxes.docker.options._can_ssh", lambda: False)
     with pytest.raises(ProviderOptionsError, match=r"pytest-harbor\[ssh\]"):
         _make(["unix:///a", "ssh://ci@builder"], tmp_path)
+
+
+def test_the_engine_socket_a_watchdog_is_given(tmp_path: Path) -> None:
+    """A unix:// engine's own path, else Docker's default place, unless `socket` says."""
+    assert engine_socket(Endpoint("unix:///run/b.sock"), {}) == "/run/b.sock"
+    assert engine_socket(Endpoint("tcp://h:2376"), {}) == "/var/run/docker.sock"
+    assert engine_socket(None, {"DOCKER_HOST": "unix:///x.sock"}) == "/x.sock"
+    fleet = _make([{"url": "tcp://h:2376", "socket": "/srv/docker.sock"}], tmp_path)
+    assert isinstance(fleet, DockerFleet)
+    assert fleet.engines[0].provider.engine_socket == "/srv/docker.sock"

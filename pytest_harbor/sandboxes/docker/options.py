@@ -30,8 +30,9 @@ _URL_SCHEMES = ("unix://", "tcp://", "ssh://")
 
 class EngineOption(BaseModel):
     """One engine of `hosts`: a URL, or a mapping with `url` and optionally `capacity`,
-    `name`, `cert_path` (a folder of Docker's ca.pem, cert.pem and key.pem: TLS) and
-    `tls_verify`."""
+    `name`, `cert_path` (a folder of Docker's ca.pem, cert.pem and key.pem: TLS),
+    `tls_verify` and `socket` (the engine's socket on its own machine, which its
+    watchdog is given: the path of a unix:// URL, else /var/run/docker.sock)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -40,6 +41,7 @@ class EngineOption(BaseModel):
     name: StrictStr | None = None
     cert_path: StrictStr | None = None
     tls_verify: StrictBool = True
+    socket: StrictStr | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -128,7 +130,10 @@ class DockerOptions(BaseModel):
             FleetEngine(
                 name=host.name or str(host.url),
                 provider=DockerProvider(
-                    network=self.network, builder=self.builder, endpoint=host.endpoint()
+                    network=self.network,
+                    builder=self.builder,
+                    endpoint=host.endpoint(),
+                    engine_socket=host.socket,
                 ),
                 capacity=host.capacity,
             )
@@ -182,6 +187,7 @@ def _message(error: ValidationError) -> str:
         "capacity": "expected a whole number of at least 1",
         "cert_path": "expected a folder's path",
         "tls_verify": "expected true or false",
+        "socket": "expected the path of the engine's socket on its machine",
     }
     if field in expected and first["type"] != "value_error":
         message = expected[field]

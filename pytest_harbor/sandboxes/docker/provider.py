@@ -92,9 +92,13 @@ class DockerProvider:
         network: str | None = None,
         builder: str = "auto",
         endpoint: Endpoint | None = None,
+        engine_socket: str | None = None,
     ) -> None:
         #: The engine (None: the one the environment names, as the docker CLI finds it).
         self.endpoint = endpoint
+        #: The engine's socket on its own machine, for the watchdog (None: found from
+        #: the endpoint; watchdog.engine_socket).
+        self.engine_socket = engine_socket
         self._peers: list[DockerProvider] = []
         #: The network sandboxes with the network are on: the engine's default bridge,
         #: another network by name, or "host" (this machine's own, loopback included;
@@ -139,9 +143,8 @@ class DockerProvider:
 
     def watch(self, labels: Mapping[str, str]) -> None:
         if self._watchdog is None:
-            self._watchdog = Watchdog(
-                self.images, self.endpoint, engine_socket(self.endpoint, os.environ)
-            )
+            socket_path = self.engine_socket or engine_socket(self.endpoint, os.environ)
+            self._watchdog = Watchdog(self.images, self.endpoint, socket_path)
         self._watchdog.arm(labels)
 
     def unwatch(self) -> None:

@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import docker.errors
+
 from pytest_harbor.display import harbor_logger
 from pytest_harbor.labels import LABEL_PREFIX
 from pytest_harbor.sandboxes.base import ImageSource, SandboxError
@@ -118,17 +120,18 @@ class Watchdog:
         self._connection = connection
 
     def lost(self) -> bool:
-        """The connection to the watchdog ended without disarm() (the engine restarted,
-        and the watchdog with it): nothing watches this process any more."""
-        if self._connection is None:
+        """The watchdog is gone though disarm() was not called (the engine restarted, and
+        the watchdog went with it): nothing watches this process any more. Asked of the
+        engine (an engine that does not answer cannot tell: not lost, yet)."""
+        if self._container is None:
             return self._lost
         try:
-            peeked = _socket_of(self._connection).recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return False
-        except OSError:
+            state = engine_for(self._endpoint).api.inspect_container(self._container)["State"]
+        except docker.errors.NotFound:
             return True
-        return bool(peeked == b"")
+        except ENGINE_ERRORS:
+            return False
+        return not state.get("Running")
 
     def rearm(self) -> None:
         """A new watchdog for the labels of the last one (after lost()); raises
