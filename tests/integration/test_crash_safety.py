@@ -144,7 +144,7 @@ def run_on(engine: SecondEngine, dataset: Dataset, *args: str) -> subprocess.Pop
 def wait_for_a_sandbox(engine: SecondEngine, run: subprocess.Popen[str]) -> None:
     client = engine.client()
     deadline = time.monotonic() + 120
-    while not client.containers.list(filters={"label": TASK_LABEL}):
+    while not client.containers.list(filters={"label": TASK_LABEL}, ignore_removed=True):
         assert run.poll() is None, run.stdout.read()  # type: ignore[union-attr]
         assert time.monotonic() < deadline, "no sandbox started within 120 s"
         time.sleep(0.1)
@@ -174,7 +174,9 @@ def test_an_engine_restarted_mid_run_costs_only_the_episodes_it_was_running(
     assert rows and all(row["reward"] == 1.0 for row in rows), output
     assert {row["task_id"] for row in rows} | {row["task_id"] for row in failures} == set(tasks)
     # Nothing of the run is left on the engine, and nothing crashed on the way out.
-    left = lone_engine.client().containers.list(all=True, filters={"label": TASK_LABEL})
+    left = lone_engine.client().containers.list(
+        all=True, filters={"label": TASK_LABEL}, ignore_removed=True
+    )
     assert left == [], output
     assert "Traceback" not in output and "INTERNALERROR" not in output, output
     # The resume runs what was lost, and only that.

@@ -321,7 +321,7 @@ def test_a_killed_runs_sandboxes_on_a_remote_engine_go_with_its_watchdog(
     )
     try:
         deadline = time.monotonic() + 120
-        while len(remote.containers.list(filters={"label": TASK_LABEL})) < 2:
+        while len(remote.containers.list(filters={"label": TASK_LABEL}, ignore_removed=True)) < 2:
             assert run.poll() is None, run.stdout.read()  # type: ignore[union-attr]
             if time.monotonic() > deadline:
                 os.killpg(run.pid, signal.SIGKILL)
@@ -331,6 +331,6 @@ def test_a_killed_runs_sandboxes_on_a_remote_engine_go_with_its_watchdog(
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
     deadline = time.monotonic() + 20
-    while remote.containers.list(all=True, filters={"label": TASK_LABEL}):
+    while remote.containers.list(all=True, filters={"label": TASK_LABEL}, ignore_removed=True):
         assert time.monotonic() < deadline, "a killed run's sandboxes are still there 20 s on"
         time.sleep(0.5)
