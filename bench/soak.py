@@ -20,6 +20,10 @@ from pathlib import Path
 import docker
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.chaos import children  # noqa: E402
+
 IMAGE = "debian:bookworm-slim"
 
 
@@ -43,19 +47,6 @@ def make_dataset(folder: Path, tasks: int) -> None:
         (task / "instruction.md").write_text("Write 1 to /tmp/answer.\n")
         (task / "solution" / "solve.sh").write_text("echo 1 > /tmp/answer\n")
         (task / "tests" / "test.sh").write_text("cp /tmp/answer /logs/verifier/reward.txt\n")
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def rss_mb(pid: int) -> float:

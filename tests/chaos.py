@@ -21,7 +21,7 @@ import docker
 
 from pytest_harbor.labels import TASK_LABEL
 
-__all__ = ["ChaosTally", "chaos_dataset", "chaos_round", "leftovers"]
+__all__ = ["ChaosTally", "chaos_dataset", "chaos_round", "children", "leftovers"]
 
 #: Every process of a run ends within this long of its controller's kill.
 PROCESSES_END_S = 60.0
@@ -109,7 +109,7 @@ def _start(dataset: Path, results: Path, workers: int, resume: bool) -> subproce
     )
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -234,8 +234,8 @@ def _killed(
     it must end, and nothing of it stay on the engine."""
     run = _start(dataset, results, workers, resume=resume)
     time.sleep(rng.uniform(0.3, longest_s))
-    children = _children(run.pid)
-    victim = rng.choice(children) if children and rng.random() < 0.5 else run.pid
+    spawned = children(run.pid)
+    victim = rng.choice(spawned) if spawned and rng.random() < 0.5 else run.pid
     what = "the controller" if victim == run.pid else "a worker"
     if run.poll() is not None:
         what = "nothing (the run had ended)"
