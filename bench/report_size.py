@@ -21,8 +21,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pytest_harbor.engine.metrics import pass_at_k
 from pytest_harbor.report import TOTAL_LIMIT, TRAJECTORY_LIMIT, write_report
+from pytest_harbor.run.metrics import pass_at_k
 
 WORKERS = 8
 

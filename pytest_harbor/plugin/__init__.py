@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 import pytest
 
 from pytest_harbor.datasets import ResolvedDataset, default_cache_dir, is_reference
-from pytest_harbor.engine.reaper import owner_of_this_process
 from pytest_harbor.harnesses import HARNESSES, HarnessFactory
 from pytest_harbor.plugin.deadlines import pytest_timeout_cancel_timer, pytest_timeout_set_timer
 from pytest_harbor.plugin.item_reports import pytest_report_teststatus, pytest_runtest_makereport
@@ -42,6 +41,7 @@ from pytest_harbor.plugin.scheduling import (
 )
 from pytest_harbor.plugin.summary import TerminalSummary
 from pytest_harbor.registry import NameTaken, Registry
+from pytest_harbor.run.reaper import owner_of_this_process
 from pytest_harbor.sandboxes import PROVIDERS, PlacesEpisodes, ProviderFactory, SandboxError
 from pytest_harbor.tasks import is_task_dir
 

@@ -7,13 +7,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from pytest_harbor.engine.failures import FailureKind
-from pytest_harbor.engine.metrics import (
+from pytest_harbor.engine.results import EpisodeResult
+from pytest_harbor.run.metrics import (
     EpisodeStatus,
     TasksetScore,
     episode_status,
     score_taskset,
 )
-from pytest_harbor.engine.results import EpisodeResult
 from pytest_harbor.writers.failures import FailureRecord, FailureStage
 from pytest_harbor.writers.resume import ResumePoint
 from pytest_harbor.writers.summary import EpisodeEntry

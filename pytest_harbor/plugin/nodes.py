@@ -16,7 +16,6 @@ from pytest_harbor.engine import Episode, EpisodeResult, TurnResult, decide_outc
 from pytest_harbor.engine.budget import backstop_seconds
 from pytest_harbor.engine.failures import EpisodeError, disk_full
 from pytest_harbor.engine.outcomes import nop_check_outcome, probe_check_outcome
-from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.engine.results import episode_id
 from pytest_harbor.engine.verifiers import verifies_separately
 from pytest_harbor.harnesses import Harness
@@ -25,6 +24,7 @@ from pytest_harbor.plugin.ledger import task_node_id
 from pytest_harbor.plugin.markers import metadata_markers
 from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun, Target
 from pytest_harbor.redaction import clip_head
+from pytest_harbor.run.planning import TasksetPlan
 from pytest_harbor.tasks import Task, TaskLoadError, Turn
 
 __all__ = [

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from pytest_harbor.engine.durations import expected_seconds, read_history
-from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.harnesses.base import SpeaksModelApi
 from pytest_harbor.harnesses.model import ModelEndpointError, check_endpoint
 from pytest_harbor.plugin.ledger import trial_id
@@ -21,6 +19,8 @@ from pytest_harbor.plugin.nodes import task_warnings
 from pytest_harbor.plugin.recorded import describe_run, recorded_differences
 from pytest_harbor.plugin.reporting import RunReport
 from pytest_harbor.plugin.run import Target
+from pytest_harbor.run.durations import expected_seconds, read_history
+from pytest_harbor.run.planning import TasksetPlan
 from pytest_harbor.sandboxes import SandboxStartError
 from pytest_harbor.sandboxes.base import ReadinessCheck
 from pytest_harbor.tasks import TaskLoadError

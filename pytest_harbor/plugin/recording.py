@@ -13,13 +13,13 @@ import pytest
 
 from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine import EpisodeResult, FailureKind
-from pytest_harbor.engine.durations import record_history
 from pytest_harbor.engine.failures import disk_full
 from pytest_harbor.plugin.item_reports import harbor_data
 from pytest_harbor.plugin.ledger import TrialRecord, split_trial, trial_id, trial_of
 from pytest_harbor.plugin.nodes import HarborWarning
 from pytest_harbor.plugin.preflight import warn_once
 from pytest_harbor.plugin.reporting import RunReport, first_line
+from pytest_harbor.run.durations import record_history
 from pytest_harbor.untrusted import load_json
 from pytest_harbor.writers.failures import FailureRecord
 from pytest_harbor.writers.rollouts import REPORT

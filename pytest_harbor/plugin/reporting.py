@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_harbor.engine.planning import TasksetPlan
 from pytest_harbor.plugin.builds import BuildsAhead
 from pytest_harbor.plugin.ledger import EpisodeLedger
 from pytest_harbor.plugin.run import HarborRun
+from pytest_harbor.run.planning import TasksetPlan
 from pytest_harbor.writers import RolloutsWriter
 from pytest_harbor.writers.folder import EarlierRun
 from pytest_harbor.writers.manifest import RunManifest

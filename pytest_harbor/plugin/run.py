@@ -21,8 +21,6 @@ from pytest_harbor.datasets import ResolvedDataset
 from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine import Episode, EpisodeError, FailureKind
 from pytest_harbor.engine.compose_tasks import compose_spec, refuse_compose
-from pytest_harbor.engine.planning import Selection, TasksetPlan, plan_taskset
-from pytest_harbor.engine.reaper import reap_orphans
 from pytest_harbor.harnesses import (
     Harness,
     HarnessFactory,
@@ -38,6 +36,8 @@ from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL, TASK_LABEL, TRIAL_LABEL
 from pytest_harbor.locks import FileLock, Slots
 from pytest_harbor.plugin.options import HarborOptions, ModelOptions
 from pytest_harbor.redaction import run_redactor
+from pytest_harbor.run.planning import Selection, TasksetPlan, plan_taskset
+from pytest_harbor.run.reaper import reap_orphans
 from pytest_harbor.sandboxes import (
     ImageSource,
     ProviderContext,

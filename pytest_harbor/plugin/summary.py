@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pytest_harbor.display import shown_number
-from pytest_harbor.engine.metrics import TasksetScore
 from pytest_harbor.plugin.reporting import RunReport, first_line
+from pytest_harbor.run.metrics import TasksetScore
 from pytest_harbor.sandboxes.base import NamesBuilder
 from pytest_harbor.tasks import TaskLoadError
 from pytest_harbor.tasks.loader import matches_any

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_harbor import strict_json
-from pytest_harbor.engine.planning import TasksetPlan
+from pytest_harbor.run.planning import TasksetPlan
 from pytest_harbor.tasks import SINGLE_STEP_TURN, Task
 from pytest_harbor.writers.files import write_atomically
 from pytest_harbor.writers.rollouts import ResultsLayout

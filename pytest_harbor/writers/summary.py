@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_harbor import strict_json
-from pytest_harbor.engine.metrics import EpisodeStatus, TasksetScore
 from pytest_harbor.engine.results import EpisodeResult, TurnResult
 from pytest_harbor.redaction import Redactor
+from pytest_harbor.run.metrics import EpisodeStatus, TasksetScore
 from pytest_harbor.writers.failures import FailureRecord
 from pytest_harbor.writers.files import write_atomically
 from pytest_harbor.writers.manifest import RunManifest

@@ -17,11 +17,11 @@ import docker
 import docker.errors
 import pytest
 
-from pytest_harbor.engine.reaper import (
+from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL
+from pytest_harbor.run.reaper import (
     owner_of_this_process,
     reap_orphans,
 )
-from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL
 from pytest_harbor.sandboxes import make_provider
 from tests.fixtures import (
     BASE_IMAGE,
@@ -188,7 +188,7 @@ def test_the_reaper_leaves_the_sandboxes_of_another_pid_namespace(
     script = tmp_path / "other.py"
     script.write_text(
         "import docker\n"
-        "from pytest_harbor.engine.reaper import owner_of_this_process\n"
+        "from pytest_harbor.run.reaper import owner_of_this_process\n"
         "from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL\n"
         "client = docker.from_env()\n"
         f"client.containers.create({BASE_IMAGE!r}, ['sleep', '300'],\n"

@@ -22,8 +22,8 @@ from typing import Any
 import docker
 import pytest
 
-from pytest_harbor.engine.reaper import reap_orphans
 from pytest_harbor.labels import RUN_LABEL, TASK_LABEL
+from pytest_harbor.run.reaper import reap_orphans
 from pytest_harbor.sandboxes import BuildOptions, make_provider
 from pytest_harbor.sandboxes.images import image_tag_for
 from tests.fixtures import BASE_IMAGE, REPO_ROOT, Dataset, run_harbor, start_run

@@ -17,8 +17,8 @@ import docker
 import docker.errors
 import pytest
 
-from pytest_harbor.engine.reaper import owner_of_this_process
 from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL, TASK_LABEL
+from pytest_harbor.run.reaper import owner_of_this_process
 from pytest_harbor.sandboxes import ImageSource, SandboxSpec
 from pytest_harbor.sandboxes.docker import DockerProvider, Endpoint
 from pytest_harbor.sandboxes.docker.watchdog import prepare_helper_image

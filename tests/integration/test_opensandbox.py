@@ -23,8 +23,8 @@ import docker.errors
 import httpx
 import pytest
 
-from pytest_harbor.engine.reaper import reap_orphans
 from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL
+from pytest_harbor.run.reaper import reap_orphans
 from pytest_harbor.sandboxes import SandboxSpec
 from pytest_harbor.sandboxes.base import (
     ImageSource,
@@ -191,7 +191,7 @@ def test_a_dead_runs_sandboxes_are_reaped_through_the_server(
 ) -> None:
     run = f"test-{uuid.uuid4().hex[:8]}"
     # An owner on this host whose process has ended (pid 1's start time never matches).
-    from pytest_harbor.engine.reaper import owner_of_this_process
+    from pytest_harbor.run.reaper import owner_of_this_process
 
     host, _, _, boot, namespace = owner_of_this_process().split(":")
     dead = f"{host}:{2**22 - 1}:1:{boot}:{namespace}"
@@ -458,7 +458,7 @@ def test_a_sandbox_from_an_image_built_here_is_no_dead_runs_leftover(
     sandboxes as containers with their image's labels. The image goes to the registry
     without them, so a docker run's reaper here does not take the sandbox for a dead
     run's once the builder is gone."""
-    from pytest_harbor.engine.reaper import owner_of_this_process
+    from pytest_harbor.run.reaper import owner_of_this_process
     from pytest_harbor.sandboxes.docker import DockerProvider
 
     host, _, _, boot, namespace = owner_of_this_process().split(":")

@@ -1,4 +1,4 @@
-"""docs/architecture.md names every module and sub-package of `engine/` and `plugin/` in
+"""docs/architecture.md names every module and sub-package of `engine/`, `run/` and `plugin/` in
 that folder's section: a module added without a word on its job fails here."""
 
 from __future__ import annotations
@@ -10,6 +10,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
+FOLDERS = [
+    ("engine", "The engine folder"),
+    ("run", "The run folder"),
+    ("plugin", "The plugin folder"),
+]
 
 
 def section(heading: str) -> str:
@@ -31,9 +36,7 @@ def parts_of(folder: str) -> list[str]:
     return sorted(modules + packages)
 
 
-@pytest.mark.parametrize(
-    ("folder", "heading"), [("engine", "The engine folder"), ("plugin", "The plugin folder")]
-)
+@pytest.mark.parametrize(("folder", "heading"), FOLDERS)
 def test_every_module_of_the_folder_is_in_its_section(folder: str, heading: str) -> None:
     text = section(heading)
     missing = [name for name in parts_of(folder) if f"`{name}`" not in text]
@@ -43,7 +46,7 @@ def test_every_module_of_the_folder_is_in_its_section(folder: str, heading: str)
 def test_a_named_module_that_does_not_exist_fails_too() -> None:
     """Names in the two sections that look like modules are files of the folder (or of
     its sub-packages)."""
-    for folder, heading in (("engine", "The engine folder"), ("plugin", "The plugin folder")):
+    for folder, heading in FOLDERS:
         named = set(re.findall(r"`([a-z_]+\.py)`", section(heading)))
         files = {path.name for path in (ROOT / "pytest_harbor" / folder).rglob("*.py")}
         gone = sorted(named - files - {"conftest.py"})  # pytest's, not ours

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pytest_harbor.engine.admission import refuse_unrunnable
-from pytest_harbor.engine.planning import plan_taskset
+from pytest_harbor.run.planning import plan_taskset
 from pytest_harbor.sandboxes.archives import pack_folder
 from pytest_harbor.sandboxes.docker import DockerProvider
 from pytest_harbor.tasks import TaskLoadError, load_task

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_harbor.engine.durations import expected_seconds, read_history, record_history
 from pytest_harbor.plugin.scheduling import longest_first
+from pytest_harbor.run.durations import expected_seconds, read_history, record_history
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import load_task
 from tests.fixtures import write_task

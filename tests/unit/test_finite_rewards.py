@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_harbor.engine import EpisodeResult, TurnResult, read_reward
-from pytest_harbor.engine.metrics import score_taskset
 from pytest_harbor.engine.rollup import roll_up
 from pytest_harbor.report import render_report
+from pytest_harbor.run.metrics import score_taskset
 from pytest_harbor.strict_json import mean
 from tests.unit.test_report import row, write_results
 

@@ -31,6 +31,7 @@ LAYERS = [
     {"sandboxes"},
     {"harnesses"},
     {"engine"},
+    {"run"},
     {"writers"},
     {"report"},
     {"plugin"},

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_harbor.engine.planning import Selection, plan_taskset
 from pytest_harbor.plugin.markers import metadata_markers
+from pytest_harbor.run.planning import Selection, plan_taskset
 from pytest_harbor.sandboxes.docker import DockerProvider
 from pytest_harbor.tasks import load_task, read_dataset_config
 from tests.fixtures import BASE_IMAGE, write_task

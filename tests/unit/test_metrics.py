@@ -7,7 +7,7 @@ from math import comb
 import pytest
 
 from pytest_harbor.engine import EpisodeResult, TurnResult
-from pytest_harbor.engine.metrics import (
+from pytest_harbor.run.metrics import (
     episode_status,
     pass_at_k,
     pass_at_k_values,

@@ -8,12 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pytest_harbor.engine.reaper import (
+from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL
+from pytest_harbor.run.reaper import (
     owner_is_alive,
     owner_of_this_process,
     reap_orphans,
 )
-from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL
 from pytest_harbor.sandboxes import SandboxError
 
 

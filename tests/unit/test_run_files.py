@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from pytest_harbor.engine import EpisodeResult, FailureKind, TurnResult
-from pytest_harbor.engine.metrics import score_taskset
 from pytest_harbor.redaction import Redactor
+from pytest_harbor.run.metrics import score_taskset
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.writers import ResultsLayout, RolloutsWriter
 from pytest_harbor.writers.failures import FailureRecord

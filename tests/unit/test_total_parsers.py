@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from pytest_harbor import strict_json
 from pytest_harbor.engine import FailureKind, read_reward
-from pytest_harbor.engine.durations import read_history
 from pytest_harbor.harnesses.base import Usage
 from pytest_harbor.harnesses.chat import ChatClient, ChatError, RetryPolicy, UsageMeter
 from pytest_harbor.harnesses.converters import BUILT_IN_CONVERTERS, ConverterInput, convert
@@ -30,6 +29,7 @@ from pytest_harbor.harnesses.shell_agent import _arguments
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.report import load_taskset, render_report
 from pytest_harbor.report.transcripts import Budget, transcript_html
+from pytest_harbor.run.durations import read_history
 from pytest_harbor.sandboxes.archives import unpack_files
 from pytest_harbor.sandboxes.copies import CopyLimits, RepackedArtifact, bounded
 from pytest_harbor.untrusted import MAX_DEPTH, load_json
