@@ -1,5 +1,5 @@
 """Running pytest from the Python 3.12 environment that has Harbor (`.venv-harbor`, made
-by .ci/setup) for the tests of Harbor's own agents, and terminus-2's answers."""
+by .ci/setup --tests) for the tests of Harbor's own agents, and terminus-2's answers."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def needs_harbor() -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         not HARBOR_PYTHON.exists(),
         reason=".venv-harbor (Python 3.12 with pytest-harbor[harbor-agents]) is missing: "
-        "run .ci/setup on a machine with Python 3.12",
+        "run .ci/setup --tests on a machine with Python 3.12",
     )
 
 

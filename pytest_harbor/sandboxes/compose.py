@@ -120,7 +120,8 @@ def run_config(files: list[Path], project_dir: Path, env: Mapping[str, str]) -> 
         message = done.stderr.strip() or done.stdout.strip()
         if "is not a docker command" in message or "unknown shorthand flag" in message:
             raise RuntimeError(
-                "Docker Compose v2 is not installed (`docker compose`); .ci/setup shows how"
+                "Docker Compose v2 is not installed (`docker compose`); "
+                ".ci/setup --tests installs it"
             )
         raise ValueError(message.splitlines()[-1] if message else "docker compose config failed")
     data: dict[str, Any] = json.loads(done.stdout)

@@ -28,8 +28,8 @@ def chromium() -> str:
     path = shutil.which("chromium")
     if path is None:
         if os.environ.get("CI"):
-            pytest.fail("chromium is not installed; .ci/setup installs it", pytrace=False)
-        pytest.skip("chromium is not installed (.ci/setup installs it)")
+            pytest.fail("chromium is not installed; .ci/setup --tests installs it", pytrace=False)
+        pytest.skip("chromium is not installed (.ci/setup --tests installs it)")
     return path
 
 

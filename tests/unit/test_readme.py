@@ -10,7 +10,7 @@ README = (REPO_ROOT / "README.md").read_text()
 
 
 def commands() -> list[str]:
-    return re.findall(r"^    (\.ci/setup && .+)$", README, re.MULTILINE)
+    return re.findall(r"^    (\.ci/setup(?: --tests)? && .+)$", README, re.MULTILINE)
 
 
 def test_readme_opens_with_the_main_job_and_the_test_command() -> None:
@@ -18,7 +18,7 @@ def test_readme_opens_with_the_main_job_and_the_test_command() -> None:
     assert main_job == (
         ".ci/setup && .venv/bin/pytest --harbor-dataset=example_datasets/quickstart -n 2"
     )
-    assert test_suite.startswith(".ci/setup && .venv/bin/pytest")
+    assert test_suite.startswith(".ci/setup --tests && .venv/bin/pytest")
     assert README.index(main_job) < README.index("## ")
 
 
