@@ -11,12 +11,8 @@ import docker
 import pytest
 
 from pytest_harbor.sandboxes.base import SandboxSpec, SandboxStartError
-from pytest_harbor.sandboxes.docker.provider import (
-    GPU_RUNTIME,
-    DockerProvider,
-    compose_gpu_request,
-    gpu_request,
-)
+from pytest_harbor.sandboxes.docker.limits import GPU_RUNTIME, compose_gpu_request, gpu_request
+from pytest_harbor.sandboxes.docker.provider import DockerProvider
 from pytest_harbor.settings import SettingsError, load_settings
 from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
 

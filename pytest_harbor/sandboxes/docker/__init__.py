@@ -1,7 +1,8 @@
 """The `docker` sandbox provider, on the Docker SDK (never the docker CLI, but for Compose
 and BuildKit): one engine (`provider`), or several as one (`fleet`), made from its options
 (`options`). Inside: the connection to an engine (`engine`), its images (`images`), a
-sandbox (`sandbox`) and its commands' streams (`stream`), Compose projects (`projects`)."""
+sandbox (`sandbox`), its limits (`limits`) and its commands' streams (`stream`), Compose
+projects (`projects`)."""
 
 from typing import TYPE_CHECKING, Any
 

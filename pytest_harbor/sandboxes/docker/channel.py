@@ -30,7 +30,7 @@ from pytest_harbor.sandboxes.docker.engine import (
     engine_for,
     explain,
 )
-from pytest_harbor.sandboxes.docker.stream import ExecConnection
+from pytest_harbor.sandboxes.docker.stream import start_exec
 
 __all__ = ["CHANNELS_PER_SANDBOX", "ChannelPool"]
 
@@ -56,17 +56,14 @@ class DockerChannel:
     """One channel: an exec of the channel script, one command at a time."""
 
     def __init__(self, container_id: str, endpoint: Endpoint | None, arguments: list[str]):
-        api = engine_for(endpoint).api
         try:
-            exec_id = api.exec_create(
+            self._connection = start_exec(
+                engine_for(endpoint).api,
                 container_id,
                 [SEALED_BUSYBOX, "sh", "-c", CHANNEL_SCRIPT, "sh", *arguments],
-                stdin=True,
-                stdout=True,
-                stderr=True,
                 user=ROOT_USER,
-            )["Id"]
-            self._connection = ExecConnection(api.exec_start(exec_id, socket=True))
+                stdin=True,
+            ).connection
         except ENGINE_ERRORS as error:
             raise _Lost(f"cannot open: {explain(error)}") from None
         self._condition = threading.Condition()

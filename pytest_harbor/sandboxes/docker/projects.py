@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
+import tempfile
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -14,7 +17,7 @@ import docker.errors
 import docker.tls
 
 from pytest_harbor.display import harbor_logger
-from pytest_harbor.labels import COMPOSE_PROJECT_LABEL
+from pytest_harbor.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
 from pytest_harbor.sandboxes.base import (
     SandboxError,
     SandboxStartError,
@@ -26,6 +29,7 @@ from pytest_harbor.sandboxes.docker.engine import (
     cli_environment,
     engine_for,
     explain,
+    tail_lines,
 )
 from pytest_harbor.threads import join
 
@@ -35,9 +39,47 @@ log = harbor_logger()
 COMPOSE_UP_S = 900.0
 
 
-def compose_cli(
-    arguments: list[str], *, timeout: float, endpoint: Endpoint | None = None
+#: How long `logs` of a project that did not come up may take.
+_LOGS_S = 60.0
+
+
+def start_project(
+    name: str, config: Mapping[str, Any], *, timeout: float | None, endpoint: Endpoint | None
+) -> str:
+    """`docker compose up --wait` of the project `name` from its configuration (its
+    services started as their depends_on conditions and health checks say), within
+    `timeout` (None: COMPOSE_UP_S); the id of its `main` service's container.
+    SandboxStartError, the project removed, when it does not come up."""
+    with tempfile.TemporaryDirectory(prefix="harbor-compose-") as scratch:
+        file = Path(scratch) / "compose.json"
+        file.write_text(json.dumps(config))
+        project = ["-p", name, "-f", str(file), "--project-directory", scratch]
+        up = _compose(
+            [*project, "up", "-d", "--wait"], timeout=timeout or COMPOSE_UP_S, endpoint=endpoint
+        )
+        if up.returncode != 0:
+            logs = _compose(
+                [*project, "logs", "--no-color", "--tail", "20"], timeout=_LOGS_S, endpoint=endpoint
+            )
+            remove_project(name, endpoint)
+            raise SandboxStartError(
+                f"the Compose project did not come up: {tail_lines(up.stderr.splitlines(), 8)}"
+                f"\n{tail_lines(logs.stdout.splitlines(), 40)}"
+            )
+    found = engine_for(endpoint).api.containers(
+        filters={"label": [f"{COMPOSE_PROJECT_LABEL}={name}", f"{COMPOSE_SERVICE_LABEL}=main"]}
+    )
+    if not found:
+        remove_project(name, endpoint)
+        raise SandboxStartError(f"the Compose project {name} came up without its main")
+    return str(found[0]["Id"])
+
+
+def _compose(
+    arguments: list[str], *, timeout: float, endpoint: Endpoint | None
 ) -> subprocess.CompletedProcess[str]:
+    """The docker CLI's `compose` with `arguments`, on the engine of `endpoint`; one that
+    runs past `timeout` ends as exit code 124, saying so."""
     try:
         return subprocess.run(
             ["docker", "compose", *arguments],

@@ -4,14 +4,10 @@ nothing inside can end, labels, limits, forceful removal."""
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
-import tempfile
 import threading
 import uuid
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import docker
@@ -19,10 +15,7 @@ import docker.errors
 import docker.tls
 
 from pytest_harbor.display import harbor_logger
-from pytest_harbor.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
-from pytest_harbor.sandboxes.archives import (
-    pack_directories,
-)
+from pytest_harbor.sandboxes.archives import pack_directories
 from pytest_harbor.sandboxes.base import (
     TRUSTED_TOOLS,
     ImageConfig,
@@ -41,39 +34,19 @@ from pytest_harbor.sandboxes.docker.engine import (
     describe_endpoint,
     engine_for,
     explain,
-    tail_lines,
     unreachable,
 )
 from pytest_harbor.sandboxes.docker.filtering import Egress, start_egress
-from pytest_harbor.sandboxes.docker.first_process import (
-    FIRST_USER,
-    first_process,
-    read_first_report,
-)
+from pytest_harbor.sandboxes.docker.first_process import FIRST_USER, read_first_report
 from pytest_harbor.sandboxes.docker.images import EngineImages
+from pytest_harbor.sandboxes.docker.limits import GPU_RUNTIME, Limits, keep_alive
 from pytest_harbor.sandboxes.docker.networks import IsolatedNetwork
-from pytest_harbor.sandboxes.docker.projects import (
-    COMPOSE_UP_S,
-    compose_cli,
-    remove_networks_and_volumes,
-    remove_project,
-)
+from pytest_harbor.sandboxes.docker.projects import remove_networks_and_volumes, start_project
 from pytest_harbor.sandboxes.docker.sandbox import DEFAULT_NETWORK, ComposeSandbox, DockerSandbox
 from pytest_harbor.sandboxes.docker.watchdog import Watchdog, engine_socket
 from pytest_harbor.threads import join
 
 log = harbor_logger()
-
-#: The keep-alive sleep of a sandbox with no lifetime; removal is forceful, so the sleep
-#: never needs a signal.
-_FOREVER_S = 2147483647
-
-
-def _lifetime(ttl_s: float) -> int:
-    """A sandbox's lifetime in whole seconds, at least 1, at most _FOREVER_S (what the
-    keep-alive's arithmetic holds: a task's timeouts of 1e300 s made one that ended at
-    once)."""
-    return min(_FOREVER_S, max(1, math.ceil(ttl_s)))
 
 
 class DockerProvider:
@@ -217,27 +190,18 @@ class DockerProvider:
             return self._start_group(spec, spec.group)
         engine = engine_for(self.endpoint)
         api = engine.api
-        limits: dict[str, Any] = {}
-        if spec.cpus is not None:
-            # A task may ask for more CPUs than this engine has; it gets them all.
-            limits["nano_cpus"] = int(min(spec.cpus, engine.cpus) * 1e9)
-        if spec.memory_mb is not None:
-            limits["mem_limit"] = limits["memswap_limit"] = f"{spec.memory_mb}m"
-        limits.update(gpu_request(spec))
-        # The keep-alive is the sandbox's lifetime: a leaked one ends by itself, and the
-        # reaper removes it. It is not removed by the engine as it ends: a sandbox that
-        # stopped must still be there to say why (status()).
-        entrypoint, command = _first_process(spec)
+        host_config = Limits.of(spec, engine).host_config(spec)
+        # It is not removed by the engine as it ends: a sandbox that stopped must still be
+        # there to say why (status()).
+        entrypoint, command = keep_alive(spec)
         egress: Egress | None = None
         env = dict(spec.env)
         for attempt in range(2):
             # Made even for a sandbox that starts offline: a later phase may join it.
             network = self._network_of(spec)
             if spec.filtered and egress is None:
-                egress = start_egress(
-                    self.images, outside=network, labels=spec.labels, endpoint=self.endpoint
-                )
-                limits["dns"] = [egress.address]
+                egress = self._start_egress(spec, network)
+                host_config["dns"] = [egress.address]
                 env = egress.proxy_env() | env
             try:
                 created = api.create_container(
@@ -251,8 +215,7 @@ class DockerProvider:
                     host_config=api.create_host_config(
                         network_mode=network if spec.network or egress else "none",
                         binds={self.tools_volume(): {"bind": TRUSTED_TOOLS, "mode": "ro"}},
-                        pids_limit=spec.pids_limit,
-                        **limits,
+                        **host_config,
                     ),
                     detach=True,
                 )
@@ -292,14 +255,19 @@ class DockerProvider:
         _take_first_report(sandbox, spec, api)
         return sandbox
 
+    def _start_egress(self, spec: SandboxSpec, outside: str) -> Egress:
+        """The egress of a sandbox started `filtered`: its only way to `outside`."""
+        return start_egress(
+            self.images, outside=outside, labels=spec.labels, endpoint=self.endpoint
+        )
+
     def _start_group(self, spec: SandboxSpec, group: SandboxGroup) -> DockerSandbox:
         """The Compose project `group`, `main` kept alive like any sandbox (the trusted
         sleep as its first process, the trusted tools mounted), its other services first,
         as their depends_on conditions and health checks say (`up --wait`)."""
         from pytest_harbor.sandboxes.compose_model import TOOLS_KEY
 
-        engine = engine_for(self.endpoint)
-        entrypoint, command = _first_process(spec)
+        entrypoint, command = keep_alive(spec)
         main: dict[str, Any] = {
             # Compose reads `$` as its own variables': `$$` is a `$` for the shell.
             "entrypoint": [part.replace("$", "$$") for part in entrypoint],
@@ -312,24 +280,13 @@ class DockerProvider:
         }
         if spec.workdir:
             main["working_dir"] = spec.workdir
-        if spec.cpus is not None:
-            main["cpus"] = min(spec.cpus, engine.cpus)
-        if spec.memory_mb is not None:
-            main["mem_limit"] = main["memswap_limit"] = f"{spec.memory_mb}m"
-        if spec.pids_limit is not None:
-            main["pids_limit"] = spec.pids_limit
-        main.update(compose_gpu_request(spec))
+        main.update(Limits.of(spec, engine_for(self.endpoint)).compose_service(spec))
 
         egress: Egress | None = None
         if spec.filtered:
             # The project's networks are internal; the egress is its only way out, in
             # the seed's policy before any service starts.
-            egress = start_egress(
-                self.images,
-                outside=self._network_of(spec),
-                labels=spec.labels,
-                endpoint=self.endpoint,
-            )
+            egress = self._start_egress(spec, self._network_of(spec))
             main["environment"] = egress.proxy_env(group.config["services"]) | main["environment"]
         try:
             if egress is not None and spec.network and spec.allowed_hosts is not None:
@@ -346,12 +303,11 @@ class DockerProvider:
     def _up(
         self, spec: SandboxSpec, group: SandboxGroup, main: dict[str, Any], egress: Egress | None
     ) -> ComposeSandbox:
-        """`docker compose up --wait` of the episode's project, its main service found;
-        raises SandboxStartError (the project removed)."""
+        """The episode's project started (projects.start_project), its main service the
+        sandbox; raises SandboxStartError (the project removed)."""
         from pytest_harbor.sandboxes.compose import EgressLink, episode_project, project_name
         from pytest_harbor.sandboxes.compose_model import TOOLS_KEY
 
-        engine = engine_for(self.endpoint)
         name = project_name(group.episode, uuid.uuid4().hex[:8])
         config = episode_project(
             group.config,
@@ -368,44 +324,9 @@ class DockerProvider:
             # The model refuses the name in a task's file: never let one stand for the tools.
             raise SandboxStartError(f"the project already has a volume {TOOLS_KEY}")
         volumes[TOOLS_KEY] = {"external": True, "name": self.tools_volume()}
-        with tempfile.TemporaryDirectory(prefix="harbor-compose-") as scratch:
-            file = Path(scratch) / "compose.json"
-            file.write_text(json.dumps(config))
-            up = compose_cli(
-                ["-p", name, "-f", str(file), "--project-directory", scratch, "up", "-d", "--wait"],
-                timeout=spec.ready_timeout_s or COMPOSE_UP_S,
-                endpoint=self.endpoint,
-            )
-            if up.returncode != 0:
-                logs = compose_cli(
-                    [
-                        "-p",
-                        name,
-                        "-f",
-                        str(file),
-                        "--project-directory",
-                        scratch,
-                        "logs",
-                        "--no-color",
-                        "--tail",
-                        "20",
-                    ],
-                    timeout=60,
-                    endpoint=self.endpoint,
-                )
-                remove_project(name, self.endpoint)
-                raise SandboxStartError(
-                    f"the Compose project did not come up: {tail_lines(up.stderr.splitlines(), 8)}"
-                    f"\n{tail_lines(logs.stdout.splitlines(), 40)}"
-                )
-        found = engine.api.containers(
-            filters={"label": [f"{COMPOSE_PROJECT_LABEL}={name}", f"{COMPOSE_SERVICE_LABEL}=main"]}
-        )
-        if not found:
-            remove_project(name, self.endpoint)
-            raise SandboxStartError(f"the Compose project {name} came up without its main")
+        main_id = start_project(name, config, timeout=spec.ready_timeout_s, endpoint=self.endpoint)
         return ComposeSandbox(
-            found[0]["Id"],
+            main_id,
             name,
             online=spec.network and egress is None,
             endpoint=self.endpoint,
@@ -461,40 +382,6 @@ class DockerProvider:
         # What Compose projects made beside their containers.
         remove_networks_and_volumes({"label": wanted}, self.endpoint)
         return removed
-
-
-def _first_process(spec: SandboxSpec) -> tuple[list[str], list[str]]:
-    lifetime = _FOREVER_S if spec.ttl_s is None else _lifetime(spec.ttl_s)
-    return first_process(lifetime, spec.directories, spec.start_script, spec.start_arguments)
-
-
-#: The runtime an engine lists when the NVIDIA Container Toolkit is set up for it.
-GPU_RUNTIME = "nvidia"
-
-
-def gpu_request(spec: SandboxSpec) -> dict[str, Any]:
-    """The host configuration's device request for the sandbox's GPUs (`docker run
-    --gpus N`); none without GPUs. A GPU type cannot be asked of Docker: refused."""
-    if spec.gpu_type is not None:
-        raise SandboxStartError(
-            f"the docker sandbox cannot choose a GPU type ({spec.gpu_type!r}): "
-            "turn request_gpu_type off, or give GPU tasks a provider that can "
-            "(gpu_sandbox_provider)"
-        )
-    if not spec.gpus:
-        return {}
-    return {
-        "device_requests": [docker.types.DeviceRequest(count=spec.gpus, capabilities=[["gpu"]])]
-    }
-
-
-def compose_gpu_request(spec: SandboxSpec) -> dict[str, Any]:
-    """The same for `main` in a Compose project (a device reservation)."""
-    gpu_request(spec)  # a type is refused here too
-    if not spec.gpus:
-        return {}
-    device = {"driver": GPU_RUNTIME, "count": spec.gpus, "capabilities": ["gpu"]}
-    return {"deploy": {"resources": {"reservations": {"devices": [device]}}}}
 
 
 def _take_first_report(sandbox: DockerSandbox, spec: SandboxSpec, api: docker.APIClient) -> None:

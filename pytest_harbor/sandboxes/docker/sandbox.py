@@ -49,7 +49,7 @@ from pytest_harbor.sandboxes.docker.projects import (
     remove_container,
     remove_project,
 )
-from pytest_harbor.sandboxes.docker.stream import ExecConnection, OutputReader
+from pytest_harbor.sandboxes.docker.stream import EngineExec, OutputReader, start_exec
 from pytest_harbor.threads import join
 
 log = harbor_logger()
@@ -192,21 +192,8 @@ class DockerSandbox:
         stdin: bytes | None,
     ) -> tuple[ExecResult, bool]:
         """One exec, and whether its command started (known only with a timeout)."""
-        engine = engine_for(self._endpoint)
-        try:
-            exec_id = engine.api.exec_create(
-                self._id,
-                argv,
-                stdout=True,
-                stderr=True,
-                stdin=stdin is not None,
-                user=user or self._user or "",
-                workdir=workdir,
-                environment=[f"{key}={value}" for key, value in (env or {}).items()],
-            )["Id"]
-            connection = ExecConnection(engine.api.exec_start(exec_id, socket=True))
-        except ENGINE_ERRORS as error:
-            raise _exec_failed(self._id, error) from None
+        running = self._start_exec(argv, user, workdir, env, stdin=stdin is not None)
+        connection = running.connection
         reader = OutputReader(connection, reads_pid=timeout is not None)
         threads = [threading.Thread(target=reader.run, name="harbor-exec-out", daemon=True)]
         if stdin is not None:
@@ -226,16 +213,15 @@ class DockerSandbox:
                 join(threads[0], 1.0)
         connection.close()
         try:
-            info = engine.api.exec_inspect(exec_id)
+            exit_code = running.exit_code()
         except ENGINE_ERRORS as error:
             raise SandboxError(f"sandbox {self._id[:12]}: exec lost: {explain(error)}") from None
-        exit_code = info.get("ExitCode")
         if reader.broken is not None and not timed_out:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: the output of {argv[0]} was lost ({reader.broken})"
             )
         result = ExecResult(
-            exit_code=-1 if exit_code is None or info.get("Running") else int(exit_code),
+            exit_code=-1 if exit_code is None else exit_code,
             stdout_bytes=reader.out.value(),
             stderr_bytes=reader.stderr(),
             timed_out=timed_out,
@@ -245,20 +231,7 @@ class DockerSandbox:
     def spawn(
         self, command: Sequence[str], *, user: str | None = None, workdir: str | None = None
     ) -> _Spawned:
-        engine = engine_for(self._endpoint)
-        try:
-            exec_id = engine.api.exec_create(
-                self._id,
-                list(command),
-                stdout=True,
-                stderr=True,
-                user=user or self._user or "",
-                workdir=workdir,
-            )["Id"]
-            connection = ExecConnection(engine.api.exec_start(exec_id, socket=True))
-        except ENGINE_ERRORS as error:
-            raise _exec_failed(self._id, error) from None
-        return _Spawned(exec_id, connection, engine.api)
+        return _Spawned(self._start_exec(list(command), user, workdir, None))
 
     def open_pipe(
         self,
@@ -268,23 +241,35 @@ class DockerSandbox:
         workdir: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> DockerPipe:
-        engine = engine_for(self._endpoint)
         argv = [TRUSTED_BUSYBOX, "sh", "-c", PID_FIRST, "sh", *command]
+        started = self._start_exec(argv, user, workdir, env, stdin=True)
+        return DockerPipe(
+            started.connection, self._kill_group, f"sandbox {self._id[:12]}: {command[0]}"
+        )
+
+    def _start_exec(
+        self,
+        argv: list[str],
+        user: str | None,
+        workdir: str | None,
+        env: Mapping[str, str] | None,
+        *,
+        stdin: bool = False,
+    ) -> EngineExec:
+        """An exec of `argv` started (stream.start_exec) as `user`, else the sandbox's
+        user; SandboxError (EngineUnreachable) when the engine would not start it."""
         try:
-            exec_id = engine.api.exec_create(
+            return start_exec(
+                engine_for(self._endpoint).api,
                 self._id,
                 argv,
-                stdout=True,
-                stderr=True,
-                stdin=True,
                 user=user or self._user or "",
+                stdin=stdin,
                 workdir=workdir,
-                environment=[f"{key}={value}" for key, value in (env or {}).items()],
-            )["Id"]
-            connection = ExecConnection(engine.api.exec_start(exec_id, socket=True))
+                env=env,
+            )
         except ENGINE_ERRORS as error:
             raise _exec_failed(self._id, error) from None
-        return DockerPipe(connection, self._kill_group, f"sandbox {self._id[:12]}: {command[0]}")
 
     def _kill_group(self, pid: int | None) -> None:
         if pid is None:
@@ -553,10 +538,9 @@ class _Spawned:
 
     _TAIL_BYTES = 4096
 
-    def __init__(self, exec_id: str, connection: ExecConnection, api: docker.APIClient) -> None:
-        self._exec_id = exec_id
-        self._api = api
-        self._connection = connection
+    def __init__(self, started: EngineExec) -> None:
+        self._exec = started
+        self._connection = started.connection
         self._tail = bytearray()
         self._code: int | None = None
         self._thread = threading.Thread(target=self._watch, name="harbor-spawned", daemon=True)
@@ -572,11 +556,9 @@ class _Spawned:
         finally:
             self._connection.close()
         try:
-            info = self._api.exec_inspect(self._exec_id)
-        except (docker.errors.APIError, *TRANSPORT_ERRORS):
+            self._code = self._exec.exit_code()
+        except ENGINE_ERRORS:
             return  # the sandbox went away: nothing to tell
-        if not info.get("Running") and info.get("ExitCode") is not None:
-            self._code = int(info["ExitCode"])
 
     def exit_code(self) -> int | None:
         return self._code

@@ -1,6 +1,6 @@
-"""An exec's hijacked connection: output frames read by a thread of its own, input sent,
-and the command's pid learned from its first stderr line so that a deadline can kill its
-process group."""
+"""An exec on the engine: started with its output (and input) on a hijacked connection,
+output frames read by a thread of its own, input sent, the command's pid learned from its
+first stderr line so that a deadline can kill its process group, and its exit code."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import socket
 import ssl
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import docker
 from docker.utils.socket import STDERR as _STDERR
 from docker.utils.socket import STDOUT as _STDOUT
 from docker.utils.socket import frames_iter
@@ -72,6 +74,48 @@ class ExecConnection:
             self._raw.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._raw.close()
+
+
+@dataclass(frozen=True)
+class EngineExec:
+    """An exec the engine started: its id and its hijacked connection."""
+
+    api: docker.APIClient
+    id: str
+    connection: ExecConnection
+
+    def exit_code(self) -> int | None:
+        """Its command's exit code; None while it runs, or when the engine cannot say.
+        Raises what the engine raises (engine.ENGINE_ERRORS)."""
+        info = self.api.exec_inspect(self.id)
+        code = info.get("ExitCode")
+        return None if code is None or info.get("Running") else int(code)
+
+
+def start_exec(
+    api: docker.APIClient,
+    container: str,
+    argv: Sequence[str],
+    *,
+    user: str,
+    stdin: bool = False,
+    workdir: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> EngineExec:
+    """Create and start an exec of `argv` in `container`, its stdout and stderr (and its
+    stdin, with `stdin`) on a connection of its own. Raises what the engine raises
+    (engine.ENGINE_ERRORS)."""
+    exec_id = api.exec_create(
+        container,
+        list(argv),
+        stdout=True,
+        stderr=True,
+        stdin=stdin,
+        user=user,
+        workdir=workdir,
+        environment=[f"{key}={value}" for key, value in (env or {}).items()],
+    )["Id"]
+    return EngineExec(api, exec_id, ExecConnection(api.exec_start(exec_id, socket=True)))
 
 
 #: The header of each frame of an exec's output: stream, three zero bytes, length.
