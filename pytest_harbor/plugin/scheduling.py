@@ -12,10 +12,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from pytest_harbor.plugin.nodes import HarborTrial, HarborTurnItem
 
-__all__ = ["SPLITTING_MODES", "keep_turns_together", "longest_first", "trial_scheduler"]
+__all__ = [
+    "SPLITTING_MODES",
+    "TrialScheduling",
+    "keep_turns_together",
+    "longest_first",
+    "trial_scheduler",
+]
 
 #: xdist modes that may send the turns of one trial to different workers (or, for
 #: loadgroup, rewrite node ids).
@@ -79,75 +86,78 @@ def trial_scheduler(
     log: Any,
     trials: frozenset[str],
     expected: Mapping[str, float] | None = None,
-) -> Any:
+) -> TrialScheduling:
+    """The run's scheduler: trials longest first when `expected` (seconds per
+    `<taskset>/<task>`) is known, unless pytest-randomly shuffled the order (it keeps it);
+    `--ff`'s failures still go first."""
+    ranking = expected if expected and not config.pluginmanager.hasplugin("randomly") else None
+    first: frozenset[str] = frozenset()
+    if ranking and config.getoption("failedfirst", False) and config.cache is not None:
+        first = frozenset(config.cache.get("cache/lastfailed", {}))
+    return TrialScheduling(config, log, trials=trials, expected=ranking, first=first)
+
+
+class TrialScheduling(LoadScopeScheduling):  # type: ignore[misc]
     """xdist's scope scheduling, with a trial (`<taskset>/<task>::r<N>`) as the scope of
     its turns and every other test a scope of its own (as plain `load` treats it).
 
-    With `expected` (seconds per `<taskset>/<task>`), the trials go out longest first, so
-    that a long one does not start last and run alone at the end; `--ff`'s failures still
-    go first, and a run whose order pytest-randomly shuffled keeps it."""
-    from xdist.scheduler import LoadScopeScheduling
+    With `expected` (seconds per `<taskset>/<task>`), xdist's queue is put in longest-first
+    order before it hands out the first trial, so that a long one does not start last and
+    run alone at the end; `first` (`--ff`'s failures) go before the rest."""
 
-    reorder = bool(expected) and not config.pluginmanager.hasplugin("randomly")
-    first: frozenset[str] = frozenset()
-    if reorder and config.getoption("failedfirst", False) and config.cache is not None:
-        first = frozenset(config.cache.get("cache/lastfailed", {}))
+    def __init__(
+        self,
+        config: pytest.Config,
+        log: Any = None,
+        *,
+        trials: frozenset[str],
+        expected: Mapping[str, float] | None = None,
+        first: frozenset[str] = frozenset(),
+    ) -> None:
+        super().__init__(config, log)
+        self.trials = trials
+        self.expected = expected
+        self.first = first
+        #: The queue is in longest-first order (done once, before the first trial goes out).
+        self.ranked = False
 
-    class TrialScheduling(LoadScopeScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            scope = nodeid.rsplit("::", 1)[0]
-            return scope if scope in trials else nodeid
+    def _split_scope(self, nodeid: str) -> str:
+        scope = nodeid.rsplit("::", 1)[0]
+        return scope if scope in self.trials else nodeid
 
-        def _assign_work_unit(self, node: Any) -> None:
-            """xdist's own, but the trial handed out is the first of the longest-first
-            order still waiting (a trial put back after a worker died comes after)."""
-            if not reorder:
-                super()._assign_work_unit(node)
-                return
-            scope = self._next_scope()
-            work_unit = self.workqueue.pop(scope)
-            self.assigned_work.setdefault(node, {})[scope] = work_unit
-            collection = self.registered_collections[node]
-            node.send_runtest_some(
-                [collection.index(nodeid) for nodeid, done in work_unit.items() if not done]
-            )
+    def _assign_work_unit(self, node: Any) -> None:
+        """xdist's own, from a queue ranked once, when the first trial goes out (xdist has
+        made its queue by then). A trial put back after a worker died joins the queue's
+        end, so it comes after the others."""
+        if self.expected is not None and not self.ranked:
+            self._rank_queue(self.expected)
+            self.ranked = True
+        super()._assign_work_unit(node)
 
-        def _next_scope(self) -> str:
-            if not hasattr(self, "_order"):
-                ranked = longest_first(
-                    [nodeid for unit in self.workqueue.values() for nodeid in unit],
-                    self._split_scope,
-                    expected or {},
-                    first,
-                )
-                self._order = list(dict.fromkeys(self._split_scope(n) for n in ranked))
-                self._position = 0
-            while (
-                self._position < len(self._order)
-                and self._order[self._position] not in self.workqueue
-            ):
-                self._position += 1
-            if self._position < len(self._order):
-                return str(self._order[self._position])
-            return str(next(iter(self.workqueue)))
+    def _rank_queue(self, expected: Mapping[str, float]) -> None:
+        queue = self.workqueue
+        ranked = longest_first(
+            [nodeid for unit in queue.values() for nodeid in unit],
+            self._split_scope,
+            expected,
+            self.first,
+        )
+        for scope in dict.fromkeys(self._split_scope(nodeid) for nodeid in ranked):
+            queue.move_to_end(scope)
 
-        def remove_node(self, node: Any) -> str | None:
-            """A worker is gone. Its unstarted trials go to the others; the trial it was
-            running does not (xdist's scope scheduling would run it again): its episode
-            is lost, and the failures file says so."""
-            workload = self.assigned_work.pop(node)
-            crashed: str | None = next(
-                (nodeid for unit in workload.values() for nodeid, done in unit.items() if not done),
-                None,
-            )
-            if crashed is None:
-                return None
-            workload.pop(self._split_scope(crashed), None)
-            self.workqueue.update(
-                (scope, unit) for scope, unit in workload.items() if not all(unit.values())
-            )
-            for other in self.assigned_work:
-                self._reschedule(other)
-            return crashed
-
-    return TrialScheduling(config, log)
+    def remove_node(self, node: Any) -> str | None:
+        """A worker is gone. Its unstarted trials go to the others (xdist's own); the trial
+        it was running does not (xdist would run it again): its episode is lost, and the
+        failures file says so."""
+        workload = self.assigned_work[node]
+        crashed: str | None = next(
+            (nodeid for unit in workload.values() for nodeid, done in unit.items() if not done),
+            None,
+        )
+        if crashed is not None:
+            # Neither the lost trial nor the units the worker finished go back to the queue.
+            finished = {scope for scope, unit in workload.items() if all(unit.values())}
+            for scope in finished | {self._split_scope(crashed)}:
+                del workload[scope]
+        super().remove_node(node)
+        return crashed

@@ -34,5 +34,7 @@ def harbor_agent(name: str, options: Mapping[str, Any] | None) -> Harness:
             f"(Harbor {HARBOR_VERSIONS})"
         ) from None
     from pytest_harbor.harnesses.harbor_agents.harness import HarborAgentHarness
+    from pytest_harbor.harnesses.harbor_agents.private import require_all
 
+    require_all()
     return HarborAgentHarness(name.removeprefix(HARBOR_PREFIX), options)

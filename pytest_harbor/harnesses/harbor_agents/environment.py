@@ -20,6 +20,11 @@ from harbor.models.task.config import EnvironmentConfig
 from harbor.models.trial.paths import TrialPaths
 
 from pytest_harbor.harnesses.base import Deadline
+from pytest_harbor.harnesses.harbor_agents.private import (
+    DefinitionChecked,
+    merge_env,
+    resolve_user,
+)
 from pytest_harbor.sandboxes.base import Sandbox, SandboxError
 
 __all__ = ["SandboxEnvironment"]
@@ -29,7 +34,7 @@ __all__ = ["SandboxEnvironment"]
 _TIMED_OUT = "Command timed out after {seconds} seconds"
 
 
-class SandboxEnvironment(BaseEnvironment):  # type: ignore[misc]
+class SandboxEnvironment(DefinitionChecked, BaseEnvironment):  # type: ignore[misc]
     """One episode's sandbox, for one Harbor agent. `attach()` gives it the sandbox and
     deadline of the call in progress (a sandbox works only during the call it came with)."""
 
@@ -57,9 +62,6 @@ class SandboxEnvironment(BaseEnvironment):  # type: ignore[misc]
     def type() -> Any:
         return EnvironmentType.DOCKER
 
-    def _validate_definition(self) -> None:
-        pass  # the episode loaded and checked the task
-
     async def start(self, force_build: bool) -> None:
         pass  # the episode started the sandbox
 
@@ -86,13 +88,13 @@ class SandboxEnvironment(BaseEnvironment):  # type: ignore[misc]
             timeout = min(float(timeout), remaining)
         if timeout is not None and timeout <= 0:
             raise RuntimeError(_TIMED_OUT.format(seconds=timeout_sec or 0))
-        resolved = self._resolve_user(user)
+        resolved = resolve_user(self, user)
         result = await asyncio.to_thread(
             self.sandbox.exec,
             ["bash", "-c", command],
             user=None if resolved is None else str(resolved),
             workdir=cwd or self._workdir,
-            env=self._merge_env(env) or None,
+            env=merge_env(self, env) or None,
             timeout=timeout,
         )
         if result.timed_out:

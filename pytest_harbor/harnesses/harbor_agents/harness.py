@@ -137,14 +137,7 @@ class HarborAgentHarness(Harness):
                 if getattr(agent_class, "MODEL_CONNECTION", None) is not None:
                     kwargs.setdefault("base_url", base_url)
                 key = model.api_key.get_secret_value() if model.api_key is not None else ""
-                kwargs.setdefault(
-                    "extra_env",
-                    {
-                        "OPENAI_API_KEY": key,
-                        "OPENAI_BASE_URL": model.base_url,
-                        "ANTHROPIC_API_KEY": key,
-                    },
-                )
+                kwargs.setdefault("extra_env", _model_env(self._provider, key, model.base_url))
                 for name in ("temperature", "reasoning_effort"):
                     if name in model.params:
                         kwargs.setdefault(name, model.params[name])
@@ -165,9 +158,9 @@ class HarborAgentHarness(Harness):
 
     def _agent_class(self) -> Any:
         if ":" in self.agent:
-            from harbor.agents.factory import _import_agent_class
+            from pytest_harbor.harnesses.harbor_agents.private import import_agent_class
 
-            return _import_agent_class(self.agent)
+            return import_agent_class(self.agent)
         return self._factory.get_agent_class(self._name_type(self.agent))
 
 
@@ -192,6 +185,8 @@ class _Session:
     def run_turn(self, context: TurnContext) -> AgentRun:
         from harbor.models.agent.context import AgentContext
 
+        from pytest_harbor.harnesses.harbor_agents.causes import cause_of
+
         agent_context = AgentContext()
         failure: AgentFailure | None = None
         timed_out = False
@@ -203,7 +198,7 @@ class _Session:
         except _Cancelled:
             failure = AgentFailure("agent_crashed", "the run was interrupted")
         except Exception as error:  # the agent's own failure, whatever its kind
-            failure = AgentFailure(_cause(error), _describe(error))
+            failure = AgentFailure(cause_of(error), _describe(error))
         trajectory = _trajectory(context.logs.host_dir)
         return AgentRun(
             timed_out=timed_out,
@@ -267,7 +262,7 @@ def _trajectory(logs: Path) -> Any:
     engine then writes its own two-step transcript) when there is none or it does not fit."""
     from pydantic import ValidationError
 
-    from pytest_harbor.harnesses.atif import Trajectory
+    from pytest_harbor.harnesses.atif import ATIF_VERSION, Trajectory
 
     path = logs / "trajectory.json"
     if not path.is_file():
@@ -278,22 +273,22 @@ def _trajectory(logs: Path) -> Any:
         return None
     if error is not None or not isinstance(data, dict):
         return None
-    data["schema_version"] = "ATIF-v1.7"
+    data["schema_version"] = ATIF_VERSION
     try:
         return Trajectory.model_validate(data)
     except (ValueError, ValidationError):
         return None
 
 
-def _cause(error: BaseException) -> Any:
-    name = type(error).__name__.lower()
-    if "ratelimit" in name:
-        return "rate_limited"
-    if "contextwindow" in name or "contextlength" in name:
-        return "context_length_exceeded"
-    if "apierror" in name or "apiconnection" in name or "serviceunavailable" in name:
-        return "api_error"
-    return "agent_crashed"
+def _model_env(provider: str, key: str, base_url: str) -> dict[str, str]:
+    """The model's key in the variable the agent's provider reads it from (and, for
+    OpenAI's, the base URL in OpenAI's own variable, for agents that take no `base_url`)."""
+    from pytest_harbor.harnesses.harbor_agents.private import key_variable
+
+    env = {key_variable(provider): key}
+    if provider == "openai":
+        env["OPENAI_BASE_URL"] = base_url
+    return env
 
 
 def _describe(error: BaseException) -> str:
