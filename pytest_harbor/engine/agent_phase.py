@@ -15,6 +15,7 @@ from typing import TypeVar, cast
 from urllib.parse import urlsplit
 
 from pytest_harbor.display import harbor_logger
+from pytest_harbor.engine.context import EpisodeContext
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
 from pytest_harbor.engine.harness_calls import (
     HARNESS_GRACE_S,
@@ -29,16 +30,12 @@ from pytest_harbor.harnesses.base import (
     AgentRun,
     AgentSetupError,
     Deadline,
-    Harness,
     HarnessSession,
     ModelGate,
     SessionContext,
     TurnContext,
 )
-from pytest_harbor.harnesses.mcp.access import NO_MCP, McpAccess
 from pytest_harbor.harnesses.mcp.turns import describe_task, unreachable_servers
-from pytest_harbor.harnesses.model import ModelConfig
-from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.base import Sandbox, SandboxError
 from pytest_harbor.tasks import Task, Turn
 
@@ -56,24 +53,17 @@ class AgentPhase:
     """Opens the harness session when a turn needs one, runs turns, closes it."""
 
     def __init__(
-        self,
-        harness: Harness,
-        *,
-        episode_id: str,
-        task: Task,
-        model: ModelConfig | None,
-        model_gate: ModelGate,
-        logs_dir: Path | None,
-        redactor: Redactor,
-        mcp: McpAccess = NO_MCP,
+        self, context: EpisodeContext, *, task: Task, model_gate: ModelGate, logs_dir: Path | None
     ) -> None:
-        self.harness = harness
-        self.mcp = mcp
-        self.episode_id = episode_id
+        """`task` is what the harness is handed: the task as loaded, without the
+        settings' Compose overlay."""
+        self.harness = harness = context.harness
+        self.mcp = context.mcp
+        self.episode_id = context.id
         self.task = task
-        self.model = model
+        self.model = context.model
         self.model_gate = model_gate
-        self.redactor = redactor
+        self.redactor = context.redactor
         self._logs_dir = logs_dir
         self._own_logs_dir: Path | None = None
         self._session: HarnessSession | None = None

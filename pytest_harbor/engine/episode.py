@@ -1,7 +1,8 @@
 """One episode: seed a sandbox, run each turn (agent, then verifier), clean up.
 
 Usable from plain Python; the pytest layer only decides when each phase runs. The episode
-coordinates; its parts live beside it: the clock (engine/clock.py), images and sandboxes
+coordinates; its parts live beside it, each handed the episode's context once
+(engine/context.py): the clock (engine/clock.py), images and sandboxes
 (engine/launcher.py), users (engine/users.py), the agent's side (engine/agent_phase.py),
 the verifier modes (engine/verifiers/) and the result (engine/records.py).
 """
@@ -23,11 +24,11 @@ from pytest_harbor.engine.admission import (
 from pytest_harbor.engine.agent_phase import AgentPhase
 from pytest_harbor.engine.artifacts import collect_artifacts
 from pytest_harbor.engine.attempt import Attempt
-from pytest_harbor.engine.budget import EpisodeBudget, episode_budget, setup_seconds
+from pytest_harbor.engine.budget import EpisodeBudget, setup_seconds
 from pytest_harbor.engine.clock import EpisodeClock
 from pytest_harbor.engine.compose_tasks import prompted, with_overlay
+from pytest_harbor.engine.context import EpisodeContext
 from pytest_harbor.engine.failures import EpisodeError, FailureKind, start_failure
-from pytest_harbor.engine.faults import fault
 from pytest_harbor.engine.folders import EpisodeFolders
 from pytest_harbor.engine.harness_calls import HARNESS_GRACE_S, InProcessGate
 from pytest_harbor.engine.launcher import EarlyStart, SandboxLauncher
@@ -47,7 +48,6 @@ from pytest_harbor.engine.trajectory import transcript
 from pytest_harbor.engine.users import SandboxUsers
 from pytest_harbor.engine.verification import VerifierRun, clear_for_next_turn, run_collect_hooks
 from pytest_harbor.engine.verifiers import (
-    ModeContext,
     SharedVerifier,
     SnapshotVerifier,
     Verification,
@@ -103,52 +103,29 @@ class Episode:
         name: str | None = None,
     ) -> None:
         settings = settings or HarborSettings()
-        self.task = with_overlay(task, settings)
-        self.taskset = taskset
-        self.repeat = repeat
-        self._name = name
-        self.harness = harness
-        self.settings = settings
-        self.expected_digest = expected_digest
-        self.model = model
-        self.mcp = mcp_access(self.task, settings, os.environ)
-        self.redactor = (redactor or run_redactor(settings, model)).adding(self.mcp.secrets)
-        self.clock = EpisodeClock(settings.verifier_grace_s)
-        self._budget: EpisodeBudget | None = None
-        separate = verifies_separately(task, settings)
-        self.launcher = SandboxLauncher(
-            self.task,
-            harness=harness,
-            provider=provider,
-            settings=settings,
-            labels=labels,
-            image_labels=labels if image_labels is None else image_labels,
-            separate_verifier=separate,
-            budget=lambda: self.budget,
-            clock=self.clock,
-            redactor=self.redactor,
-            episode=self.id,
-        )
-        self._verifier = verifier_mode(
-            ModeContext(
-                episode=self.id,
-                launcher=self.launcher,
-                clock=self.clock,
-                redactor=self.redactor,
-                workdir=self.workdir,
-            )
-        )
-        self._agent = AgentPhase(
-            harness,
-            episode_id=self.id,
+        loaded, task = task, with_overlay(task, settings)
+        mcp = mcp_access(task, settings, os.environ)
+        self.context = context = EpisodeContext(
+            id=name or episode_id(task.id, repeat),
             task=task,
+            taskset=taskset,
+            repeat=repeat,
+            harness=harness,
+            settings=settings,
             model=model,
-            model_gate=model_gate or InProcessGate(model.max_concurrent_requests if model else 1),
-            logs_dir=agent_logs_dir,
-            redactor=self.redactor,
-            mcp=self.mcp,
+            mcp=mcp,
+            redactor=(redactor or run_redactor(settings, model)).adding(mcp.secrets),
+            clock=EpisodeClock(settings.verifier_grace_s),
+            labels=dict(labels),
+            image_labels=dict(labels if image_labels is None else image_labels),
+            separate_verifier=verifies_separately(task, settings),
+            expected_digest=expected_digest,
         )
-        self._attempt = Attempt(1, SandboxUsers(self.task))
+        self.launcher = SandboxLauncher(context, provider)
+        self._verifier = verifier_mode(context, self.launcher)
+        gate = model_gate or InProcessGate(model.max_concurrent_requests if model else 1)
+        self._agent = AgentPhase(context, task=loaded, model_gate=gate, logs_dir=agent_logs_dir)
+        self._attempt = Attempt(1, SandboxUsers(task))
         self._early = EarlyStart(self.launcher)
         self._turns: list[TurnResult] = []
         self._stopped_after: str | None = None
@@ -157,17 +134,17 @@ class Episode:
         #: Model usage of attempts given up for a retry.
         self._spent: list[Usage] = []
         self._folders = EpisodeFolders(
-            verifier_logs_dir, artifacts_dir, per_step=self.task.config.is_multi_step
+            verifier_logs_dir, artifacts_dir, per_step=task.config.is_multi_step
         )
 
     @property
     def id(self) -> str:
         """`<task>__r<repeat>`, or the name the episode was given."""
-        return self._name or episode_id(self.task.id, self.repeat)
+        return self.context.id
 
     @property
-    def workdir(self) -> str | None:
-        return self.task.config.environment.workdir
+    def task(self) -> Task:
+        return self.context.task
 
     @property
     def provider(self) -> SandboxProvider:
@@ -182,11 +159,7 @@ class Episode:
     @property
     def budget(self) -> EpisodeBudget:
         """The time budget (raises EpisodeError when the settings refuse the task)."""
-        if self._budget is None:
-            self._budget = episode_budget(
-                self.task, self.settings, separate_verifier=self.launcher.separate_verifier
-            )
-        return self._budget
+        return self.context.budget
 
     @property
     def stopped_after(self) -> str | None:
@@ -223,19 +196,20 @@ class Episode:
         budget = self.budget
         if budget.warning:
             log.warning(budget.warning)
+        context = self.context
         refuse_at_seed(
-            self.task,
-            self.settings,
-            self.harness,
+            context.task,
+            context.settings,
+            context.harness,
             self.launcher.provider,
-            separate_verifier=self.launcher.separate_verifier,
+            separate_verifier=context.separate_verifier,
         )
         if self.launcher.image is None:
             self.prepare()
         image = self.launcher.image
         assert image is not None
-        started = self.clock.start(budget.deadline_s)
-        check_digest(self.task, self.expected_digest)
+        started = self.context.clock.start(budget.deadline_s)
+        check_digest(self.task, self.context.expected_digest)
         attempt = self._attempt
         try:
             sandbox, attempt.survey = self._early.take() or (
@@ -244,10 +218,10 @@ class Episode:
             )
             attempt.sandbox = sandbox
             if self.task.loose_environment_files:
-                target = self.workdir or self.launcher.image_workdir()
+                target = self.context.workdir or self.launcher.image_workdir()
                 sandbox.upload(self.task.environment_dir, target)
             attempt.entrypoint = start_entrypoint(
-                sandbox, self.launcher.image_config(), self.workdir
+                sandbox, self.launcher.image_config(), self.context.workdir
             )
         except SandboxError as error:
             raise start_failure(error) from None
@@ -257,9 +231,9 @@ class Episode:
             wait_healthy(
                 sandbox,
                 healthcheck,
-                workdir=self.workdir,
+                workdir=self.context.workdir,
                 user=None if agent_user is None else str(agent_user),
-                remaining=self.clock.remaining,
+                remaining=self.context.clock.remaining,
             )
         self._attempt.masked(bool(self._turns))
         try:
@@ -271,11 +245,11 @@ class Episode:
         if self._verifier.name in (SharedVerifier.name, SnapshotVerifier.name):
             refuse_secrets_beside_root(
                 self.task,
-                self.settings.secrets,
+                self.context.settings.secrets,
                 lambda turn: attempt.users.agent_id(turn, self._image_user),
                 self._verifier.name,
             )
-        self.clock.took("seed_s", started)
+        self.context.clock.took("seed_s", started)
 
     # ------------------------------------------------------------------------ turns
 
@@ -311,7 +285,7 @@ class Episode:
             turn = self._attempt.users.as_agent(
                 sandbox, turn, self._workdir_now, first=not self._turns
             )
-            turn = prompted(turn, self.settings)
+            turn = prompted(turn, self.context.settings)
             hosts = self._agent.allowed_hosts(turn.agent_hosts)
             set_phase_network(sandbox, turn.agent_network, hosts)
             before = self._processes_now(sandbox)
@@ -344,7 +318,7 @@ class Episode:
                 end_processes_since(sandbox, before)
             except SandboxError as error:
                 unended = self._fault(sandbox, error, "ending the processes of a turn out of time")
-        self.clock.require("the agent")
+        self.context.clock.require("the agent")
         if agent.failure is not None and self._handle_agent_failure(agent):
             return None
         if not self._continuing or turn.name == self.task.turns[-1].name:
@@ -355,14 +329,16 @@ class Episode:
             verification = VerifierRun(unended)
         else:
             verification = self._after_agent(sandbox, turn, agent, notes)
-        if self.clock.remaining() <= 0:
+        if self.context.clock.remaining() <= 0:
             # The verifier had its share of the episode's time; running past the deadline
             # in the steps around it does not undo what it found.
             notes.append("the verification ended past the episode's deadline")
         timings = TurnTimings(setup_s=setup_s, agent_s=agent_s, verify_s=time.monotonic() - started)
         if not verification.reading.masked:
             into, workdir = self._folders.artifacts_dir(turn), self._workdir_now()
-            notes.extend(collect_artifacts(sandbox, turn.artifacts, workdir, into, self.redactor))
+            notes.extend(
+                collect_artifacts(sandbox, turn.artifacts, workdir, into, self.context.redactor)
+            )
         output = self._record(turn, agent, verification, timings, notes)
         if self._stopped_after is not None:
             self._close_session(sandbox)
@@ -371,7 +347,7 @@ class Episode:
     def _prepare_step(self, sandbox: Sandbox, turn: Turn) -> RewardReading | None:
         """A step's files, set-up and healthcheck (engine/steps.py): None when it has none
         or they went well, else the reading the turn scores."""
-        survey_ = self._attempt.survey
+        survey_, context = self._attempt.survey, self.context
         try:
             return prepare_step(
                 sandbox,
@@ -379,9 +355,10 @@ class Episode:
                 workdir=self._workdir_now(),
                 user=self._attempt.users.agent_id(turn, self._image_user),
                 bash=survey_.bash if survey_ is not None else None,
-                setup_s=setup_seconds(turn, self.settings) or self.clock.before_verifier(turn),
-                remaining=lambda: self.clock.before_verifier(turn),
-                redactor=self.redactor,
+                setup_s=setup_seconds(turn, context.settings)
+                or context.clock.before_verifier(turn),
+                remaining=lambda: context.clock.before_verifier(turn),
+                redactor=context.redactor,
             )
         except SandboxError as error:
             if not self._turns:
@@ -395,28 +372,30 @@ class Episode:
         failure = self.launcher.setup_failure
         if failure is not None:
             return AgentRun(failure=failure)
-        room = min(self.settings.harness_setup_allowance_s, self.clock.before_verifier(turn))
-        return self._agent.open_session(sandbox, turn, workdir=self.workdir, seconds=room)
+        context = self.context
+        room = min(context.settings.harness_setup_allowance_s, context.clock.before_verifier(turn))
+        return self._agent.open_session(sandbox, turn, workdir=context.workdir, seconds=room)
 
     def _work(self, sandbox: Sandbox, turn: Turn) -> AgentRun:
         """The agent's turn, its budget cut to what the deadline leaves once the verifier
         has its share."""
-        room = self.clock.before_verifier(turn)
+        clock, grace_s = self.context.clock, self.context.settings.verifier_grace_s
+        room = clock.before_verifier(turn)
         budget = turn.agent_timeout_sec
         if budget is None or budget > room:
             if room <= 0:
-                raise self.clock.timed_out("the agent")
+                raise clock.timed_out("the agent")
             budget = room
         # A harness that overruns gets a little time to wind down, from what the
         # verifier's share leaves (at least a second).
-        spare = room - budget + self.settings.verifier_grace_s
+        spare = room - budget + grace_s
         return self._agent.run_turn(
             sandbox,
             turn if budget == turn.agent_timeout_sec else replace(turn, agent_timeout_sec=budget),
             index=self._index(turn),
-            workdir=self.workdir,
+            workdir=self.context.workdir,
             seconds=budget,
-            grace_s=min(HARNESS_GRACE_S, max(1.0, spare - self.settings.verifier_grace_s)),
+            grace_s=min(HARNESS_GRACE_S, max(1.0, spare - grace_s)),
         )
 
     def _after_agent(
@@ -426,7 +405,7 @@ class Episode:
         agent had not, and before the collect hooks), the verifier's network, the collect
         hooks (their failures go to `notes`), then the verification."""
         doing = "ending the agent's processes"
-        users, survey_ = self._attempt.users, self._attempt.survey
+        users, survey_, context = self._attempt.users, self._attempt.survey, self.context
         assert survey_ is not None
         try:
             agent_id = users.agent_id(turn, self._image_user)
@@ -439,17 +418,19 @@ class Episode:
             doing = f"giving the verification of {turn.name} its network"
             set_phase_network(sandbox, turn.verifier_network, turn.verifier_hosts)
             doing = "running the collect hooks"
-            notes.extend(run_collect_hooks(sandbox, self.task, self.workdir, self.clock.within))
+            notes.extend(
+                run_collect_hooks(sandbox, self.task, context.workdir, context.clock.within)
+            )
             doing = f"verifying {turn.name}"
             verification = Verification(
                 turn=turn,
-                transcript=transcript(f"{self.id}/{turn.name}", self.harness.name, turn, agent),
+                transcript=transcript(f"{self.id}/{turn.name}", context.harness.name, turn, agent),
                 seed=survey_,
                 into=self._folders.verifier_dir(turn),
                 verifier_user=users.verifier_id(turn),
                 agent_id=agent_id,
                 more_turns=turn.name != self.task.turns[-1].name,
-                response=None if self.harness.validates else agent.response,
+                response=None if context.harness.validates else agent.response,
             )
             return self._verifier.verify(sandbox, verification)
         except SandboxError as error:
@@ -457,16 +438,13 @@ class Episode:
 
     def _workdir_now(self) -> str:
         """The working directory: the task's, else the image's."""
-        return self.workdir or self.launcher.image_workdir()
+        return self.context.workdir or self.launcher.image_workdir()
 
     def _image_user(self) -> str:
         return self.launcher.image_config().user
 
     def _fault(self, sandbox: Sandbox, error: SandboxError, doing: str) -> RewardReading:
-        root = self._attempt.root_had_sandbox
-        return fault(
-            sandbox, error, doing, episode=self.id, redactor=self.redactor, root_had_it=root
-        )
+        return self.context.fault(sandbox, error, doing, root_had_it=self._attempt.root_had_sandbox)
 
     def _processes_now(self, sandbox: Sandbox) -> frozenset[str]:
         """The processes there as the turn begins: the seed's survey for the first turn of
@@ -478,14 +456,16 @@ class Episode:
     @property
     def _continuing(self) -> bool:
         """One harness session for every turn (`turn_sessions = continue`)."""
-        return self.task.config.is_multi_step and self.settings.turn_sessions == "continue"
+        return self.task.config.is_multi_step and self.context.settings.turn_sessions == "continue"
 
     def _index(self, turn: Turn) -> int:
         return next(i for i, each in enumerate(self.task.turns) if each.name == turn.name)
 
     def _close_session(self, sandbox: Sandbox | None) -> None:
         self._agent.close(
-            sandbox, workdir=self.workdir, seconds=self.settings.cleanup_timeout_seconds
+            sandbox,
+            workdir=self.context.workdir,
+            seconds=self.context.settings.cleanup_timeout_seconds,
         )
 
     def _handle_agent_failure(self, agent: AgentRun) -> bool:
@@ -526,9 +506,8 @@ class Episode:
         timings: TurnTimings,
         notes: list[str] | None = None,
     ) -> TurnOutput:
-        result = turn_result(
-            turn, agent, verification, timings, notes or [], oracle=self.harness.validates
-        )
+        oracle = self.context.harness.validates
+        result = turn_result(turn, agent, verification, timings, notes or [], oracle=oracle)
         artifacts = self._folders.artifacts_dir(turn)
         result = result.model_copy(
             update={
@@ -543,7 +522,7 @@ class Episode:
             reason = stop_reason(result, turn.min_reward)
             if reason is not None and turn is not self.task.turns[-1]:
                 self._stopped_after, self._stop_reason = turn.name, reason
-        self.clock.turn_ended()
+        self.context.clock.turn_ended()
         return TurnOutput(result, self._folders.verifier_dir(turn))
 
     # ------------------------------------------------------------------------ results
@@ -558,14 +537,8 @@ class Episode:
         if not self._turns:
             raise RuntimeError(f"episode {self.id} ran no turn")
         return episode_result(
-            self.task,
+            self.context,
             self._turns,
-            taskset=self.taskset,
-            repeat=self.repeat,
-            agent=self.harness.name,
-            model=self.model.name if self.model else None,
-            oracle=self.harness.validates,
-            clock=self.clock,
             attempts=self._attempt.number,
             spent=self._spent,
             stopped_after=self._stopped_after,
@@ -590,7 +563,7 @@ class Episode:
             started = time.monotonic()
             sandbox, attempt.sandbox = attempt.sandbox, None
             self.launcher.stop(sandbox)
-            self.clock.cleaned(started)
+            self.context.clock.cleaned(started)
         finally:
             self.launcher.release()
 

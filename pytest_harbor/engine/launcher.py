@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from pytest_harbor.display import harbor_logger
-from pytest_harbor.engine.budget import EpisodeBudget
-from pytest_harbor.engine.clock import EpisodeClock
 from pytest_harbor.engine.compose_tasks import compose_spec
+from pytest_harbor.engine.context import EpisodeContext
 from pytest_harbor.engine.failures import EpisodeError, FailureKind, start_failure
 from pytest_harbor.engine.processes import SURVEY_SCRIPT, SandboxSurvey, survey
 from pytest_harbor.engine.recovery import came_back
 from pytest_harbor.engine.users import named_users
 from pytest_harbor.engine.verification import SANDBOX_DIRECTORIES
-from pytest_harbor.harnesses.base import AgentFailure, AgentSetupError, Harness, PreparesImage
-from pytest_harbor.redaction import Redactor
+from pytest_harbor.harnesses.base import AgentFailure, AgentSetupError, PreparesImage
 from pytest_harbor.sandboxes.base import (
     ImageConfig,
     ImageSource,
@@ -32,8 +30,6 @@ from pytest_harbor.sandboxes.base import (
     SandboxSpec,
     SandboxStartError,
 )
-from pytest_harbor.settings import HarborSettings
-from pytest_harbor.tasks import Task
 from pytest_harbor.tasks.config import EnvironmentConfig
 from pytest_harbor.tasks.errors import TaskLoadError
 from pytest_harbor.threads import join
@@ -57,35 +53,13 @@ class SandboxLauncher:
     `agent_install_s`, `start_s`).
     """
 
-    def __init__(
-        self,
-        task: Task,
-        *,
-        harness: Harness,
-        provider: SandboxProvider,
-        settings: HarborSettings,
-        labels: Mapping[str, str],
-        image_labels: Mapping[str, str],
-        separate_verifier: bool,
-        budget: Callable[[], EpisodeBudget],
-        clock: EpisodeClock,
-        redactor: Redactor,
-        episode: str,
-    ) -> None:
-        self.task = task
-        self.harness = harness
+    def __init__(self, context: EpisodeContext, provider: SandboxProvider) -> None:
+        self._context = context
+        self.task = context.task
+        self.settings = context.settings
         self.provider = provider
         self._home = provider
         self._placement: Placement | None = None
-        self.settings = settings
-        self.labels = dict(labels)
-        #: Labels of an image the episode builds (images outlive episodes and runs).
-        self.image_labels = dict(image_labels)
-        self.separate_verifier = separate_verifier
-        self._budget = budget
-        self._clock = clock
-        self._redactor = redactor
-        self._episode = episode
         #: The agent's image, once made.
         self.image: str | None = None
         self.verifier_image: str | None = None
@@ -106,28 +80,29 @@ class SandboxLauncher:
         started = time.monotonic()
         try:
             image = self._task_images()
-            if self.separate_verifier:
+            if self._context.separate_verifier:
                 self.verifier_image = self.provider.prepare_image(self._verifier_source())
         except SandboxStartError as error:
             raise start_failure(error) from None
-        self._clock.took("build_s", started)
+        self._context.clock.took("build_s", started)
         started = time.monotonic()
         self.setup_failure = None
+        harness = self._context.harness
         try:
             self.image = (
-                self.harness.prepare_image(image, self.provider, self.image_labels)
-                if isinstance(self.harness, PreparesImage)
+                harness.prepare_image(image, self.provider, self._context.image_labels)
+                if isinstance(harness, PreparesImage)
                 else image
             )
         except AgentSetupError as error:
             # The agent's turn fails (agent_outcome_policy decides); the sandbox is the
             # task's own, so that a verification has something to grade.
             self.setup_failure = AgentFailure(
-                cause=error.cause, message=self._redactor.text(str(error))
+                cause=error.cause, message=self._context.redactor.text(str(error))
             )
             self.image = image
         if self.image != image or self.setup_failure is not None:
-            self._clock.took("agent_install_s", started)
+            self._context.clock.took("agent_install_s", started)
         return self.image
 
     def forget_failed_install(self) -> None:
@@ -162,7 +137,7 @@ class SandboxLauncher:
                     docker_image=None,
                     context_dir=build.context,
                     build_timeout_sec=environment.build_timeout_sec,
-                    labels=self.image_labels,
+                    labels=self._context.image_labels,
                     build=build.options,
                 )
             )
@@ -186,7 +161,7 @@ class SandboxLauncher:
             docker_image=environment.docker_image,
             context_dir=None if dockerfile is None else dockerfile.parent,
             build_timeout_sec=environment.build_timeout_sec,
-            labels=self.image_labels,
+            labels=self._context.image_labels,
             pull_retries=self.settings.image_pull_retries,
         )
 
@@ -198,7 +173,7 @@ class SandboxLauncher:
                 docker_image=environment.docker_image,
                 context_dir=None,
                 build_timeout_sec=environment.build_timeout_sec,
-                labels=self.image_labels,
+                labels=self._context.image_labels,
                 pull_retries=self.settings.image_pull_retries,
             )
         if tests_dockerfile is not None:
@@ -206,7 +181,7 @@ class SandboxLauncher:
                 docker_image=None,
                 context_dir=tests_dockerfile.parent,
                 build_timeout_sec=(environment or self.task.config.environment).build_timeout_sec,
-                labels=self.image_labels,
+                labels=self._context.image_labels,
             )
         return self._image_source(self.task.config.environment)
 
@@ -253,7 +228,7 @@ class SandboxLauncher:
             memory = override.memory_mib if override.memory_mib is not None else memory
         # A leaked sandbox ends itself once the episode and its cleanup are long over.
         ttl = (
-            self._budget().deadline_s
+            self._context.budget.deadline_s
             + self.settings.cleanup_timeout_seconds
             + self.settings.sandbox_ttl_slack_s
         )
@@ -265,7 +240,7 @@ class SandboxLauncher:
             cpus=cpus,
             memory_mb=memory,
             network=network if network is not None else environment.network_mode != "no-network",
-            labels=self.labels,
+            labels=self._context.labels,
             directories=SANDBOX_DIRECTORIES,
             start_script=None if survey_users is None else SURVEY_SCRIPT,
             start_arguments=() if survey_users is None else tuple(sorted(survey_users)),
@@ -291,7 +266,7 @@ class SandboxLauncher:
                 raise failed
             sandbox = self.provider.start(spec)
         if record:
-            self._clock.took("start_s", started)
+            self._context.clock.took("start_s", started)
         return sandbox
 
     def start_agent_sandbox(self) -> Sandbox:
@@ -307,7 +282,7 @@ class SandboxLauncher:
         group = (
             None
             if spec is None
-            else SandboxGroup(config=spec.config, built=self._built, episode=self._episode)
+            else SandboxGroup(config=spec.config, built=self._built, episode=self._context.id)
         )
         if self.task.filtered:
             # Behind its egress from the start, in the environment's own policy (a

@@ -7,13 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_harbor.engine.clock import EpisodeClock
+from pytest_harbor.engine.context import EpisodeContext
 from pytest_harbor.engine.failures import FailureKind
 from pytest_harbor.engine.results import EpisodeResult, PhaseTimings, TurnResult, TurnTimings
 from pytest_harbor.engine.rollup import roll_up
 from pytest_harbor.engine.verification import VerifierRun
 from pytest_harbor.harnesses.base import AgentRun, Usage
-from pytest_harbor.tasks import Task, Turn
+from pytest_harbor.tasks import Turn
 
 __all__ = ["TurnOutput", "episode_result", "turn_result"]
 
@@ -89,15 +89,9 @@ def turn_result(
 
 
 def episode_result(
-    task: Task,
+    context: EpisodeContext,
     turns: Sequence[TurnResult],
     *,
-    taskset: str,
-    repeat: int,
-    agent: str,
-    model: str | None,
-    oracle: bool,
-    clock: EpisodeClock,
     attempts: int,
     spent: Sequence[Usage],
     stopped_after: str | None,
@@ -106,6 +100,7 @@ def episode_result(
     """The result of the turns that ran: a single-step task's one turn, or a multi-step
     task's turns rolled up by its `multi_step_reward_strategy`. `spent` is the model usage
     of attempts given up for a retry."""
+    task, clock, oracle = context.task, context.clock, context.harness.validates
     last = turns[-1]
     strategy = task.config.multi_step_reward_strategy or "mean"
     rolled = roll_up(turns, strategy, stopped_after, stop_reason)
@@ -115,10 +110,10 @@ def episode_result(
     phases = clock.phases
     return EpisodeResult(
         task_id=task.id,
-        taskset=taskset,
-        repeat=repeat,
-        agent=agent,
-        model=model,
+        taskset=context.taskset,
+        repeat=context.repeat,
+        agent=context.harness.name,
+        model=context.model.name if context.model else None,
         digest=task.digest,
         reward=rolled.reward,
         verifier_rewards=rolled.verifier_rewards,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from pytest_harbor.engine.context import EpisodeContext
 from pytest_harbor.engine.failures import FailureKind
 from pytest_harbor.engine.masked_names import MaskedPaths
 from pytest_harbor.engine.processes import SandboxSurvey
@@ -58,6 +59,7 @@ __all__ = [
     "REWARD_CAP_BYTES",
     "SANDBOX_DIRECTORIES",
     "TRAJECTORY",
+    "Verification",
     "VerifierRun",
     "clear_for_next_turn",
     "copy_verifier_folder",
@@ -134,27 +136,43 @@ def run_collect_hooks(
     return notes
 
 
+@dataclass(frozen=True)
+class Verification:
+    """One turn's verification, as the episode hands it to its mode."""
+
+    turn: Turn
+    #: The agent's transcript of the turn (the verifier gets it as a file).
+    transcript: bytes
+    #: The sandbox the verifier runs in as it was before any agent (the seed's survey of
+    #: the agent's sandbox; a separate verifier's own).
+    seed: SandboxSurvey
+    #: Where the files the verifier left go.
+    into: Path
+    #: The turn's verifier user as `uid:gid`, when the seed read one (None: the turn's own).
+    verifier_user: str | None
+    #: The user (`uid:gid`) whose every process ends before a shared verification (None:
+    #: root's).
+    agent_id: str | None
+    #: Another turn follows in the same sandbox: what a verification given a secret
+    #: started ends with it (a process it left holds the secret in its environment).
+    more_turns: bool = False
+    #: The agent's final answer (None for the oracle): a Python verifier's `response`.
+    response: str | None = None
+
+
 def run_verifier(
     sandbox: Sandbox,
-    turn: Turn,
+    verification: Verification,
+    context: EpisodeContext,
     *,
     workdir: str | None,
-    grace_s: float,
-    budget_s: float,
-    trajectory: bytes,
-    seed: SandboxSurvey,
-    into: Path,
-    redactor: Redactor,
-    verifier_user: str | None = None,
-    agent_id: str | None = None,
     upload_tests: bool = True,
-    response: str | None = None,
 ) -> VerifierRun:
-    """Verify `turn` in `sandbox`: check what the agent may have broken, end every process
-    of the user `agent_id` (`uid:gid`, a non-root agent's), make /tests and /logs/verifier anew,
-    upload the tests (unless the image ships them) and the transcript, run test.sh, read
-    the reward through the engine. `verifier_user` is the turn's verifier user as numbers
-    (resolved at the seed); the turn's own when not given.
+    """Verify `verification.turn` in `sandbox` from `workdir`: check what the agent may
+    have broken, end every process of the user `agent_id` (`uid:gid`, a non-root agent's),
+    make /tests and /logs/verifier anew, upload the tests (unless the image ships them)
+    and the transcript, run test.sh within the turn's share of the episode's clock, read
+    the reward through the engine.
 
     An image that lacked bash or timeout at the seed masks the sample (nothing the agent
     did); a folder or a bash the agent replaced or removed, or an agent's process that
@@ -166,6 +184,10 @@ def run_verifier(
     agent's final answer (`response`; none for the oracle) with them
     (engine/python_verifiers.py).
     """
+    turn, seed, into = verification.turn, verification.seed, verification.into
+    trajectory, redactor = verification.transcript, context.redactor
+    grace_s = context.settings.verifier_grace_s
+    budget_s = context.clock.verifier_budget(turn)
     # By plain exec, as every step of the engine's once an agent has had the sandbox: a
     # process of the engine's in the sandbox (a command channel) is one a root agent can
     # end, and one that needs processes the cap may not leave.
@@ -183,15 +205,15 @@ def run_verifier(
     budget = max(budget_s, 1.0)
     payload = pack_tree(
         {"tests": turn.tests_dirs if upload_tests else ()},
-        {TRAJECTORY.lstrip("/"): trajectory, **verifier_files(turn, response)},
+        {TRAJECTORY.lstrip("/"): trajectory, **verifier_files(turn, verification.response)},
     )
-    user = verifier_user or turn.verifier_user
+    user = verification.verifier_user or turn.verifier_user
     as_root = is_root_user(user or "")
     arguments = (
         seed.bash,
         "1" if upload_tests else "0",
         "" if as_root else user or "",
-        agent_id or "",
+        verification.agent_id or "",
     )
     run_arguments = (seed.bash, _decimal(budget), _decimal(grace_s))
     started = time.monotonic()

@@ -4,13 +4,14 @@ sandbox), `snapshot` (a fresh sandbox from an image of the agent's file system) 
 
 from __future__ import annotations
 
-from pytest_harbor.engine.verifiers.protocol import ModeContext, Verification, VerifierMode
+from pytest_harbor.engine.context import EpisodeContext
+from pytest_harbor.engine.launcher import SandboxLauncher
+from pytest_harbor.engine.verifiers.protocol import Verification, VerifierMode
 from pytest_harbor.engine.verifiers.separate import SeparateVerifier, verifies_separately
 from pytest_harbor.engine.verifiers.shared import SharedVerifier
 from pytest_harbor.engine.verifiers.snapshot import SnapshotVerifier
 
 __all__ = [
-    "ModeContext",
     "SeparateVerifier",
     "SharedVerifier",
     "SnapshotVerifier",
@@ -21,11 +22,10 @@ __all__ = [
 ]
 
 
-def verifier_mode(context: ModeContext) -> VerifierMode:
+def verifier_mode(context: EpisodeContext, launcher: SandboxLauncher) -> VerifierMode:
     """The mode the episode's task and settings call for."""
-    launcher = context.launcher
-    if launcher.separate_verifier:
-        return SeparateVerifier(context)
-    if launcher.settings.verify_from_snapshot:
-        return SnapshotVerifier(context)
-    return SharedVerifier(context)
+    if context.separate_verifier:
+        return SeparateVerifier(context, launcher)
+    if context.settings.verify_from_snapshot:
+        return SnapshotVerifier(context, launcher)
+    return SharedVerifier(context, launcher)

@@ -9,13 +9,15 @@ import time
 from dataclasses import replace
 from typing import ClassVar
 
+from pytest_harbor.engine.context import EpisodeContext
 from pytest_harbor.engine.failures import FailureKind
+from pytest_harbor.engine.launcher import SandboxLauncher
 from pytest_harbor.engine.processes import SandboxSurvey, survey
 from pytest_harbor.engine.readiness import entrypoint_failure, start_entrypoint
 from pytest_harbor.engine.rewards import RewardReading
 from pytest_harbor.engine.scripts import trusted
-from pytest_harbor.engine.verification import VerifierRun, run_verifier
-from pytest_harbor.engine.verifiers.protocol import ModeContext, Verification
+from pytest_harbor.engine.verification import Verification, VerifierRun, run_verifier
+from pytest_harbor.engine.verifiers.protocol import blamed_on
 from pytest_harbor.sandboxes.base import (
     ROOT_USER,
     Sandbox,
@@ -53,12 +55,13 @@ def verifies_separately(task: Task, settings: HarborSettings) -> bool:
 class SeparateVerifier:
     name: ClassVar[str] = "separate"
 
-    def __init__(self, context: ModeContext) -> None:
+    def __init__(self, context: EpisodeContext, launcher: SandboxLauncher) -> None:
         self._context = context
-        self._task = context.launcher.task
+        self._launcher = launcher
+        self._task = context.task
 
     def verify(self, sandbox: Sandbox, verification: Verification) -> VerifierRun:
-        context, launcher = self._context, self._context.launcher
+        context, launcher = self._context, self._launcher
         image = launcher.verifier_image
         assert image is not None
         environment = self._task.config.verifier.environment or self._task.config.environment
@@ -99,7 +102,8 @@ class SeparateVerifier:
                 )
             except SandboxError as error:
                 return VerifierRun(context.fault(sandbox, error, "copying the agent's artifacts"))
-            return context.blamed_on(
+            return blamed_on(
+                context,
                 verifier,
                 "the separate verifier",
                 lambda: self._run(verifier, verification, fresh),
@@ -123,18 +127,11 @@ class SeparateVerifier:
             and verification.turn.python_verifier is None
             and verifier.exec(trusted('[ -f "$1" ]', "/tests/test.sh")).exit_code == 0
         )
+        # The verifier's own sandbox: surveyed afresh, run as the turn's verifier user,
+        # and no process of the agent's to end.
+        alone = replace(verification, seed=fresh, verifier_user=None, agent_id=None)
         return run_verifier(
-            verifier,
-            verification.turn,
-            workdir=environment.workdir,
-            grace_s=context.launcher.settings.verifier_grace_s,
-            budget_s=context.clock.verifier_budget(verification.turn),
-            trajectory=verification.transcript,
-            seed=fresh,
-            into=verification.into,
-            redactor=context.redactor,
-            upload_tests=not ships_tests,
-            response=verification.response,
+            verifier, alone, context, workdir=environment.workdir, upload_tests=not ships_tests
         )
 
     def _copy_artifacts(self, source: Sandbox, target: Sandbox) -> None:

@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from pytest_harbor.engine.admission import secrets_given
+from pytest_harbor.engine.context import EpisodeContext
+from pytest_harbor.engine.launcher import SandboxLauncher
 from pytest_harbor.engine.processes import end_processes_since, survey
-from pytest_harbor.engine.verification import VerifierRun, run_verifier
-from pytest_harbor.engine.verifiers.protocol import ModeContext, Verification
+from pytest_harbor.engine.verification import Verification, VerifierRun, run_verifier
 from pytest_harbor.sandboxes.base import Sandbox, SandboxError
 
 __all__ = ["SharedVerifier"]
@@ -19,27 +20,14 @@ __all__ = ["SharedVerifier"]
 class SharedVerifier:
     name: ClassVar[str] = "shared"
 
-    def __init__(self, context: ModeContext) -> None:
+    def __init__(self, context: EpisodeContext, launcher: SandboxLauncher) -> None:
         self._context = context
 
     def verify(self, sandbox: Sandbox, verification: Verification) -> VerifierRun:
         context, turn = self._context, verification.turn
-        secret = secrets_given(turn, context.launcher.settings.secrets)
+        secret = secrets_given(turn, context.settings.secrets)
         before = survey(sandbox).processes if verification.more_turns and secret else None
-        run = run_verifier(
-            sandbox,
-            turn,
-            workdir=context.workdir,
-            grace_s=context.launcher.settings.verifier_grace_s,
-            budget_s=context.clock.verifier_budget(turn),
-            trajectory=verification.transcript,
-            seed=verification.seed,
-            into=verification.into,
-            redactor=context.redactor,
-            verifier_user=verification.verifier_user,
-            agent_id=verification.agent_id,
-            response=verification.response,
-        )
+        run = run_verifier(sandbox, verification, context, workdir=context.workdir)
         if before is not None:
             try:
                 end_processes_since(sandbox, before)

@@ -4,12 +4,14 @@ where it runs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 from pytest_harbor.display import harbor_logger
-from pytest_harbor.engine.launcher import stop_within
-from pytest_harbor.engine.verification import VerifierRun, run_verifier
-from pytest_harbor.engine.verifiers.protocol import ModeContext, Verification
+from pytest_harbor.engine.context import EpisodeContext
+from pytest_harbor.engine.launcher import SandboxLauncher, stop_within
+from pytest_harbor.engine.verification import Verification, VerifierRun, run_verifier
+from pytest_harbor.engine.verifiers.protocol import blamed_on
 from pytest_harbor.sandboxes.base import Sandbox, SandboxError, SandboxStartError
 
 __all__ = ["SnapshotVerifier"]
@@ -24,46 +26,36 @@ class SnapshotVerifier:
 
     name: ClassVar[str] = "snapshot"
 
-    def __init__(self, context: ModeContext) -> None:
+    def __init__(self, context: EpisodeContext, launcher: SandboxLauncher) -> None:
         self._context = context
+        self._launcher = launcher
 
     def verify(self, sandbox: Sandbox, verification: Verification) -> VerifierRun:
-        context, turn = self._context, verification.turn
-        launcher = context.launcher
-        settings = launcher.settings
-        image = sandbox.snapshot(launcher.image_labels)
+        context, launcher, turn = self._context, self._launcher, verification.turn
+        # No process of the agent's lives on in the snapshot's sandbox: none to end.
+        fresh = replace(verification, agent_id=None)
+        image = sandbox.snapshot(context.image_labels)
         try:
             try:
                 verifier = launcher.start(
                     image,
-                    launcher.task.config.environment,
+                    context.task.config.environment,
                     record=False,
                     network=turn.verifier_network,
                 )
             except SandboxStartError as error:
                 raise SandboxError(f"the snapshot's sandbox did not start: {error}") from None
             try:
-                return context.blamed_on(
+                return blamed_on(
+                    context,
                     verifier,
                     "the snapshot's sandbox",
-                    lambda: run_verifier(
-                        verifier,
-                        turn,
-                        workdir=context.workdir,
-                        grace_s=settings.verifier_grace_s,
-                        budget_s=context.clock.verifier_budget(turn),
-                        trajectory=verification.transcript,
-                        seed=verification.seed,
-                        into=verification.into,
-                        redactor=context.redactor,
-                        verifier_user=verification.verifier_user,
-                        response=verification.response,
-                    ),
+                    lambda: run_verifier(verifier, fresh, context, workdir=context.workdir),
                 )
             finally:
-                stop_within(verifier, settings.cleanup_timeout_seconds)
+                stop_within(verifier, context.settings.cleanup_timeout_seconds)
         finally:
             try:
                 launcher.provider.remove_image(image)
             except SandboxError as error:
-                log.warning("%s: the snapshot image was not removed: %s", context.episode, error)
+                log.warning("%s: the snapshot image was not removed: %s", context.id, error)
