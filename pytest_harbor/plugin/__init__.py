@@ -22,13 +22,16 @@ from pytest_harbor.plugin.item_reports import pytest_report_teststatus, pytest_r
 from pytest_harbor.plugin.ledger import trial_of
 from pytest_harbor.plugin.nodes import HarborTaskset, HarborTurnItem, HarborWarning
 from pytest_harbor.plugin.options import add_options, read_options
+from pytest_harbor.plugin.planned import PLANNED_RUN, PlannedRun
 from pytest_harbor.plugin.preflight import PreFlight
 from pytest_harbor.plugin.recorded import apply_run_configs
 from pytest_harbor.plugin.recording import ResultRecorder
-from pytest_harbor.plugin.references import WORKER_DATASETS, resolve_references
+from pytest_harbor.plugin.references import resolve_references
 from pytest_harbor.plugin.reporting import RunReport
 from pytest_harbor.plugin.run import (
     HARBOR_RUN,
+    SETTLED_TRIALS,
+    HandedTrials,
     HarborRun,
     Target,
     find_target,
@@ -40,6 +43,7 @@ from pytest_harbor.plugin.scheduling import (
     trial_scheduler,
 )
 from pytest_harbor.plugin.summary import TerminalSummary
+from pytest_harbor.plugin.worker_start import WorkerStart
 from pytest_harbor.registry import NameTaken, Registry
 from pytest_harbor.run.reaper import owner_of_this_process
 from pytest_harbor.sandboxes import PROVIDERS, PlacesEpisodes, ProviderFactory, SandboxError
@@ -67,10 +71,6 @@ __all__ = [
     "pytest_unconfigure",
     "pytest_xdist_make_scheduler",
 ]
-
-_WORKER_RUN_ID = "harbor_run_id"
-_WORKER_DIGESTS = "harbor_row_digests"
-_WORKER_DONE = "harbor_done_trials"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -157,10 +157,10 @@ def pytest_runtest_call(item: pytest.Item) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """--harbor-resume: trials the earlier run finished are not run again."""
-    run = config.stash.get(HARBOR_RUN, None)
-    if run is None or not run.done_trials:
+    settled = config.stash.get(SETTLED_TRIALS, None)
+    if settled is None or not settled.done_trials:
         return
-    done = [item for item in items if trial_of(item.nodeid) in run.done_trials]
+    done = [item for item in items if trial_of(item.nodeid) in settled.done_trials]
     if done:
         config.hook.pytest_deselected(items=done)
         kept = set(map(id, done))
@@ -180,15 +180,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     run = config.stash.get(HARBOR_RUN, None)
     if run is None or not run.targets or config.getvalue("dist") != "load":
         return None
-    return trial_scheduler(config, log, frozenset(run.trial_ids), run.expected_s)
+    planned = config.stash[PLANNED_RUN]
+    return trial_scheduler(config, log, frozenset(planned.trial_ids), planned.expected_s)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     options = apply_run_configs(config, read_options(config))
     # What the controller gave this xdist worker (pytest_configure_node); None elsewhere.
     worker_input: dict[str, Any] | None = getattr(config, "workerinput", None)
+    handed = None if worker_input is None else WorkerStart.unpack(worker_input)
     said: list[str] = []
-    references = resolve_references(options, worker_input, said)
+    references = resolve_references(options, handed, said)
     options = replace(options, datasets=options.datasets + tuple(r.path for r in references))
     if options.datasets:
         # --harbor-dataset replaces the default arguments (testpaths, the current folder)
@@ -207,7 +209,7 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     run = HarborRun(
         options,
-        run_id=(worker_input or {}).get(_WORKER_RUN_ID) or new_run_id(),
+        run_id=(handed and handed.run_id) or new_run_id(),
         owner=owner_of_this_process(),
         targets=targets,
         is_worker=worker_input is not None,
@@ -219,18 +221,24 @@ def pytest_configure(config: pytest.Config) -> None:
         _warn_about_options(config, run)
         for text in said:
             config.issue_config_time_warning(HarborWarning(text), stacklevel=2)
-    run.row_digests.update((worker_input or {}).get(_WORKER_DIGESTS) or {})
-    run.done_trials.update((worker_input or {}).get(_WORKER_DONE) or ())
     config.stash[HARBOR_RUN] = run
-    if not run.is_worker:
+    if handed is not None:
+        config.stash[SETTLED_TRIALS] = HandedTrials(
+            row_digests=handed.row_digests, done_trials=frozenset(handed.done_trials)
+        )
+    else:
         _register_reporters(config, run)
     if targets:
         config.add_cleanup(_interrupt_on_sigterm())
 
 
 def _register_reporters(config: pytest.Config, run: HarborRun) -> None:
-    """The controller's reporting plugins, one job each, sharing what they learn."""
-    state = RunReport.of(run)
+    """The controller's reporting plugins, one job each, sharing what they learn; the
+    plan the pre-flight writes is also what this process's collection reads."""
+    planned = PlannedRun()
+    config.stash[PLANNED_RUN] = planned
+    config.stash[SETTLED_TRIALS] = planned
+    state = RunReport.of(run, planned)
     config.pluginmanager.register(PreFlight(state), "harbor-preflight")
     config.pluginmanager.register(ResultRecorder(state), "harbor-recorder")
     config.pluginmanager.register(TerminalSummary(state), "harbor-summary")
@@ -355,13 +363,14 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 def pytest_configure_node(node: Any) -> None:
     """xdist: every worker of a run shares the controller's run id; each labels its
     sandboxes with itself as owner, so the sandboxes of a worker that died are orphans."""
-    run = node.config.stash[HARBOR_RUN]
-    node.workerinput[_WORKER_RUN_ID] = run.run_id
-    node.workerinput[_WORKER_DIGESTS] = dict(run.row_digests)
-    node.workerinput[_WORKER_DONE] = sorted(run.done_trials)
-    node.workerinput[WORKER_DATASETS] = [
-        reference.model_dump(mode="json") for reference in run.references.values()
-    ]
+    run, planned = node.config.stash[HARBOR_RUN], node.config.stash[PLANNED_RUN]
+    handed = WorkerStart(
+        run_id=run.run_id,
+        row_digests=dict(planned.row_digests),
+        done_trials=tuple(sorted(planned.done_trials)),
+        datasets=tuple(run.references.values()),
+    )
+    node.workerinput.update(handed.pack())
 
 
 @pytest.hookimpl(trylast=True)

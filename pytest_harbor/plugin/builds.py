@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine import Episode, EpisodeError
+from pytest_harbor.plugin.planned import PlannedRun
 from pytest_harbor.plugin.run import HarborRun
 from pytest_harbor.tasks.task import Task
 
@@ -24,8 +25,10 @@ log = harbor_logger()
 class BuildsAhead:
     """The pool (`image_build_concurrency` threads); `start` once, `close` at the end."""
 
-    def __init__(self, run: HarborRun) -> None:
+    def __init__(self, run: HarborRun, planned: PlannedRun) -> None:
         self.run = run
+        #: Read for each task's expected time, to build the longest first.
+        self.planned = planned
         self.size = run.settings.image_build_concurrency
         self._queue: queue.SimpleQueue[tuple[str, Task] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -44,7 +47,7 @@ class BuildsAhead:
         unique = {(taskset, task.id): (taskset, task) for taskset, task in tasks}
         ordered = sorted(
             unique.values(),
-            key=lambda pair: -self.run.expected_s.get(f"{pair[0]}/{pair[1].id}", 0.0),
+            key=lambda pair: -self.planned.expected_s.get(f"{pair[0]}/{pair[1].id}", 0.0),
         )
         for pair in ordered:
             self._queue.put(pair)

@@ -17,6 +17,7 @@ from pytest_harbor.engine.outcomes import probe_findings
 from pytest_harbor.plugin.item_reports import harbor_data
 from pytest_harbor.plugin.ledger import split_trial, trial_of
 from pytest_harbor.plugin.nodes import NOP_TRIAL, PROBE_TRIAL, task_warnings
+from pytest_harbor.plugin.payload import ReportPayload
 from pytest_harbor.tasks import Task
 
 __all__ = ["Problem", "TaskCheck", "TaskRecord"]
@@ -77,7 +78,7 @@ class TaskCheck:
         self.records: dict[tuple[str, str], TaskRecord] = {}
 
     def add(self, report: pytest.TestReport) -> None:
-        data = harbor_data(report)
+        payload = harbor_data(report)
         taskset, task, trial_name = split_trial(trial_of(report.nodeid))
         if not task or not (trial_name in (NOP_TRIAL, PROBE_TRIAL) or trial_name[1:].isdigit()):
             return
@@ -87,26 +88,26 @@ class TaskCheck:
             if report.failed:  # the worker died in this item
                 record.lost[trial_name] = "worker_died: the process running the episode died"
             return
-        if not data:
+        if payload is None:
             return
         if report.when == "setup":
-            if "unloadable" in data:
-                record.lost[trial_name] = f"unloadable: {data['unloadable']}"
-            elif data.get("unvalidated") and trial_name not in (NOP_TRIAL, PROBE_TRIAL):
-                record.unvalidated = str(data.get("skip_reason") or "no solution")
+            if payload.unloadable is not None:
+                record.lost[trial_name] = f"unloadable: {payload.unloadable}"
+            elif payload.unvalidated and trial_name not in (NOP_TRIAL, PROBE_TRIAL):
+                record.unvalidated = payload.skip_reason or "no solution"
             elif report.failed:
-                record.lost[trial_name] = _failure_text(data)
+                record.lost[trial_name] = _failure_text(payload)
         elif report.when == "call":
-            if "result" in data:
-                result = EpisodeResult.model_validate(data["result"])
+            result = payload.result
+            if result is not None:
                 if trial_name == NOP_TRIAL:
                     record.nop = result
                 elif trial_name == PROBE_TRIAL:
                     record.probe = result
                 else:
                     record.oracle[int(trial_name[1:])] = result
-            elif data.get("status") == "error":
-                record.lost[trial_name] = _failure_text(data)
+            elif payload.status == "error":
+                record.lost[trial_name] = _failure_text(payload)
 
     # ------------------------------------------------------------------------ findings
 
@@ -155,10 +156,11 @@ class TaskCheck:
                 yield from sorted(self.records[key].nodeids)
 
 
-def _failure_text(data: Mapping[str, Any]) -> str:
-    failure = data.get("failure") or {}
-    kind = failure.get("kind", "internal_error")
-    return f"{kind}: {failure.get('reason', 'no reason given')}"
+def _failure_text(payload: ReportPayload) -> str:
+    failure = payload.failure
+    if failure is None:
+        return "internal_error: no reason given"
+    return f"{failure.kind}: {failure.reason}"
 
 
 def _task_problems(record: TaskRecord, task: Task | None) -> list[Problem]:

@@ -1,12 +1,11 @@
-"""What each report of a harbor item carries: the episode's result or failure as plain
-JSON data (xdist carries a report's attributes from the worker to the controller), with
-what the terminal and the junit XML show made safe to show: every secret value masked,
-every control character escaped."""
+"""What each report of a harbor item carries: the episode's result or failure as a
+ReportPayload, dumped to plain JSON data (xdist carries a report's attributes from the
+worker to the controller), with what the terminal and the junit XML show made safe to
+show: every secret value masked, every control character escaped."""
 
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
 
 import pytest
 
@@ -14,6 +13,8 @@ from pytest_harbor.engine import EpisodeError, FailureKind
 from pytest_harbor.engine.failures import EngineGone
 from pytest_harbor.plugin.ledger import trial_of
 from pytest_harbor.plugin.nodes import HarborTurnItem
+from pytest_harbor.plugin.payload import ReportedFailure, ReportPayload
+from pytest_harbor.plugin.planned import PLANNED_RUN
 from pytest_harbor.plugin.run import HARBOR_RUN
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes import SandboxError
@@ -33,19 +34,22 @@ def pytest_runtest_makereport(
     report = yield
     if not isinstance(item, HarborTurnItem):
         return report
-    data: dict[str, Any] = {"taskset": item.trial.taskset, "task_id": item.trial.task.id}
+    trial = item.trial
+    payload = ReportPayload(taskset=trial.taskset, task_id=trial.task.id)
     if call.when == "setup":
-        data["unvalidated"] = item.trial.skip_reason is not None
-        if item.trial.unloadable is not None:
-            data["unloadable"] = item.trial.unloadable
-        elif item.trial.skip_reason is not None:
-            data["skip_reason"] = item.trial.skip_reason
+        payload = ReportPayload(
+            taskset=trial.taskset,
+            task_id=trial.task.id,
+            unvalidated=trial.skip_reason is not None,
+            unloadable=trial.unloadable,
+            skip_reason=trial.skip_reason if trial.unloadable is None else None,
+        )
     elif call.when == "call":
         if item.harbor_payload is not None:
-            data.update(item.harbor_payload)
+            payload = item.harbor_payload
         elif call.excinfo is not None and not isinstance(call.excinfo.value, pytest.skip.Exception):
             # The episode broke down before it had a result: that is an error, not a fail.
-            data["status"] = "error"
+            payload = payload.model_copy(update={"status": "error"})
     if report.skipped and isinstance(report.longrepr, tuple):
         # Skips from inside runtest point at this package; point at the task instead.
         path, line, _ = item.reportinfo()
@@ -55,23 +59,26 @@ def pytest_runtest_makereport(
     if isinstance(error, EngineGone):
         # The run stops here, with this one message (xdist carries it from a worker).
         item.session.shouldstop = error.reason
+    failure = None
     if isinstance(error, EpisodeError):
-        data["failure"] = {"kind": error.failure_kind, "reason": error.reason}
+        failure = ReportedFailure(kind=error.failure_kind, reason=error.reason)
         item.user_properties.append(("failure_kind", error.failure_kind))
         report.user_properties = list(item.user_properties)
     elif excinfo is not None and (
-        (call.when == "setup" and report.failed) or data.get("status") == "error"
+        (call.when == "setup" and report.failed) or payload.status == "error"
     ):
-        data["failure"] = {
-            "kind": FailureKind.INTERNAL_ERROR,
-            "reason": excinfo.exconly().strip().splitlines()[-1],
-        }
+        failure = ReportedFailure(
+            kind=FailureKind.INTERNAL_ERROR,
+            reason=excinfo.exconly().strip().splitlines()[-1],
+        )
+    if failure is not None:
+        payload = payload.model_copy(update={"failure": failure})
     if excinfo is not None and isinstance(error, EpisodeError | SandboxError):
         # The engine's own words say what broke; our stack frames would not help.
         report.longrepr = excinfo.getrepr(style="value")
     _make_shown(report, item.config.stash[HARBOR_RUN].redactor)
     # Plain JSON data: xdist carries it (the report's __dict__) to the controller.
-    report.__dict__[_DATA] = data
+    report.__dict__[_DATA] = payload.dump()
     return report
 
 
@@ -95,11 +102,10 @@ def _make_shown(report: pytest.TestReport, redactor: Redactor) -> None:
     ]
 
 
-def harbor_data(report: pytest.TestReport | pytest.CollectReport) -> dict[str, Any] | None:
-    """The data pytest_runtest_makereport put on a harbor item's report (None for any
-    other report)."""
-    data = report.__dict__.get(_DATA)
-    return data if isinstance(data, dict) else None
+def harbor_data(report: pytest.TestReport | pytest.CollectReport) -> ReportPayload | None:
+    """The payload pytest_runtest_makereport put on a harbor item's report (None for any
+    other report, and for data that is not a payload)."""
+    return ReportPayload.load(report.__dict__.get(_DATA))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -107,11 +113,11 @@ def pytest_report_teststatus(
     report: pytest.TestReport | pytest.CollectReport, config: pytest.Config
 ) -> tuple[str, str, str] | None:
     data = harbor_data(report)
-    if report.when == "call" and report.failed and data and data.get("status") == "error":
+    if report.when == "call" and report.failed and data is not None and data.status == "error":
         return "error", "E", "ERROR"
     if report.when not in ("setup", "call", "teardown") and report.failed:
         # xdist's report for an item whose worker died: the episode has no result.
-        run = config.stash.get(HARBOR_RUN, None)
-        if run is not None and trial_of(report.nodeid) in run.trial_ids:
+        planned = config.stash.get(PLANNED_RUN, None)
+        if planned is not None and trial_of(report.nodeid) in planned.trial_ids:
             return "error", "E", "ERROR"
     return None

@@ -22,7 +22,8 @@ from pytest_harbor.harnesses import Harness
 from pytest_harbor.locks import FileLock
 from pytest_harbor.plugin.ledger import task_node_id
 from pytest_harbor.plugin.markers import metadata_markers
-from pytest_harbor.plugin.run import HARBOR_RUN, HarborRun, Target
+from pytest_harbor.plugin.payload import ReportPayload
+from pytest_harbor.plugin.run import HARBOR_RUN, SETTLED_TRIALS, HarborRun, Target
 from pytest_harbor.redaction import clip_head
 from pytest_harbor.run.planning import TasksetPlan
 from pytest_harbor.tasks import Task, TaskLoadError, Turn
@@ -290,7 +291,9 @@ class HarborTrial(_HarborNode, pytest.Collector):
                 labels=run.labels(task=key, trial=self.nodeid),
                 image_labels=run.image_labels(),
                 settings=run.settings,
-                expected_digest=run.row_digests.get(key, self.task.digest),
+                expected_digest=self.config.stash[SETTLED_TRIALS].row_digests.get(
+                    key, self.task.digest
+                ),
                 model=run.model,
                 model_gate=run.model_gate,
                 # Staged: the controller moves them into place with the episode's row, so
@@ -353,8 +356,8 @@ class HarborTurnItem(_HarborNode, pytest.Item):
         self.trial = self.parent
         self.turn = turn
         self._hook_path = self.parent._hook_path
-        #: JSON-ready data for the report of the call phase (see reporting.py).
-        self.harbor_payload: dict[str, Any] | None = None
+        #: What the report of the call phase carries (see item_reports.py).
+        self.harbor_payload: ReportPayload | None = None
         #: The item pytest runs after this one, when it knows it.
         self.next_item: pytest.Item | None = None
 
@@ -388,13 +391,18 @@ class HarborTurnItem(_HarborNode, pytest.Item):
         # Paths as they will be once the controller has moved the staged folders in place.
         turn = self._placed(output.result)
         # The worker wrote the verifier's files itself; the controller gets their folder.
-        self.harbor_payload = {
-            "episode_id": episode.id,
-            "step": self.turn.name,
-            "verifier_dir": turn.verifier_logs_dir,
-        }
+        payload = ReportPayload(
+            taskset=self.trial.taskset,
+            task_id=self.trial.task.id,
+            episode_id=episode.id,
+            step=self.turn.name,
+            verifier_dir=turn.verifier_logs_dir,
+        )
+        # Set at once: should the row or the outcome fail, the report carries this much.
+        self.harbor_payload = payload
         if episode.stopped_after is not None or self is self.trial.selected[-1]:
-            self.harbor_payload["result"] = self._row(episode).model_dump(mode="json")
+            payload = payload.model_copy(update={"result": self._row(episode)})
+            self.harbor_payload = payload
         if self.trial.check_role == "nop":
             outcome = nop_check_outcome(turn)
         elif self.trial.check_role == "probe":
@@ -403,7 +411,7 @@ class HarborTurnItem(_HarborNode, pytest.Item):
             outcome = decide_outcome(
                 turn, validation=run.harness.validates, pass_reward=run.options.pass_reward
             )
-        self.harbor_payload["status"] = outcome.status
+        self.harbor_payload = payload.model_copy(update={"status": outcome.status})
         self.user_properties.append(("reward", turn.reward))
         self.user_properties.append(("failure_kind", turn.failure_kind or ""))
         if outcome.status == "passed":

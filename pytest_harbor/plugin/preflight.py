@@ -36,11 +36,13 @@ __all__ = ["PreFlight", "warn_once"]
 
 class PreFlight:
     """Registered on the controller (or the sole process); holds the results folders'
-    locks until the run ends."""
+    locks until the run ends. The one writer of the run's plan (PlannedRun) and of what
+    the report holds of each taskset's start (its manifest, record, earlier run, plan)."""
 
     def __init__(self, state: RunReport) -> None:
         self.state = state
         self.run = state.run
+        self.planned = state.planned
         self.locks: list[ResultsLock] = []
 
     @pytest.hookimpl(tryfirst=True)
@@ -49,14 +51,11 @@ class PreFlight:
         manifest, materialized rows and skipped.json; the rows' digests (and, resuming,
         the finished trials) go to the workers with their start-up data."""
         config = session.config
-        run = self.run
-        run.terminal = config.pluginmanager.get_plugin("terminalreporter")
-        run.config_verbosity = config.get_verbosity()
-        run.workers = _workers(config)
+        run, planned = self.run, self.planned
         if config.option.collectonly or not run.targets:
             return
         self._check_services()
-        self.state.reaped = run.reap()
+        planned.reaped = run.reap()
         for target in run.targets.values():
             try:
                 plan = run.plan(target)
@@ -70,7 +69,7 @@ class PreFlight:
                 for taskset, plan in self.state.plans.items()
                 for task in plan.tasks
                 if any(
-                    trial_id(taskset, task.id, repeat) not in run.done_trials
+                    trial_id(taskset, task.id, repeat) not in planned.done_trials
                     for repeat in range(plan.repeats)
                 )
             )
@@ -96,13 +95,13 @@ class PreFlight:
                     raise pytest.UsageError(f"{where} {provider.name}: {error}") from None
 
     def _start_taskset(self, config: pytest.Config, target: Target, plan: TasksetPlan) -> None:
-        run, state, taskset = self.run, self.state, plan.taskset
+        run, state, planned, taskset = self.run, self.state, self.planned, plan.taskset
         folder = run.layout.taskset_dir(taskset)
         self._lock(folder)
         digests = {task.id: task.digest for task in plan.tasks}
         manifest = RunManifest.describe(
             run_id=run.run_id,
-            started_at=run.started_at,
+            started_at=planned.started_at,
             target=target.described,
             taskset=taskset,
             agent=run.harness.name,
@@ -126,7 +125,7 @@ class PreFlight:
                     f"run {recorded.run_id}:\n  " + "\n  ".join(differences)
                 )
         state.records[taskset] = describe_run(run, config, target, manifest)
-        run.trial_ids.update(state.ledger.plan(taskset, plan.repeats, digests))
+        planned.trial_ids.update(state.ledger.plan(taskset, plan.repeats, digests))
         point = self._resume(manifest) if run.options.resume else None
         state.manifests[taskset] = manifest
         skipped = {}
@@ -140,19 +139,21 @@ class PreFlight:
         if state.earlier[taskset] is None:
             state.writer.begin(taskset)
         history = read_history(folder)
-        run.history_tasks.update(f"{taskset}/{name}" for name in history)
+        planned.history_tasks.update(f"{taskset}/{name}" for name in history)
         for task in plan.tasks:
             for warning in task_warnings(task):
                 warn_once(config, warning, task.path / "task.toml", warning.line or 1)
-            run.row_digests[f"{taskset}/{task.id}"] = task.digest
-            run.expected_s[f"{taskset}/{task.id}"] = expected_seconds(task, run.settings, history)
+            planned.row_digests[f"{taskset}/{task.id}"] = task.digest
+            planned.expected_s[f"{taskset}/{task.id}"] = expected_seconds(
+                task, run.settings, history
+            )
         state.plans[taskset] = plan
 
     def _lock(self, folder: Path) -> None:
         lock = ResultsLock(
             folder,
             f"run {self.run.run_id}, pid {os.getpid()} on {socket.gethostname()}, "
-            f"since {self.run.started_at}",
+            f"since {self.planned.started_at}",
         )
         try:
             lock.acquire()
@@ -207,18 +208,8 @@ class PreFlight:
                     + "\nrun with the same targets, agent and settings, or without "
                     "--harbor-resume to start afresh"
                 )
-        kept = self.state.ledger.keep(point)
-        self.state.kept += len(kept)
-        self.run.done_trials.update(kept)
+        self.planned.done_trials.update(self.state.ledger.keep(point))
         return point
-
-
-def _workers(config: pytest.Config) -> int:
-    """How many processes run episodes (`-n`; 1 without xdist)."""
-    try:
-        return max(1, int(getattr(config.option, "numprocesses", 0) or 1))
-    except (TypeError, ValueError):  # `-n auto` not yet turned into a number
-        return os.cpu_count() or 1
 
 
 def _selects(config: pytest.Config) -> bool:

@@ -12,17 +12,18 @@ from typing import Any
 import pytest
 
 from pytest_harbor.display import harbor_logger
-from pytest_harbor.engine import EpisodeResult, FailureKind
+from pytest_harbor.engine import FailureKind
 from pytest_harbor.engine.failures import disk_full
 from pytest_harbor.plugin.item_reports import harbor_data
 from pytest_harbor.plugin.ledger import TrialRecord, split_trial, trial_id, trial_of
 from pytest_harbor.plugin.nodes import HarborWarning
+from pytest_harbor.plugin.payload import ReportedFailure, ReportPayload
 from pytest_harbor.plugin.preflight import warn_once
 from pytest_harbor.plugin.reporting import RunReport, first_line
 from pytest_harbor.run.durations import record_history
-from pytest_harbor.untrusted import load_json
 from pytest_harbor.writers.failures import FailureRecord
 from pytest_harbor.writers.rollouts import REPORT
+from pytest_harbor.writers.rows import read_rows
 from pytest_harbor.writers.summary import run_summary, write_run_summary
 
 __all__ = ["ResultRecorder"]
@@ -78,48 +79,50 @@ class ResultRecorder:
             if record is not None and report.failed:
                 self._worker_died(record, report)
             return
-        data = harbor_data(report)
-        if not data or record is None:
+        payload = harbor_data(report)
+        if payload is None or record is None:
             return
         if report.when == "setup":
-            self._setup(record, report, data)
+            self._setup(record, report, payload)
         elif report.when == "call":
-            self._call(record, data)
+            self._call(record, payload)
 
-    def _setup(self, record: TrialRecord, report: pytest.TestReport, data: dict[str, Any]) -> None:
+    def _setup(
+        self, record: TrialRecord, report: pytest.TestReport, payload: ReportPayload
+    ) -> None:
         state = self.state
         state.items += 1
-        state.unvalidated += int(bool(data.get("unvalidated")))
-        if "unloadable" in data:
-            state.skipped.add(data["taskset"], data["task_id"], data["unloadable"])
-            record.skip_reason = f"unloadable: {data['unloadable']}"
+        state.unvalidated += int(bool(payload.unvalidated))
+        if payload.unloadable is not None:
+            state.skipped.add(payload.taskset, payload.task_id, payload.unloadable)
+            record.skip_reason = f"unloadable: {payload.unloadable}"
         elif report.skipped:
-            record.skip_reason = str(data.get("skip_reason") or _skip_text(report))
+            record.skip_reason = payload.skip_reason or _skip_text(report)
         if report.passed:
             record.seeded = True
         elif report.failed:
-            self._failed(record, data)
+            self._failed(record, payload)
 
-    def _call(self, record: TrialRecord, data: dict[str, Any]) -> None:
-        if "result" in data:
+    def _call(self, record: TrialRecord, payload: ReportPayload) -> None:
+        result = payload.result
+        if result is not None:
             if record.finished:
                 return  # one row per episode, whatever a worker sends twice
-            result = EpisodeResult.model_validate(data["result"])
             try:
                 self.state.writer.append_row(result)
             except OSError as error:
                 self._not_written(record, error)
                 return
             record.result = result
-        elif data.get("status") == "error":
-            self._failed(record, data)
+        elif payload.status == "error":
+            self._failed(record, payload)
 
-    def _failed(self, record: TrialRecord, data: dict[str, Any]) -> None:
-        failure = data.get("failure") or {
-            "kind": FailureKind.INTERNAL_ERROR,
-            "reason": "the episode ended with an error and no reason",
-        }
-        self._write_failure(self.state.ledger.failed(record, failure["kind"], failure["reason"]))
+    def _failed(self, record: TrialRecord, payload: ReportPayload) -> None:
+        failure = payload.failure or ReportedFailure(
+            kind=FailureKind.INTERNAL_ERROR,
+            reason="the episode ended with an error and no reason",
+        )
+        self._write_failure(self.state.ledger.failed(record, failure.kind, failure.reason))
 
     def _worker_died(self, record: TrialRecord, report: pytest.TestReport) -> None:
         reason = str(report.longrepr).strip().splitlines()[0] if report.longrepr else ""
@@ -217,10 +220,11 @@ class ResultRecorder:
     def _record_durations(self, taskset: str) -> None:
         """This run's episode and build times join the results folder's record."""
         try:
-            lines = self.run.layout.rollouts_file(taskset).read_text().splitlines()
+            lines = read_rows(self.run.layout.rollouts_file(taskset))
         except OSError:
             return
-        rows = [row for row, _ in map(load_json, lines) if isinstance(row, dict)]
+        # Every row in the file: a resumed run's earlier rows count too.
+        rows = [line.row for line in lines if line.row is not None]
         try:
             record_history(self.run.layout.taskset_dir(taskset), rows)
         except OSError as error:
@@ -231,7 +235,7 @@ class ResultRecorder:
         one that failed (or had no result, or was a masked oracle sample) fails the run;
         a run with nothing left to run, all it kept fine, passes."""
         state = self.state
-        if not state.kept:
+        if not state.planned.done_trials:
             return
         # Those of the tasks this run selects (--harbor-only-tasks may leave some out).
         kept = [
@@ -239,7 +243,7 @@ class ResultRecorder:
             for taskset in state.manifests
             for entry in state.ledger.entries(taskset)
             if entry.earlier
-            and trial_id(taskset, entry.task_id, entry.repeat) in self.run.trial_ids
+            and trial_id(taskset, entry.task_id, entry.repeat) in state.planned.trial_ids
         ]
         state.kept = len(kept)
         bad = {"failed", "no_result"} | ({"masked"} if self.run.harness.validates else set())

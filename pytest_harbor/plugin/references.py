@@ -3,28 +3,23 @@ are given the controller's resolution and never fetch or resolve a branch themse
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from pytest_harbor.datasets import ReferenceError, ResolvedDataset
 from pytest_harbor.plugin.options import HarborOptions
+from pytest_harbor.plugin.worker_start import WorkerStart
 
-__all__ = ["WORKER_DATASETS", "resolve_references"]
-
-#: The workerinput key of the controller's resolutions.
-WORKER_DATASETS = "harbor_datasets"
+__all__ = ["resolve_references"]
 
 
 def resolve_references(
-    options: HarborOptions, worker_input: dict[str, Any] | None, warnings: list[str]
+    options: HarborOptions, handed: WorkerStart | None, warnings: list[str]
 ) -> list[ResolvedDataset]:
     """Every reference of the run, resolved (warnings, such as a cache entry fetched again,
-    go to `warnings`); a reference that cannot be resolved at all is a usage error."""
-    if worker_input is not None:
-        return [
-            ResolvedDataset.model_validate(data) for data in worker_input.get(WORKER_DATASETS) or []
-        ]
+    go to `warnings`); a reference that cannot be resolved at all is a usage error. An
+    xdist worker takes the controller's resolutions from what it was `handed`."""
+    if handed is not None:
+        return list(handed.datasets)
     pinned = {recorded.given: recorded for recorded in options.pinned_datasets}
     if not options.references:
         return []

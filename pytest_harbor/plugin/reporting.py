@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from pytest_harbor.plugin.builds import BuildsAhead
 from pytest_harbor.plugin.ledger import EpisodeLedger
+from pytest_harbor.plugin.planned import PlannedRun
 from pytest_harbor.plugin.run import HarborRun
 from pytest_harbor.run.planning import TasksetPlan
 from pytest_harbor.writers import RolloutsWriter
@@ -28,10 +29,18 @@ __all__ = [
 
 @dataclass(eq=False)
 class RunReport:
-    """What the controller (or the sole process) learns of the run as it goes: read and
-    written by the pre-flight, the recorder and the terminal summary."""
+    """What the controller (or the sole process) learns of the run as it goes, shared by
+    the pre-flight, the recorder and the terminal summary; a worker has none.
+
+    Made where the controller's plugins are registered (`RunReport.of`), with the run's
+    writer, ledger, skipped log, builds ahead and check, which each of them uses. The
+    pre-flight (`PreFlight`) writes `manifests`, `records`, `earlier`, `plans` and the plan
+    (`planned`, see PlannedRun); every other field is the recorder's (`ResultRecorder`).
+    The terminal summary only reads."""
 
     run: HarborRun
+    #: What the pre-flight settled before any worker started.
+    planned: PlannedRun
     writer: RolloutsWriter
     ledger: EpisodeLedger
     skipped: SkippedLog
@@ -48,12 +57,12 @@ class RunReport:
     #: Episodes seeded (setup reports), and of them those with nothing to validate.
     items: int = 0
     unvalidated: int = 0
-    #: Episodes a resumed run kept: how many, how many of them failed, and whether they
-    #: were all there was to run.
+    #: Episodes a resumed run kept (of the trials this run planned): how many, how many of
+    #: them failed, and whether they were all there was to run.
     kept: int = 0
     kept_failed: int = 0
     all_kept: bool = False
-    #: Sandboxes removed that runs whose process is gone had left.
+    #: Sandboxes removed that workers of this run which died had left.
     reaped: int = 0
     interrupted: bool = False
     #: Episodes under way or waiting when the run was interrupted.
@@ -68,8 +77,8 @@ class RunReport:
     report_errors: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, run: HarborRun) -> RunReport:
-        assert run.writer is not None, "only the controller reports"
+    def of(cls, run: HarborRun, planned: PlannedRun) -> RunReport:
+        assert not run.is_worker, "only the controller reports"
         check = None
         if run.options.check:
             from pytest_harbor.plugin.checks import TaskCheck  # check mode only
@@ -77,7 +86,8 @@ class RunReport:
             check = TaskCheck(run.options.repeats or 1)
         return cls(
             run=run,
-            writer=run.writer,
+            planned=planned,
+            writer=RolloutsWriter(run.layout, run.redactor, run.run_id),
             ledger=EpisodeLedger(
                 run_id=run.run_id,
                 agent=run.harness.name,
@@ -85,7 +95,7 @@ class RunReport:
                 pass_reward=run.options.pass_reward,
             ),
             skipped=SkippedLog(run.layout),
-            builds=BuildsAhead(run),
+            builds=BuildsAhead(run, planned),
             check=check,
         )
 

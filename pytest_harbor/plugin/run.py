@@ -1,4 +1,5 @@
-"""The state of one pytest run: options, run id, targets, harness, provider, writer."""
+"""The state of a run in one pytest process: options, run id, targets, harness, provider,
+redactor, plans; and what the controller settled that every process reads."""
 
 from __future__ import annotations
 
@@ -7,12 +8,11 @@ import os
 import secrets
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from pydantic import SecretStr, ValidationError
@@ -50,11 +50,14 @@ from pytest_harbor.sandboxes import (
 )
 from pytest_harbor.sandboxes.base import ChecksGpus, WatchesOver
 from pytest_harbor.tasks import Task, TaskLoadError, is_dataset_dir, is_task_dir
-from pytest_harbor.writers import ResultsLayout, RolloutsWriter
+from pytest_harbor.writers import ResultsLayout
 
 __all__ = [
     "HARBOR_RUN",
+    "SETTLED_TRIALS",
+    "HandedTrials",
     "HarborRun",
+    "SettledTrials",
     "Target",
     "find_target",
 ]
@@ -101,8 +104,37 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+class SettledTrials(Protocol):
+    """What the controller settles before any worker starts, read by every process that
+    collects or runs trials: the controller's `PlannedRun` (written by its pre-flight), a
+    worker's `HandedTrials` (from its start-up data)."""
+
+    @property
+    def row_digests(self) -> Mapping[str, str]:
+        """Each task's digest as the controller materialized its rows: `taskset/task`."""
+        ...
+
+    @property
+    def done_trials(self) -> Set[str]:
+        """The trials a resumed run finished already: they are not collected again."""
+        ...
+
+
+@dataclass(frozen=True)
+class HandedTrials:
+    """An xdist worker's `SettledTrials`: what the controller handed it at its start."""
+
+    row_digests: Mapping[str, str] = field(default_factory=dict)
+    done_trials: frozenset[str] = frozenset()
+
+
 class HarborRun:
-    """Shared by every node of a run in one process (controller or xdist worker)."""
+    """Shared by every node of a run in one process (controller or xdist worker): made
+    once per process by `pytest_configure`, from the options and (on a worker) what the
+    controller handed it. Its fields are set as it is made, and its machinery (plans,
+    slots, cleanups, watchdogs) is written by its own methods, but for `started_early`,
+    which a trial adds its early-started episode to (nodes.py). What only the controller
+    learns is not here: see `PlannedRun` (plugin/planned.py) and `RunReport`."""
 
     def __init__(
         self,
@@ -183,23 +215,6 @@ class HarborRun:
             if self.settings.artifacts_dir
             else None,
         )
-        self.writer = None if is_worker else RolloutsWriter(self.layout, self.redactor, run_id)
-        #: Digests of the rows as the controller materialized them: `taskset/task` -> digest.
-        self.row_digests: dict[str, str] = {}
-        #: Node ids of every trial the controller planned: `<taskset>/<task>::r<N>`.
-        self.trial_ids: set[str] = set()
-        #: Trials a resumed run finished already: they are not collected again.
-        self.done_trials: set[str] = set()
-        #: Expected seconds of one trial of each `<taskset>/<task>` (longest first).
-        self.expected_s: dict[str, float] = {}
-        #: The `<taskset>/<task>`s an earlier run recorded durations of.
-        self.history_tasks: set[str] = set()
-        #: What reports to the terminal (None without one), its verbosity, and the
-        #: number of workers (for the status line's estimate).
-        self.terminal: Any = None
-        self.config_verbosity = 0
-        self.workers = 1
-        self.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         self._slots: Slots | None = None
         self._plans: dict[Path, TasksetPlan | TaskLoadError] = {}
         #: Episodes whose sandbox started ahead of their trial (see HarborTrial.start_early).
@@ -490,3 +505,5 @@ def _model_config(options: ModelOptions, agent: str) -> ModelConfig:
 
 
 HARBOR_RUN = pytest.StashKey[HarborRun]()
+#: What the controller settled, as this process reads it (set with HARBOR_RUN).
+SETTLED_TRIALS = pytest.StashKey[SettledTrials]()

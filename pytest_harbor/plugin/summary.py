@@ -3,9 +3,11 @@ the `harbor` section at its end (scores, files, what was left out, kept or cut s
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,12 +36,25 @@ Write = Callable[..., None]
 
 
 class TerminalSummary:
-    """Registered on the controller (or the sole process)."""
+    """Registered on the controller (or the sole process); reads the run's report and
+    plan, and writes only its own fields: the terminal, learnt as the session starts."""
 
     def __init__(self, state: RunReport) -> None:
         self.state = state
         self.run = state.run
         self._status_at: float | None = None
+        #: What reports to the terminal (None without one), its verbosity, and the number
+        #: of workers (for the status line's estimate).
+        self.terminal: Any = None
+        self.verbosity = 0
+        self.workers = 1
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        config = session.config
+        self.terminal = config.pluginmanager.get_plugin("terminalreporter")
+        self.verbosity = config.get_verbosity()
+        self.workers = _workers(config)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self._maybe_status()
@@ -54,17 +69,17 @@ class TerminalSummary:
         if self._status_at is None:
             self._status_at = now
             return
-        if now - self._status_at < STATUS_EVERY_S or self.run.config_verbosity < 0:
+        if now - self._status_at < STATUS_EVERY_S or self.verbosity < 0:
             return
         self._status_at = now
-        reporter = self.run.terminal
+        reporter = self.terminal
         if reporter is None:
             return
         # On a line of its own, never glued to the progress dots.
         writer = getattr(reporter, "_tw", None)
         if writer is not None and writer.width_of_current_line:
             reporter.write("\n")
-        reporter.write_line(self.run.redactor.shown(status_line(self.state)))
+        reporter.write_line(self.run.redactor.shown(status_line(self.state, self.workers)))
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         state, layout = self.state, self.run.layout
@@ -148,8 +163,9 @@ class TerminalSummary:
                 f"{state.unwritten_reason}",
                 red=True,
             )
-        if state.reaped:
-            write(f"removed {state.reaped} sandbox(es) left by runs whose process is gone")
+        reaped = state.planned.reaped + state.reaped
+        if reaped:
+            write(f"removed {reaped} sandbox(es) left by runs whose process is gone")
         builds = state.builds
         if builds.started and (builds.done or builds.failed):
             provider = self.run.provider
@@ -245,9 +261,10 @@ class TerminalSummary:
                 write(f"  check: {state.check_files[taskset]}")
 
 
-def status_line(state: RunReport) -> str:
-    """`harbor: 2 images being made, 2 episodes running, 14 waiting, about 3 min left`."""
-    run, builds = state.run, state.builds
+def status_line(state: RunReport, workers: int = 1) -> str:
+    """`harbor: 2 images being made, 2 episodes running, 14 waiting, about 3 min left`
+    (the time left shared by `workers` processes)."""
+    planned, builds = state.planned, state.builds
     selected = [record for record in state.ledger.trials.values() if record.selected]
     running = [r for r in selected if r.started and not r.finished]
     waiting = [r for r in selected if not r.started and not r.finished]
@@ -257,14 +274,22 @@ def status_line(state: RunReport) -> str:
     parts.append(f"{len(running)} episode{'s' if len(running) != 1 else ''} running")
     parts.append(f"{len(waiting)} waiting")
     known = [
-        run.expected_s.get(f"{r.taskset}/{r.task_id}")
+        planned.expected_s.get(f"{r.taskset}/{r.task_id}")
         for r in running + waiting
-        if f"{r.taskset}/{r.task_id}" in run.history_tasks
+        if f"{r.taskset}/{r.task_id}" in planned.history_tasks
     ]
     if known and len(known) == len(running) + len(waiting):
-        left = sum(value or 0.0 for value in known) / max(1, run.workers)
+        left = sum(value or 0.0 for value in known) / max(1, workers)
         parts.append(f"about {_duration(left)} left")
     return "harbor: " + ", ".join(parts)
+
+
+def _workers(config: pytest.Config) -> int:
+    """How many processes run episodes (`-n`; 1 without xdist)."""
+    try:
+        return max(1, int(getattr(config.option, "numprocesses", 0) or 1))
+    except (TypeError, ValueError):  # `-n auto` not yet turned into a number
+        return os.cpu_count() or 1
 
 
 def _duration(seconds: float) -> str:

@@ -16,6 +16,7 @@ from pytest_harbor.strict_json import as_float
 from pytest_harbor.untrusted import load_json
 from pytest_harbor.writers.folder import INCOMING, PREVIOUS_SUFFIX
 from pytest_harbor.writers.rollouts import CHECK, FAILURES, ROLLOUTS, SUMMARY
+from pytest_harbor.writers.rows import read_rows
 
 __all__ = [
     "CHECK",
@@ -190,8 +191,11 @@ def _named(folder: Path, files: Mapping[str, Any], name: str, default: str) -> P
 
 
 def _json_lines(path: Path, notes: list[str]) -> Iterator[dict[str, Any]]:
+    """The rows of `path` (objects with a `task_id`); the lines that are not rows are
+    counted in a note."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # NaN and Infinity (which older versions wrote, and which are not JSON) read as null.
+        lines = read_rows(path, constants="null")
     except FileNotFoundError:
         return
     except OSError as error:
@@ -199,15 +203,8 @@ def _json_lines(path: Path, notes: list[str]) -> Iterator[dict[str, Any]]:
         return
     bad = 0
     for line in lines:
-        if not line.strip():
-            continue
-        try:
-            data = _loads(line)
-        except ValueError:
-            bad += 1
-            continue
-        if isinstance(data, dict) and "task_id" in data:
-            yield data
+        if line.row is not None and "task_id" in line.row:
+            yield line.row
         else:
             bad += 1
     if bad:

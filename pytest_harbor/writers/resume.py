@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from pytest_harbor.engine.results import EpisodeResult
-from pytest_harbor.untrusted import load_json
 from pytest_harbor.writers.failures import FailureRecord
 from pytest_harbor.writers.manifest import RunManifest, read_manifest
+from pytest_harbor.writers.rows import read_rows
 
 __all__ = ["EpisodeKey", "ResumePoint", "read_resume_point"]
 
@@ -90,15 +90,14 @@ def _records(
 
 
 def _json_lines(path: Path, point: ResumePoint) -> list[dict[str, Any]]:
+    """The JSON objects of `path`'s lines; a line that holds none (a torn last line among
+    them) is counted as dropped."""
     if not path.is_file():
         return []
     found = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if not line.strip():
-            continue
-        data, _ = load_json(line)
-        if isinstance(data, dict):
-            found.append(data)
-        else:
+    for line in read_rows(path):
+        if line.row is None:
             point.dropped_lines += 1
+        else:
+            found.append(line.row)
     return found

@@ -57,6 +57,8 @@ def test_writer_starts_fresh_at_its_first_row_then_appends(tmp_path: Path) -> No
 
 def test_only_the_controller_has_a_writer(tmp_path: Path) -> None:
     from pytest_harbor.plugin.options import HarborOptions
+    from pytest_harbor.plugin.planned import PlannedRun
+    from pytest_harbor.plugin.reporting import RunReport
     from pytest_harbor.plugin.run import HarborRun
 
     options = HarborOptions(
@@ -68,5 +70,6 @@ def test_only_the_controller_has_a_writer(tmp_path: Path) -> None:
         pass_reward=1.0,
     )
     common = {"run_id": "r", "owner": "host:1", "targets": []}
-    assert HarborRun(options, is_worker=False, **common).writer is not None  # type: ignore[arg-type]
-    assert HarborRun(options, is_worker=True, **common).writer is None  # type: ignore[arg-type]
+    controller = HarborRun(options, is_worker=False, **common)  # type: ignore[arg-type]
+    assert RunReport.of(controller, PlannedRun()).writer is not None
+    assert getattr(HarborRun(options, is_worker=True, **common), "writer", None) is None  # type: ignore[arg-type]
