@@ -5,6 +5,7 @@ for the test and stopped after it."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import random
 import re
@@ -38,6 +39,13 @@ class SecondEngine:
         self.url = f"unix://{self.socket}"
         self.bridge = f"hb2{token}"
         self.subnet = f"10.213.{random.randint(1, 254)}.1/24"
+        #: With `data_size`, the pool its own networks take their addresses from, apart
+        #: from the first engine's: an engine whose disk is full leaves the bridges of
+        #: networks it could not record, and they are found by address. (Only then: an
+        #: engine started again with a pool of its own removes the host's docker0.)
+        self.pool = (
+            ipaddress.ip_network(f"10.{random.randint(100, 199)}.0.0/16") if data_size else None
+        )
         self.process: subprocess.Popen[bytes] | None = None
         self.log = self.root / "dockerd.log"
         #: With `tls`, the engine also listens on tcp://127.0.0.1:<port> and verifies its
@@ -49,10 +57,12 @@ class SecondEngine:
         self.data_size = data_size
         self.tcp_url: str | None = None
         self.client_tls = self.root / "client-tls"
+        #: stop() has begun (a failed start in it does not start it again).
+        self._stopping = False
 
     def start(self) -> SecondEngine:
         sweep_abandoned()
-        (self.root / "owner").write_text(f"{os.getpid()}\n{self.bridge}\n")
+        (self.root / "owner").write_text(f"{os.getpid()}\n{self.bridge}\n{self.pool or '-'}\n")
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", self.subnet, "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
@@ -111,6 +121,7 @@ class SecondEngine:
                     str(self.root / "docker.pid"),
                     "--bridge",
                     self.bridge,
+                    *(["--default-address-pool", f"base={self.pool},size=24"] if self.pool else []),
                     "--iptables=false",
                     "--ip-masq=false",
                 ],
@@ -136,6 +147,14 @@ class SecondEngine:
 
     def stop(self) -> None:
         """Stop the engine (its containers with it) and remove everything it had."""
+        if self.process is not None and self.process.poll() is not None and not self._stopping:
+            # Killed (kill()) and not started again: its containers still run under their
+            # shims and its networks' bridges hold address pools. Started again on its data
+            # root, it stops them and names the bridges.
+            self._stopping = True
+            with contextlib.suppress(RuntimeError):
+                self._launch()
+        self._stopping = True
         process, self.process = self.process, None
         # The bridges of its own networks (pytest-harbor's isolated one) outlive it on the
         # host, and each holds an address pool every engine here avoids: named while it
@@ -148,8 +167,13 @@ class SecondEngine:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)
+        # The engine's containerd and shims, when it did not come back to stop them (a run
+        # that reaches the engine names its folder too, so the pattern names containerd).
+        subprocess.run(
+            ["pkill", "-9", "-f", f"containerd.*{self.root}"], check=False, capture_output=True
+        )
         _remove(self.root, self.bridge)
-        for bridge in bridges:
+        for bridge in {*bridges, *(bridges_in(self.pool) if self.pool else [])}:
             subprocess.run(["ip", "link", "delete", bridge], check=False, capture_output=True)
 
     def _network_bridges(self) -> list[str]:
@@ -169,7 +193,7 @@ def sweep_abandoned() -> None:
     processes, containers included, mounts, folders and bridges go."""
     for root in Path("/tmp").glob("hb2-*"):
         try:
-            pid_text, bridge = (root / "owner").read_text().split()
+            pid_text, bridge, pool = (root / "owner").read_text().split()
             os.kill(int(pid_text), 0)
             continue  # its test process still runs
         except ProcessLookupError:
@@ -180,6 +204,25 @@ def sweep_abandoned() -> None:
         subprocess.run(["pkill", "-9", "-f", str(root)], check=False, capture_output=True)
         _kill_orphaned_containers()
         _remove(root, bridge)
+        for left in bridges_in(ipaddress.ip_network(pool)) if pool != "-" else []:
+            subprocess.run(["ip", "link", "delete", left], check=False, capture_output=True)
+
+
+def bridges_in(pool: ipaddress.IPv4Network | ipaddress.IPv6Network) -> list[str]:
+    """The host's bridges with an address in `pool`."""
+    listed = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show", "type", "bridge"],
+        check=False,
+        capture_output=True,
+        text=True,
+    ).stdout
+    found = []
+    for line in listed.splitlines():
+        fields = line.split()
+        with contextlib.suppress(IndexError, ValueError):
+            if ipaddress.ip_interface(fields[fields.index("inet") + 1]).ip in pool:
+                found.append(fields[1])
+    return found
 
 
 def _kill_orphaned_containers() -> None:
