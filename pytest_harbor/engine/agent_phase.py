@@ -37,7 +37,7 @@ from pytest_harbor.harnesses.base import (
 )
 from pytest_harbor.harnesses.mcp.turns import describe_task, unreachable_servers
 from pytest_harbor.sandboxes.base import Sandbox, SandboxError
-from pytest_harbor.tasks import Task, Turn
+from pytest_harbor.tasks import Turn
 
 __all__ = ["AgentPhase"]
 
@@ -53,14 +53,14 @@ class AgentPhase:
     """Opens the harness session when a turn needs one, runs turns, closes it."""
 
     def __init__(
-        self, context: EpisodeContext, *, task: Task, model_gate: ModelGate, logs_dir: Path | None
+        self, context: EpisodeContext, *, model_gate: ModelGate, logs_dir: Path | None
     ) -> None:
-        """`task` is what the harness is handed: the task as loaded, without the
-        settings' Compose overlay."""
+        """The harness is handed the context's task: the settings' overlay merged in (its
+        MCP servers among the task's own)."""
         self.harness = harness = context.harness
         self.mcp = context.mcp
         self.episode_id = context.id
-        self.task = task
+        self.task = context.task
         self.model = context.model
         self.model_gate = model_gate
         self.redactor = context.redactor

@@ -103,7 +103,7 @@ class Episode:
         name: str | None = None,
     ) -> None:
         settings = settings or HarborSettings()
-        loaded, task = task, with_overlay(task, settings)
+        task = with_overlay(task, settings)
         mcp = mcp_access(task, settings, os.environ)
         self.context = context = EpisodeContext(
             id=name or episode_id(task.id, repeat),
@@ -124,7 +124,7 @@ class Episode:
         self.launcher = SandboxLauncher(context, provider)
         self._verifier = verifier_mode(context, self.launcher)
         gate = model_gate or InProcessGate(model.max_concurrent_requests if model else 1)
-        self._agent = AgentPhase(context, task=loaded, model_gate=gate, logs_dir=agent_logs_dir)
+        self._agent = AgentPhase(context, model_gate=gate, logs_dir=agent_logs_dir)
         self._attempt = Attempt(1, SandboxUsers(task))
         self._early = EarlyStart(self.launcher)
         self._turns: list[TurnResult] = []

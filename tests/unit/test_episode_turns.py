@@ -374,3 +374,35 @@ def test_a_step_below_its_min_reward_stops_the_episode(tmp_path: Path) -> None:
     assert result.stopped_after_turn == "two"
     assert result.reward == pytest.approx(0.75)
     assert "below its min_reward 1" in (result.failure_reason or "")
+
+
+def test_the_overlays_mcp_servers_reach_the_harness_and_the_task_file(tmp_path: Path) -> None:
+    """compose_overlay.mcp_servers join the task's own: the harness is handed the task with
+    them, and the task description file is written for a task that has none of its own."""
+    seen: list[list[str]] = []
+
+    class Recording(ScriptedHarness):
+        def open_session(self, context: SessionContext) -> HarnessSession:
+            seen.append([server.name for server in context.task.config.environment.mcp_servers])
+            return super().open_session(context)
+
+    settings = HarborSettings.model_validate(
+        {
+            "compose_overlay": {
+                "mcp_servers": [
+                    {"name": "notes", "transport": "streamable-http", "url": "http://notes/mcp"}
+                ]
+            }
+        }
+    )
+    provider = FakeProvider(SandboxScript(verdicts=[Verdict.reward("1")]))
+    task = single_step_task(tmp_path)
+    assert task.config.environment.mcp_servers == []
+    (output,), _ = run_all(episode_of(task, tmp_path, provider, Recording(), settings))
+    assert output.result.reward == 1.0
+    assert seen == [["notes"]]
+    written = [
+        call for call in provider.calls if "/tmp/.pytest-harbor/task.json" in " ".join(call.command)
+    ]
+    assert written, [call.command for call in provider.calls]
+    assert b"notes" in (written[0].stdin or b"")
