@@ -1,5 +1,6 @@
-"""What the controller's pre-flight settles before any worker starts: the trials it
-planned, their rows' digests, those a resumed run finished, how long each task takes."""
+"""What the controller's pre-flight settles before any worker starts: each taskset's plan,
+manifest and run record, what its folder held, the trials planned, their rows' digests,
+those a resumed run finished, how long each task takes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import pytest
+
+from pytest_harbor.run.planning import TasksetPlan
+from pytest_harbor.writers.folder import EarlierRun
+from pytest_harbor.writers.manifest import RunManifest
+from pytest_harbor.writers.run_config import RunRecord
 
 __all__ = ["PLANNED_RUN", "PlannedRun"]
 
@@ -22,8 +28,9 @@ class PlannedRun:
     Made where the controller's plugins are registered (`started_at` with it); every other
     field is written by the pre-flight (`PreFlight`) alone, before any worker starts.
     Read by the scheduler (`trial_ids`, `expected_s`), the item reports and the recorder
-    (`trial_ids`, `done_trials`), the builds ahead (`expected_s`), the terminal summary
-    (`expected_s`, `history_tasks`, `reaped`), and the workers' start-up data
+    (`trial_ids`, `done_trials`, and each taskset's `plans`, `manifests`, `earlier_runs`), the
+    builds ahead (`expected_s`), the terminal summary (`expected_s`, `history_tasks`,
+    `reaped`, `plans`, `manifests`, `earlier_runs`), and the workers' start-up data
     (`row_digests`, `done_trials`: it is the sole process's `SettledTrials`)."""
 
     #: When the run started: its manifest and its results folders' locks say so.
@@ -40,6 +47,14 @@ class PlannedRun:
     history_tasks: set[str] = field(default_factory=set)
     #: Sandboxes removed as the run started that runs whose process is gone had left.
     reaped: int = 0
+    #: Each taskset's manifest (the tasksets of the run are its keys).
+    manifests: dict[str, RunManifest] = field(default_factory=dict)
+    #: What each taskset's run_config_<agent>.yaml records.
+    run_records: dict[str, RunRecord] = field(default_factory=dict)
+    #: What each taskset's folder held from an earlier run as this one started.
+    earlier_runs: dict[str, EarlierRun | None] = field(default_factory=dict)
+    #: Each taskset's plan, as the run planned it at its start.
+    plans: dict[str, TasksetPlan] = field(default_factory=dict)
 
 
 #: The controller's plan, for its hooks that are not one of its plugins (the scheduler's,

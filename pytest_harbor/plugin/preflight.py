@@ -66,7 +66,7 @@ class PreFlight:
             # Every planned trial runs: its images can start now, while workers start.
             self.state.builds.start(
                 (taskset, task)
-                for taskset, plan in self.state.plans.items()
+                for taskset, plan in self.state.planned.plans.items()
                 for task in plan.tasks
                 if any(
                     trial_id(taskset, task.id, repeat) not in planned.done_trials
@@ -124,10 +124,10 @@ class PreFlight:
                     f"--harbor-config: the tasks of {taskset} are not those of the recorded "
                     f"run {recorded.run_id}:\n  " + "\n  ".join(differences)
                 )
-        state.records[taskset] = describe_run(run, config, target, manifest)
+        state.planned.run_records[taskset] = describe_run(run, config, target, manifest)
         planned.trial_ids.update(state.ledger.plan(taskset, plan.repeats, digests))
         point = self._resume(manifest) if run.options.resume else None
-        state.manifests[taskset] = manifest
+        state.planned.manifests[taskset] = manifest
         skipped = {}
         if run.options.skip_unloadable:
             skipped = {path.name: str(error) for path, error in plan.failures.items()}
@@ -135,8 +135,8 @@ class PreFlight:
         # Nothing is written to the taskset's folder yet (see RolloutsWriter), unless
         # it holds no earlier results to keep: then it begins now, as the run starts.
         state.writer.plan(taskset, resume=point, on_begin=self._beginning(plan))
-        state.earlier[taskset] = earlier_run(folder)
-        if state.earlier[taskset] is None:
+        state.planned.earlier_runs[taskset] = earlier_run(folder)
+        if state.planned.earlier_runs[taskset] is None:
             state.writer.begin(taskset)
         history = read_history(folder)
         planned.history_tasks.update(f"{taskset}/{name}" for name in history)
@@ -147,7 +147,7 @@ class PreFlight:
             planned.expected_s[f"{taskset}/{task.id}"] = expected_seconds(
                 task, run.settings, history
             )
-        state.plans[taskset] = plan
+        state.planned.plans[taskset] = plan
 
     def _lock(self, folder: Path) -> None:
         lock = ResultsLock(
@@ -173,9 +173,11 @@ class PreFlight:
 
         def begin() -> None:
             taskset = plan.taskset
-            state.manifests[taskset].write(run.layout.manifest_file(taskset), run.redactor)
+            state.planned.manifests[taskset].write(run.layout.manifest_file(taskset), run.redactor)
             folder = run.layout.taskset_dir(taskset)
-            state.records[taskset].write(folder / run_config_name(run.options.agent), run.redactor)
+            state.planned.run_records[taskset].write(
+                folder / run_config_name(run.options.agent), run.redactor
+            )
             write_task_rows(run.layout, run.harness.name, plan)
             state.skipped.open(taskset)
 

@@ -51,7 +51,7 @@ class ResultRecorder:
 
     def _build_ahead(self, nodeids: Iterable[str]) -> None:
         """Start making the images of the trials the run selected (once)."""
-        builds, plans = self.state.builds, self.state.plans
+        builds, plans = self.state.builds, self.state.planned.plans
         if builds.started or not plans:
             return
         tasks = {taskset: {task.id: task for task in plan.tasks} for taskset, plan in plans.items()}
@@ -175,7 +175,7 @@ class ResultRecorder:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         state = self.state
         state.builds.close()
-        if session.config.option.collectonly or not state.manifests:
+        if session.config.option.collectonly or not state.planned.manifests:
             return
         if state.check is not None:
             self._finish_check(session)
@@ -186,13 +186,13 @@ class ResultRecorder:
                 # An interruption alone does not begin a folder: the earlier run stays.
                 state.writer.append_failure(failure, begins=False)
         finished_at = datetime.now(UTC).isoformat(timespec="milliseconds")
-        for taskset in state.manifests:
+        for taskset in state.planned.manifests:
             try:
                 state.writer.finish(taskset)
             except OSError as error:
                 self._unwritable(self.run.layout.taskset_dir(taskset), error)
         summaries = []
-        for taskset, manifest in state.manifests.items():
+        for taskset, manifest in state.planned.manifests.items():
             if not state.writer.begun(taskset):
                 continue
             self._record_durations(taskset)
@@ -240,7 +240,7 @@ class ResultRecorder:
         # Those of the tasks this run selects (--harbor-only-tasks may leave some out).
         kept = [
             entry
-            for taskset in state.manifests
+            for taskset in state.planned.manifests
             for entry in state.ledger.entries(taskset)
             if entry.earlier
             and trial_id(taskset, entry.task_id, entry.repeat) in state.planned.trial_ids
@@ -265,11 +265,13 @@ class ResultRecorder:
         state = self.state
         assert state.check is not None
         tasks = {
-            (taskset, task.id): task for taskset, plan in state.plans.items() for task in plan.tasks
+            (taskset, task.id): task
+            for taskset, plan in state.planned.plans.items()
+            for task in plan.tasks
         }
         refused = {
             (taskset, path.name): first_line(str(error))
-            for taskset, plan in state.plans.items()
+            for taskset, plan in state.planned.plans.items()
             for path, error in plan.failures.items()
         }
         redact = self.run.redactor.text
@@ -277,7 +279,7 @@ class ResultRecorder:
             key: [Problem(problem.kind, redact(problem.detail)) for problem in found]
             for key, found in state.check.problems(tasks, refused).items()
         }
-        for taskset in state.manifests:
+        for taskset in state.planned.manifests:
             if not state.writer.begun(taskset):
                 continue
             try:

@@ -11,12 +11,8 @@ from pytest_harbor.plugin.builds import BuildsAhead
 from pytest_harbor.plugin.ledger import EpisodeLedger
 from pytest_harbor.plugin.planned import PlannedRun
 from pytest_harbor.plugin.run import HarborRun
-from pytest_harbor.run.planning import TasksetPlan
 from pytest_harbor.writers import RolloutsWriter
-from pytest_harbor.writers.folder import EarlierRun
-from pytest_harbor.writers.manifest import RunManifest
 from pytest_harbor.writers.materialized import SkippedLog
-from pytest_harbor.writers.run_config import RunRecord
 
 if TYPE_CHECKING:
     from pytest_harbor.plugin.checks import Problem, TaskCheck
@@ -33,10 +29,9 @@ class RunReport:
     the pre-flight, the recorder and the terminal summary; a worker has none.
 
     Made where the controller's plugins are registered (`RunReport.of`), with the run's
-    writer, ledger, skipped log, builds ahead and check, which each of them uses. The
-    pre-flight (`PreFlight`) writes `manifests`, `records`, `earlier`, `plans` and the plan
-    (`planned`, see PlannedRun); every other field is the recorder's (`ResultRecorder`).
-    The terminal summary only reads."""
+    writer, ledger, skipped log, builds ahead and check, which each of them uses. What the
+    pre-flight (`PreFlight`) writes is the plan (`planned`, see PlannedRun); every field
+    here is the recorder's (`ResultRecorder`). The terminal summary only reads."""
 
     run: HarborRun
     #: What the pre-flight settled before any worker started.
@@ -47,13 +42,6 @@ class RunReport:
     builds: BuildsAhead
     #: Check mode's findings: fed every report, read at the end of the run.
     check: TaskCheck | None
-    manifests: dict[str, RunManifest] = field(default_factory=dict)
-    #: What each taskset's run_config_<agent>.yaml records.
-    records: dict[str, RunRecord] = field(default_factory=dict)
-    #: What each taskset's folder held from an earlier run as this one started.
-    earlier: dict[str, EarlierRun | None] = field(default_factory=dict)
-    #: Each taskset's plan, as the run planned it at its start.
-    plans: dict[str, TasksetPlan] = field(default_factory=dict)
     #: Episodes seeded (setup reports), and of them those with nothing to validate.
     items: int = 0
     unvalidated: int = 0

@@ -63,7 +63,7 @@ class TerminalSummary:
         """For a long run, a compact line now and then (at most every STATUS_EVERY_S): the
         images being made, the episodes running and waiting, and the time left once the
         results folder recorded earlier runs. Not with -q."""
-        if not self.state.manifests:
+        if not self.state.planned.manifests:
             return  # no taskset in this run (pytest-harbor's own tests, say)
         now = time.monotonic()
         if self._status_at is None:
@@ -84,9 +84,11 @@ class TerminalSummary:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         state, layout = self.state, self.run.layout
         left_out = {
-            taskset: plan.failures for taskset, plan in state.plans.items() if plan.failures
+            taskset: plan.failures for taskset, plan in state.planned.plans.items() if plan.failures
         }
-        ran = any(True for taskset in state.manifests for _ in state.ledger.entries(taskset))
+        ran = any(
+            True for taskset in state.planned.manifests for _ in state.ledger.entries(taskset)
+        )
         unmatched = self._unmatched_filters(terminalreporter.config)
         if not ran and not left_out and not unmatched:
             return
@@ -96,7 +98,7 @@ class TerminalSummary:
             write(message, yellow=True)
         for taskset, failures in sorted(left_out.items()):
             self._write_left_out(write, taskset, failures)
-        for taskset in sorted(state.manifests):
+        for taskset in sorted(state.planned.manifests):
             score = state.ledger.score(taskset)
             if not score.episodes and not score.count("not_run"):
                 continue
@@ -108,11 +110,11 @@ class TerminalSummary:
             report = layout.report_file(taskset)
             if report in state.reports:
                 write(f"  report: {report}")
-        for taskset in sorted(state.manifests):
+        for taskset in sorted(state.planned.manifests):
             aside = state.writer.set_aside.get(taskset)
             if aside is not None:
                 write(aside.message(taskset))
-            earlier = state.earlier.get(taskset)
+            earlier = state.planned.earlier_runs.get(taskset)
             if not state.writer.begun(taskset) and earlier is not None:
                 write(earlier.message(taskset, layout.taskset_dir(taskset)))
         if self.run.options.report_path in state.reports:
@@ -151,7 +153,9 @@ class TerminalSummary:
                     else ""
                 )
             )
-        if state.cut_short and any(state.writer.begun(taskset) for taskset in state.manifests):
+        if state.cut_short and any(
+            state.writer.begun(taskset) for taskset in state.planned.manifests
+        ):
             write(
                 f"interrupted: {state.cut_short} episode(s) did not end; the same command with "
                 "--harbor-resume runs only those, keeping the rest",
@@ -177,7 +181,9 @@ class TerminalSummary:
             )
         if self.run.harness.validates and state.nothing_validatable:
             write("no selected task has a solution/solve.sh: nothing was validated", red=True)
-        partial = sum(state.ledger.score(taskset).count("partial") for taskset in state.manifests)
+        partial = sum(
+            state.ledger.score(taskset).count("partial") for taskset in state.planned.manifests
+        )
         if partial:
             write(
                 f"{partial} episode(s) ran only some of their steps (the others were not "
@@ -212,7 +218,7 @@ class TerminalSummary:
     def _unmatched_filters(self, config: pytest.Config) -> list[str]:
         """The task filters that matched nothing: each `--harbor-only-tasks` name or glob
         that names no task, and `-k` or `-m` when they left no episode selected."""
-        plans = self.state.plans
+        plans = self.state.planned.plans
         if not plans:
             return []
         ids = [task_id for plan in plans.values() for task_id in plan.task_ids]
@@ -234,7 +240,7 @@ class TerminalSummary:
         """One table of problems per taskset: task, problem, detail."""
         state = self.state
         repeats = state.check.repeats if state.check else 1
-        for taskset in sorted(state.manifests):
+        for taskset in sorted(state.planned.manifests):
             checked = {
                 task: found for (owner, task), found in state.problems.items() if owner == taskset
             }
