@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_harbor.sandboxes.compose import read_compose, run_config
-from pytest_harbor.sandboxes.compose_model import read_project
-from pytest_harbor.sandboxes.compose_source import check_source
+from pytest_harbor.sandboxes.compose.model import read_project
+from pytest_harbor.sandboxes.compose.project import read_compose, run_config
+from pytest_harbor.sandboxes.compose.source import check_source
 from pytest_harbor.tasks.dockerfiles import check_dockerfile_text
 
 ROOT = Path(__file__).resolve().parent.parent

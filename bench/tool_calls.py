@@ -54,12 +54,12 @@ def direct(commands: int) -> None:
         SandboxSpec(image=IMAGE, labels={"pytest-harbor.run": "bench-tool-calls"})
     )
     try:
-        plain = sandbox.without_channel()
+        agent = sandbox.for_agent()
         command = ["echo", "ok"]
-        for name, target in (("plain exec", plain), ("channel", sandbox)):
+        for name, target in (("plain exec", sandbox), ("channel", agent)):
             target.exec(command, timeout=30)  # warm-up (the channel opens here)
             assert target.exec(command, timeout=30).stdout == "ok\n"
-            count = commands if target is sandbox else max(commands // 10, 30)
+            count = commands if target is agent else max(commands // 10, 30)
             run = lambda target=target: target.exec(command, timeout=30)  # noqa: E731
             print(f"{name:>26}: {percentiles(timed(run, count))}")
     finally:

@@ -17,6 +17,7 @@ import tarfile
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pytest_harbor.engine.scripts import (
     CLEAR,
@@ -76,6 +77,8 @@ class Call:
     workdir: str | None = None
     env: Mapping[str, str] | None = None
     stdin: bytes | None = None
+    #: Asked through the view the engine hands a harness (CarriesAgentCommands).
+    by_agent: bool = False
 
     @property
     def arguments(self) -> tuple[str, ...]:
@@ -148,8 +151,9 @@ class FakeSandbox:
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         stdin: bytes | None = None,
+        by_agent: bool = False,
     ) -> ExecResult:
-        call = Call(self._id, _kind(command), tuple(command), user, workdir, env, stdin)
+        call = Call(self._id, _kind(command), tuple(command), user, workdir, env, stdin, by_agent)
         self._answer(call)
         scripted = self._script.commands(call)
         if scripted is not None:
@@ -167,6 +171,9 @@ class FakeSandbox:
         if call.kind == "clear":
             self.verifier_files = {}
         return ExecResult(0) if call.kind == "command" else done
+
+    def for_agent(self) -> AgentView:
+        return AgentView(self)
 
     def _survey(self, users: Iterable[str]) -> str:
         lines = [
@@ -228,6 +235,20 @@ class FakeSandbox:
 
     def stop(self) -> None:
         self.stopped = True
+
+
+class AgentView:
+    """A FakeSandbox as a harness's commands reach it: the same sandbox, its calls marked
+    `by_agent` (where the docker provider would carry them by command channel)."""
+
+    def __init__(self, sandbox: FakeSandbox) -> None:
+        self._sandbox = sandbox
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sandbox, name)
+
+    def exec(self, command: Sequence[str], **options: Any) -> ExecResult:
+        return self._sandbox.exec(command, by_agent=True, **options)
 
 
 class FakeProvider:

@@ -36,7 +36,7 @@ from pytest_harbor.harnesses.base import (
     TurnContext,
 )
 from pytest_harbor.harnesses.mcp.turns import describe_task, unreachable_servers
-from pytest_harbor.sandboxes.base import Sandbox, SandboxError
+from pytest_harbor.sandboxes.base import Sandbox, SandboxError, for_agent
 from pytest_harbor.tasks import Turn
 
 __all__ = ["AgentPhase"]
@@ -214,10 +214,14 @@ class AgentPhase:
         grace_s: float = HARNESS_GRACE_S,
     ) -> CallOutcome[T]:
         """call_harness(), then the host folder pruned when the call left nothing there."""
+        # A harness's commands may go by its provider's own route (command channels),
+        # but not the oracle's: solve.sh's exit status is part of the result, and a
+        # root solve.sh could end such a route's processes under its own command.
+        carried = sandbox if self.harness.validates else for_agent(sandbox)
         try:
             return call_harness(
                 what,
-                sandbox,
+                carried,
                 seconds,
                 work,
                 grace_s=grace_s,

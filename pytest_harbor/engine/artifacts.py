@@ -24,7 +24,7 @@ from typing import IO, Any
 from pytest_harbor.engine.masked_names import MaskedPaths
 from pytest_harbor.engine.scripts import ARTIFACTS
 from pytest_harbor.redaction import Redactor
-from pytest_harbor.sandboxes.base import Sandbox, SandboxError, service_of, without_channel
+from pytest_harbor.sandboxes.base import Sandbox, SandboxError, service_of
 from pytest_harbor.sandboxes.copies import (
     ARTIFACTS_RESULTS_COPY,
     CopyCapped,
@@ -147,7 +147,7 @@ def _copy_one(
         seconds=max(ARTIFACTS_RESULTS_COPY.seconds - (time.monotonic() - tally.started), 0.001),
     )
     try:
-        origin = without_channel(sandbox)
+        origin = sandbox
         if artifact.service not in (None, "main"):
             origin = service_of(origin, artifact.service)
         chunks = origin.iter_archive(source)

@@ -26,7 +26,6 @@ from pytest_harbor.engine.artifacts import collect_artifacts
 from pytest_harbor.engine.attempt import Attempt
 from pytest_harbor.engine.budget import EpisodeBudget, setup_seconds
 from pytest_harbor.engine.clock import EpisodeClock
-from pytest_harbor.engine.compose_tasks import prompted, with_overlay
 from pytest_harbor.engine.context import EpisodeContext
 from pytest_harbor.engine.failures import EpisodeError, FailureKind, start_failure
 from pytest_harbor.engine.folders import EpisodeFolders
@@ -59,6 +58,7 @@ from pytest_harbor.harnesses.mcp.access import mcp_access
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.redaction import Redactor, run_redactor
 from pytest_harbor.sandboxes.base import Sandbox, SandboxError, SandboxProvider, set_phase_network
+from pytest_harbor.sandboxes.compose.tasks import prompted, with_overlay
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task, Turn
 

@@ -4,7 +4,6 @@ past its deadline."""
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,7 +22,6 @@ from pytest_harbor.sandboxes.base import (
     SandboxError,
     SandboxStatus,
     Spawned,
-    without_channel,
 )
 from pytest_harbor.sandboxes.copies import HARNESS_COPY, bounded
 from pytest_harbor.sandboxes.pipes import OpensPipes, Pipe
@@ -49,7 +47,6 @@ class SandboxWindow:
         self._sandbox = sandbox
         self._deadline = deadline
         self._what = what
-        #: Shared with the window's plain-exec view (without_channel).
         self._closed_event = threading.Event()
         #: The pipes the call opened: closed with the window, so none outlives the call.
         self._pipes: list[Pipe] = []
@@ -69,12 +66,6 @@ class SandboxWindow:
     @property
     def is_closed(self) -> bool:
         return self._closed_event.is_set()
-
-    def without_channel(self) -> SandboxWindow:
-        """The same window, its commands by plain exec (sandboxes.base.without_channel)."""
-        plain = copy.copy(self)
-        plain._sandbox = without_channel(self._sandbox)
-        return plain
 
     def _may_read(self) -> None:
         if self.is_closed:

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from pytest_harbor.display import harbor_logger
-from pytest_harbor.engine.compose_tasks import compose_spec
 from pytest_harbor.engine.context import EpisodeContext
 from pytest_harbor.engine.failures import EpisodeError, FailureKind, start_failure
 from pytest_harbor.engine.processes import SURVEY_SCRIPT, SandboxSurvey, survey
@@ -30,12 +29,13 @@ from pytest_harbor.sandboxes.base import (
     SandboxSpec,
     SandboxStartError,
 )
+from pytest_harbor.sandboxes.compose.tasks import compose_spec
 from pytest_harbor.tasks.config import EnvironmentConfig
 from pytest_harbor.tasks.errors import TaskLoadError
 from pytest_harbor.threads import join
 
 if TYPE_CHECKING:
-    from pytest_harbor.sandboxes.compose import ComposeSpec
+    from pytest_harbor.sandboxes.compose.project import ComposeSpec
 
 __all__ = ["Background", "SandboxLauncher", "stop_within"]
 

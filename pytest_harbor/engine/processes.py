@@ -22,7 +22,6 @@ from pytest_harbor.sandboxes.base import (
     ReportsStart,
     Sandbox,
     SandboxError,
-    without_channel,
 )
 
 __all__ = [
@@ -80,7 +79,7 @@ def survey(sandbox: Sandbox, users: Iterable[str] = (), *, at_start: bool = Fals
         if found is not None and set(wanted) <= _named(output or ""):
             return _warned(sandbox, found, output or "")
     for _ in range(2):
-        done = without_channel(sandbox).exec(
+        done = sandbox.exec(
             trusted(SURVEY + RESOLVE_USERS, *wanted), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S
         )
         if done.exit_code != 0:
@@ -153,21 +152,17 @@ def end_user_processes(sandbox: Sandbox, agent: str) -> None:
         + f'end_user "$1" "$2" || tampered "processes of the agent\'s user (uid {uid}) survived"\n'
         + "done_\n"
     )
-    done = without_channel(sandbox).exec(
-        trusted(script, uid, gid or uid), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S
-    )
+    done = sandbox.exec(trusted(script, uid, gid or uid), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S)
     _checked(done, f"ending the processes of the agent's user (uid {uid})")
 
 
 def end_processes_since(sandbox: Sandbox, before: frozenset[str]) -> None:
     """End, as root, every process of any user that is not in `before` (`pid:start` of
     the processes there when the agent's turn began): all the agent started, however it
-    detached. An agent's turn that ran out of time ends this way. By plain exec: through
-    a channel, the script would end the relays that carry its own answer (and a channel
-    opened since `before` goes with the rest)."""
+    detached. An agent's turn that ran out of time ends this way."""
     what = "processes the agent's turn started"
     script = END_PROCESSES + f'end_processes_since "$1" || tampered "{what} survived"\ndone_\n'
-    done = without_channel(sandbox).exec(
+    done = sandbox.exec(
         trusted(script, " ".join(sorted(before))), user=ROOT_USER, timeout=_SCRIPT_TIMEOUT_S
     )
     _checked(done, f"ending the {what}")

@@ -20,7 +20,7 @@ from pytest_harbor.engine.rewards import RewardReading
 from pytest_harbor.engine.scripts import trusted
 from pytest_harbor.redaction import Redactor, clip_tail
 from pytest_harbor.sandboxes.archives import pack_folder
-from pytest_harbor.sandboxes.base import Sandbox, without_channel
+from pytest_harbor.sandboxes.base import Sandbox
 from pytest_harbor.tasks import Turn
 
 __all__ = ["UNPACK_WORKDIR", "prepare_step"]
@@ -71,7 +71,6 @@ def prepare_step(
     if turn.setup_script is not None and bash is None:
         lacking = f"step {turn.name}: the image lacks bash, which its workdir/setup.sh needs"
         return RewardReading.failed(FailureKind.STEP_SETUP_FAILED, lacking, masked=True)
-    sandbox = without_channel(sandbox)
     if turn.workdir_dir is not None:
         unpacked = sandbox.exec(
             trusted(UNPACK_WORKDIR, workdir, *_folders(turn.workdir_dir)),

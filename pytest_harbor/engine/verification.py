@@ -44,7 +44,6 @@ from pytest_harbor.sandboxes.base import (
     SandboxError,
     is_root_user,
     service_of,
-    without_channel,
 )
 from pytest_harbor.sandboxes.copies import (
     REWARD_FILE_COPY,
@@ -94,7 +93,7 @@ SANDBOX_DIRECTORIES = {
 def clear_for_next_turn(sandbox: Sandbox) -> None:
     """Before a later turn: the previous turn's tests, reward and transcript go; the
     agent's own files under /logs/agent stay. Raises SandboxError when that failed."""
-    cleared = without_channel(sandbox).exec(trusted(CLEAR), user=ROOT_USER, timeout=60.0)
+    cleared = sandbox.exec(trusted(CLEAR), user=ROOT_USER, timeout=60.0)
     check(cleared, "clearing the previous turn's files")
 
 
@@ -115,7 +114,6 @@ def run_collect_hooks(
     """`[[verifier.collect]]`, each hook bounded by its timeout `within` what the episode
     leaves; returns notes of the hooks that failed (a failing hook is not fatal)."""
     notes = []
-    sandbox = without_channel(sandbox)
     for hook in task.config.verifier.collect:
         user = None if hook.user is None else str(hook.user)
         if hook.service == "main":
@@ -188,10 +186,6 @@ def run_verifier(
     trajectory, redactor = verification.transcript, context.redactor
     grace_s = context.settings.verifier_grace_s
     budget_s = context.clock.verifier_budget(turn)
-    # By plain exec, as every step of the engine's once an agent has had the sandbox: a
-    # process of the engine's in the sandbox (a command channel) is one a root agent can
-    # end, and one that needs processes the cap may not leave.
-    sandbox = without_channel(sandbox)
     if seed.lacking:
         tools = " and ".join(seed.lacking)
         return VerifierRun(

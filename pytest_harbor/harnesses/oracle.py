@@ -23,7 +23,6 @@ from pytest_harbor.sandboxes.base import (
     Sandbox,
     SandboxError,
     is_root_user,
-    without_channel,
 )
 from pytest_harbor.sandboxes.copies import LOG_FILE_COPY, bounded, members
 from pytest_harbor.sandboxes.output import EXEC_OUTPUT_CAP
@@ -82,10 +81,7 @@ class OracleHarness(Harness):
 
 class _OracleSession:
     def run_turn(self, context: TurnContext) -> AgentRun:
-        # By plain exec: solve.sh's exit status is part of the result
-        # (harbor:solution_failed), and a command channel's relays are processes a root
-        # solve.sh can end under its own command.
-        turn, sandbox = context.turn, without_channel(context.sandbox)
+        turn, sandbox = context.turn, context.sandbox
         if turn.solution_dir is None:
             raise ValueError(f"turn {turn.name} has no solution")
         solution = turn.solution_dir
@@ -122,7 +118,7 @@ class _OracleSession:
 
 
 def _ran(context: TurnContext, result: ExecResult, *, read_back: bool = False) -> AgentRun:
-    sandbox = without_channel(context.sandbox)
+    sandbox = context.sandbox
     target = context.logs.host_dir / "oracle.txt"
     log = result.stdout_bytes
     whole = len(log) <= _READ_BACK_BYTES and _NOT_REGULAR not in result.stderr

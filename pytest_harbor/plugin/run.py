@@ -20,7 +20,6 @@ from pydantic import SecretStr, ValidationError
 from pytest_harbor.datasets import ResolvedDataset
 from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine import Episode, EpisodeError, FailureKind
-from pytest_harbor.engine.compose_tasks import compose_spec, refuse_compose
 from pytest_harbor.harnesses import (
     Harness,
     HarnessFactory,
@@ -49,6 +48,7 @@ from pytest_harbor.sandboxes import (
     make_provider,
 )
 from pytest_harbor.sandboxes.base import ChecksGpus, WatchesOver
+from pytest_harbor.sandboxes.compose.tasks import compose_spec, refuse_compose
 from pytest_harbor.tasks import Task, TaskLoadError, is_dataset_dir, is_task_dir
 from pytest_harbor.writers import ResultsLayout
 

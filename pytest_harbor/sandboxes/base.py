@@ -21,7 +21,7 @@ __all__ = [
     "TRUSTED_TOOLS",
     "ArchiveStream",
     "BuildOptions",
-    "CarriesCommands",
+    "CarriesAgentCommands",
     "ChecksGpus",
     "EngineUnreachable",
     "ExecResult",
@@ -49,10 +49,10 @@ __all__ = [
     "Spawned",
     "SweepsLeftovers",
     "WatchesOver",
+    "for_agent",
     "is_root_user",
     "service_of",
     "set_phase_network",
-    "without_channel",
 ]
 
 
@@ -505,12 +505,13 @@ class ServiceGroup(Protocol):
 
 
 @runtime_checkable
-class CarriesCommands(Protocol):
-    """A sandbox whose commands may go through processes of the engine's inside it (the
-    docker provider's command channels) rather than one exec each."""
+class CarriesAgentCommands(Protocol):
+    """A sandbox that carries a harness's commands by a route of its provider's own,
+    cheaper than one exec each (the docker provider's command channels). Every other
+    command, the engine's own steps first of all, goes by plain exec."""
 
-    def without_channel(self) -> Sandbox:
-        """The same sandbox with every command by plain exec."""
+    def for_agent(self) -> Sandbox:
+        """The same sandbox, for a harness's commands."""
         ...
 
 
@@ -534,10 +535,12 @@ def set_phase_network(sandbox: Sandbox, enabled: bool, hosts: tuple[str, ...] | 
         sandbox.set_network(enabled)
 
 
-def without_channel(sandbox: Sandbox) -> Sandbox:
-    """`sandbox` with every command by plain exec: for an engine step that ends processes
-    it did not start, which could be a channel's own."""
-    return sandbox.without_channel() if isinstance(sandbox, CarriesCommands) else sandbox
+def for_agent(sandbox: Sandbox) -> Sandbox:
+    """`sandbox` as a harness's commands reach it: by its provider's own route where it
+    has one (CarriesAgentCommands). What the route may add to the sandbox (processes of
+    the provider's, which a root agent can end) is the harness's to meet, never a
+    grading step's: the engine hands this view to agents' harnesses alone."""
+    return sandbox.for_agent() if isinstance(sandbox, CarriesAgentCommands) else sandbox
 
 
 def service_of(sandbox: Sandbox, name: str) -> Sandbox:

@@ -4,13 +4,14 @@ channel: the engine notices and goes on by plain exec."""
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import pytest
 
 from pytest_harbor.sandboxes.base import ExecResult
 from pytest_harbor.sandboxes.docker import DockerSandbox
-from pytest_harbor.sandboxes.docker.channel import ChannelPool
+from pytest_harbor.sandboxes.docker.channel.pool import ChannelPool
 from tests.fixtures import StartSandbox
 
 pytestmark = pytest.mark.docker
@@ -35,11 +36,13 @@ def carried(sandbox: DockerSandbox, command: list[str], **options: object) -> Ex
 
 def plain(sandbox: DockerSandbox, command: list[str], **options: object) -> ExecResult:
     options.setdefault("timeout", 30.0)
-    return sandbox.without_channel().exec(command, **options)  # type: ignore[arg-type]
+    view = copy.copy(sandbox)
+    view._by_channel = False  # the engine's own view: every command by plain exec
+    return view.exec(command, **options)  # type: ignore[arg-type]
 
 
 def test_output_is_byte_exact_and_its_streams_apart(start: StartSandbox) -> None:
-    sandbox = start()
+    sandbox = start().for_agent()
     every_byte = bytes(range(256)) * 3 + b"no newline at the end"
     echoed = carried(sandbox, ["cat"], stdin=every_byte)
     assert (echoed.exit_code, echoed.stdout_bytes, echoed.stderr_bytes) == (0, every_byte, b"")
@@ -58,7 +61,7 @@ def test_output_is_byte_exact_and_its_streams_apart(start: StartSandbox) -> None
 def test_users_folders_and_environment_are_as_plain_exec_gives_them(
     start: StartSandbox, user: str
 ) -> None:
-    sandbox = start(env={"FROM_SANDBOX": "kept"})
+    sandbox = start(env={"FROM_SANDBOX": "kept"}).for_agent()
     probe = [
         "sh",
         "-c",
@@ -79,7 +82,7 @@ def test_a_number_is_a_uid_however_an_entry_is_named(start: StartSandbox, user: 
     """An entry named like a uid, listed before that uid's own, is a different user: the
     channel finds a uid by its number, as plain exec does. A group named by digits (which
     plain exec takes for a gid as well) is left to plain exec."""
-    sandbox = start()
+    sandbox = start().for_agent()
     plant = (
         "useradd -u 1500 -M alice && groupadd -g 1600 extra && "
         "sed -i '1i 1500:x:0:0::/root:/bin/sh' /etc/passwd"
@@ -98,7 +101,7 @@ def test_a_number_is_a_uid_however_an_entry_is_named(start: StartSandbox, user: 
 def test_what_the_channel_cannot_give_goes_by_plain_exec(start: StartSandbox) -> None:
     """A user in supplementary groups, a user the image lacks, a folder that is not there:
     the command runs by plain exec, with exactly what it gives."""
-    sandbox = start()
+    sandbox = start().for_agent()
     plain(sandbox, ["useradd", "-G", "audio,users", "member"], user="0:0")
     assert sandbox.exec(["id", "-G"], user="member", timeout=10).stdout.split() == [
         "1000",
@@ -112,7 +115,7 @@ def test_what_the_channel_cannot_give_goes_by_plain_exec(start: StartSandbox) ->
 
 
 def test_a_deadline_ends_the_command_and_what_it_started(start: StartSandbox) -> None:
-    sandbox = start()
+    sandbox = start().for_agent()
     late = carried(sandbox, ["sh", "-c", "sleep 300 & sleep 301; echo never"], timeout=1.0)
     assert late.timed_out and b"never" not in late.stdout_bytes
     left = plain(sandbox, ["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"])
@@ -124,7 +127,7 @@ def test_a_deadline_ends_the_command_and_what_it_started(start: StartSandbox) ->
 def test_what_a_command_leaves_running_never_writes_into_a_later_reply(
     start: StartSandbox,
 ) -> None:
-    sandbox = start()
+    sandbox = start().for_agent()
     first = carried(sandbox, ["sh", "-c", "(sleep 0.5; echo late) & echo first"])
     assert first.stdout_bytes == b"first\nlate\n"
     detached = carried(sandbox, ["sh", "-c", "setsid sh -c 'sleep 1; echo ghost' >/dev/null &"])
@@ -136,7 +139,7 @@ def test_what_a_command_leaves_running_never_writes_into_a_later_reply(
 
 
 def test_commands_run_at_once(start: StartSandbox) -> None:
-    sandbox = start()
+    sandbox = start().for_agent()
     results: dict[int, ExecResult] = {}
 
     def run(number: int) -> None:
@@ -171,7 +174,7 @@ def test_a_root_agent_that_kills_the_channel_ends_only_its_own_command(
 ) -> None:
     """The command that killed its channel comes back (never a hang), ended; every later
     command runs as before, through a new channel or by plain exec."""
-    sandbox = start()
+    sandbox = start().for_agent()
     assert carried(sandbox, ["echo", "warm"]).exit_code == 0
     killed = sandbox.exec(["sh", "-c", KILL_THE_CHANNELS], user="0:0", timeout=30)
     assert not killed.timed_out
@@ -183,7 +186,7 @@ def test_a_root_agent_that_kills_the_channel_ends_only_its_own_command(
 def test_an_agent_that_kills_every_channel_leaves_the_sandbox_to_plain_exec(
     start: StartSandbox,
 ) -> None:
-    sandbox = start()
+    sandbox = start().for_agent()
     pool = sandbox._channels
     assert isinstance(pool, ChannelPool)
     for _ in range(4):
@@ -198,7 +201,7 @@ def test_a_stopped_channel_holds_a_command_no_longer_than_its_deadline(
 ) -> None:
     """A root agent stops the channel that will carry the next command: that command
     ends at its deadline, and the channel is not used again."""
-    sandbox = start()
+    sandbox = start().for_agent()
     stop = (
         "for p in /proc/[0-9]*; do case $(tr '\\0' ' ' < $p/cmdline) in "
         "*busybox-sealed*sh*-c*) [ ${p#/proc/} = 1 ] || [ ${p#/proc/} = $$ ] "
@@ -215,7 +218,7 @@ def test_a_stopped_channel_holds_a_command_no_longer_than_its_deadline(
 
 
 def test_a_non_root_agent_cannot_end_or_stop_the_channel(start: StartSandbox) -> None:
-    sandbox = start()
+    sandbox = start().for_agent()
     attack = KILL_THE_CHANNELS.replace("kill -9", "kill -9 2>/dev/null") + "; kill -STOP -1"
     done = carried(sandbox, ["sh", "-c", attack], user="nobody")
     assert done.stdout_bytes == b"survived\n"

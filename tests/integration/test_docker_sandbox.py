@@ -335,7 +335,7 @@ def test_an_exec_the_runtime_could_not_start_is_tried_again(
     the exec's process in a sandbox at its pids cap): tried again, three pauses apart.
     A command that ran and exited 126 is not. (Plain exec: a command channel leaves a
     user it cannot resolve to it, and runs the rest itself.)"""
-    sandbox = start().without_channel()
+    sandbox = start()
     calls: list[list[str]] = []
     once = DockerSandbox._exec_once
 

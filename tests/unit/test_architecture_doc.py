@@ -1,5 +1,6 @@
-"""docs/architecture.md names every module and sub-package of `engine/`, `run/` and `plugin/` in
-that folder's section: a module added without a word on its job fails here."""
+"""docs/architecture.md names every module and sub-package of `sandboxes/`, `engine/`,
+`run/` and `plugin/` in that folder's section: a module added without a word on its job
+fails here."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
 FOLDERS = [
+    ("sandboxes", "The sandboxes folder"),
     ("engine", "The engine folder"),
     ("run", "The run folder"),
     ("plugin", "The plugin folder"),

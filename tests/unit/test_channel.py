@@ -10,12 +10,23 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from pytest_harbor.sandboxes.channel import (
+from pytest_harbor.sandboxes.docker.channel.protocol import (
     STDIN_CAP,
-    ChannelReply,
     channel_arguments,
     channel_request,
     quote,
+)
+from pytest_harbor.sandboxes.docker.channel.reply import (
+    CAPPED,
+    ENDED_IN_COMMAND,
+    NOT_STARTED,
+    OUTLIVED,
+    RAN_PAST_END,
+    Carry,
+    ChannelReply,
+    ReplyState,
+    Verdict,
+    settle,
 )
 
 NONCE = "0f" * 16
@@ -123,3 +134,69 @@ def test_what_a_request_cannot_carry_is_left_to_plain_exec() -> None:
 def test_the_channel_gives_commands_the_sandboxs_own_shell_variables() -> None:
     assert channel_arguments(["PATH=/bin", "SHLVL=3"]) == ["0", ""]
     assert channel_arguments(["HOME=/h", "OLDPWD="]) == ["1", "="]
+
+
+# ------------------------------------------------------------------- what a reply comes to
+
+
+def state(
+    *,
+    complete: bool = True,
+    started: bool = True,
+    capped: bool = False,
+    left_to_exec: bool = False,
+    trailing: bool = False,
+) -> ReplyState:
+    return ReplyState(complete, started, capped, left_to_exec, trailing)
+
+
+#: (the reply, its deadline passed) -> what becomes of the command: every state the
+#: reader can report, by the rules the channel keeps.
+SETTLED = [
+    # A complete reply is the command's result; the channel carries the next one.
+    (state(), False, Verdict(Carry.RESULT)),
+    # Left to plain exec (a user or folder the channel cannot give): nothing of it ran.
+    (state(started=False, left_to_exec=True), False, Verdict(Carry.EXEC)),
+    # Its shell could not start it: never run again by plain exec (it might run twice).
+    (state(started=False), False, Verdict(Carry.NOT_STARTED, NOT_STARTED)),
+    (state(started=False, complete=False), True, Verdict(Carry.NOT_STARTED, OUTLIVED)),
+    (state(started=False, complete=False), False, Verdict(Carry.NOT_STARTED, NOT_STARTED)),
+    # Past its deadline: ended and given a grace; one that finished in it is a result.
+    (state(), True, Verdict(Carry.RESULT)),
+    (state(complete=False), True, Verdict(Carry.RESULT, OUTLIVED)),
+    # Output past the read cap: the command was ended, the channel is not used again.
+    (state(capped=True), False, Verdict(Carry.RESULT, CAPPED)),
+    (state(capped=True, complete=False), False, Verdict(Carry.RESULT, CAPPED)),
+    (state(capped=True, started=False), False, Verdict(Carry.NOT_STARTED, CAPPED)),
+    # Bytes past the reply's end: the channel is no longer the engine's to trust.
+    (state(trailing=True), False, Verdict(Carry.RESULT, RAN_PAST_END)),
+    (state(trailing=True, capped=True), False, Verdict(Carry.RESULT, RAN_PAST_END)),
+    # The channel ended under a running command (only root can end it): the command ends.
+    (state(complete=False), False, Verdict(Carry.RESULT, ENDED_IN_COMMAND, kill=True)),
+]
+
+
+@pytest.mark.parametrize(("reply", "deadline_passed", "verdict"), SETTLED)
+def test_a_reply_settles_by_its_state_alone(
+    reply: ReplyState, deadline_passed: bool, verdict: Verdict
+) -> None:
+    assert settle(reply, deadline_passed) == verdict
+
+
+def test_a_reply_reads_its_state_from_its_bytes() -> None:
+    done = ChannelReply(NONCE)
+    for stdout, data in reply_frames(b"42", b"out", b"err", "0"):
+        done.feed(stdout, data)
+    assert done.state() == state()
+    left = ChannelReply(NONCE)
+    for stdout, data in [(False, NONCE.encode() + b"\n"), (True, NONCE.encode() + b":u\n")]:
+        left.feed(stdout, data)
+    assert left.state() == state(started=False, left_to_exec=True)
+    cut = ChannelReply(NONCE)
+    cut.feed(False, b"42\npartial")
+    assert cut.state() == state(complete=False)
+    extra = ChannelReply(NONCE)
+    for stdout, data in reply_frames(b"42", b"", b"", "0"):
+        extra.feed(stdout, data)
+    extra.feed(True, b"more")
+    assert extra.state() == state(trailing=True)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_harbor.sandboxes.base import BuildOptions
-from pytest_harbor.sandboxes.compose import ComposeRefused, ComposeSpec, check_config
+from pytest_harbor.sandboxes.compose.project import ComposeRefused, ComposeSpec, check_config
 from pytest_harbor.sandboxes.docker.builders import buildx_options, classic_options
 from pytest_harbor.sandboxes.images import build_hash, context_hash, image_tag_for
 

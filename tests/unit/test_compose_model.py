@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_harbor.sandboxes.compose_model import ComposeRefused, read_project
-from pytest_harbor.sandboxes.compose_source import check_source
+from pytest_harbor.sandboxes.compose.model import ComposeRefused, read_project
+from pytest_harbor.sandboxes.compose.source import check_source
 
 
 def test_the_project_is_written_out_from_the_model(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_reading_any_file_text_checks_or_refuses(tmp_path_factory: Any, text: st
 def test_the_docs_list_every_key_the_model_holds_or_refuses() -> None:
     """docs/compose-tasks.md says what a Compose file may hold: every key of the model's
     tables is named there."""
-    from pytest_harbor.sandboxes.compose_model import SERVICE, SERVICE_REFUSED, TOP_LEVEL_REFUSED
+    from pytest_harbor.sandboxes.compose.model import SERVICE, SERVICE_REFUSED, TOP_LEVEL_REFUSED
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "compose-tasks.md").read_text()
     section = page.split("## What a Compose file may hold")[1].split("\n## ")[0]

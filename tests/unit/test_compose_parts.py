@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_harbor.engine.compose_tasks import with_overlay
-from pytest_harbor.sandboxes.compose import episode_project, project_name
+from pytest_harbor.sandboxes.compose.project import episode_project, project_name
+from pytest_harbor.sandboxes.compose.tasks import with_overlay
 from pytest_harbor.settings import ComposeOverlay, HarborSettings
 from pytest_harbor.tasks import load_task
 from tests.fixtures import write_task

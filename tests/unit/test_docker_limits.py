@@ -91,11 +91,11 @@ def test_gpus_are_asked_for_in_each_form_and_a_gpu_type_is_refused_in_both() -> 
             form(_limits(typed), typed)
 
 
-def test_only_projects_runs_the_compose_cli() -> None:
-    docker_package = Path(pytest_harbor.__file__).parent / "sandboxes" / "docker"
+def test_only_the_compose_cli_module_runs_the_compose_cli() -> None:
+    package = Path(pytest_harbor.__file__).parent
     running = [
-        path.name
-        for path in sorted(docker_package.rglob("*.py"))
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
         if '"docker", "compose"' in path.read_text()
     ]
-    assert running == ["projects.py"]
+    assert running == ["sandboxes/compose/cli.py"]

@@ -254,6 +254,29 @@ def _works(context: TurnContext) -> AgentRun:
     return AgentRun(exit_code=done.exit_code)
 
 
+class ValidatingHarness(ScriptedHarness):
+    """A harness under the validation contract, as the oracle is."""
+
+    validates = True
+
+
+@pytest.mark.parametrize("harness_kind", [ScriptedHarness, ValidatingHarness])
+def test_only_an_agents_commands_take_the_providers_own_route(
+    tmp_path: Path, harness_kind: type[ScriptedHarness]
+) -> None:
+    """A harness's commands reach the sandbox through its provider's view for agents
+    (the docker provider's command channels); the engine's own steps never do, nor do a
+    validating harness's (solve.sh's exit status is part of the result)."""
+    provider = FakeProvider()
+    task = single_step_task(tmp_path)
+    (output,), _ = run_all(episode_of(task, tmp_path, provider, harness_kind(_works)))
+    assert output.result.reward == 1.0
+    agents = [call.command for call in provider.calls if call.kind == "command"]
+    assert agents == [("bash", "-c", "make build")]
+    by_agent = [call.command for call in provider.calls if call.by_agent]
+    assert by_agent == (agents if harness_kind is ScriptedHarness else [])
+
+
 def test_a_sandbox_lost_during_the_agents_turn_leaves_no_result(tmp_path: Path) -> None:
     provider = FakeProvider(SandboxScript(lose_on=lambda call: call.kind == "command"))
     episode = episode_of(single_step_task(tmp_path), tmp_path, provider, ScriptedHarness(_works))

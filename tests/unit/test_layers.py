@@ -39,6 +39,27 @@ LAYERS = [
 ]
 
 
+#: The floors of `sandboxes/`, lowest first. A module's floor is that of its first name
+#: below `pytest_harbor.sandboxes`: the provider contract, then Compose (one room, no
+#: provider in it), then the providers side by side, then the face (`__init__.py`).
+SANDBOX_FLOORS = [
+    {"base", "archives", "output", "copies", "images", "pipes"},
+    {"compose"},
+    {"docker", "opensandbox"},
+    {""},
+]
+#: The providers, which import nothing of each other's but the one exception below.
+PROVIDERS = {"docker", "opensandbox"}
+#: The one import between providers: the opensandbox provider builds a task's image on
+#: this machine's Docker engine, with the docker provider's builder and its engine
+#: connection, before pushing it to the server's registry (a second builder would be
+#: a copy of the first).
+BETWEEN_PROVIDERS = {
+    ("pytest_harbor.sandboxes.opensandbox.images", "pytest_harbor.sandboxes.docker.engine"),
+    ("pytest_harbor.sandboxes.opensandbox.images", "pytest_harbor.sandboxes.docker.images"),
+}
+
+
 def _name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -105,6 +126,51 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
         if _layer(target) > _layer(module)
     ]
     assert upward == []
+
+
+def _room(module: str) -> str:
+    """The first name below `pytest_harbor.sandboxes` ("" for the package itself)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 else ""
+
+
+def _floor(module: str) -> int:
+    return next(index for index, rooms in enumerate(SANDBOX_FLOORS) if _room(module) in rooms)
+
+
+def _sandbox_imports() -> list[tuple[str, str]]:
+    return [
+        (module, target)
+        for module in MODULES
+        if module.startswith("pytest_harbor.sandboxes")
+        for target in _imports(_tree(module), at_load=False)
+        if target.startswith("pytest_harbor.sandboxes")
+    ]
+
+
+def test_no_module_of_sandboxes_imports_from_a_floor_above_its_own() -> None:
+    upward = [
+        f"{module} -> {target}"
+        for module, target in _sandbox_imports()
+        if _floor(target) > _floor(module)
+    ]
+    assert upward == []
+
+
+def test_no_provider_imports_another_but_the_named_exception() -> None:
+    between = {
+        (module, target)
+        for module, target in _sandbox_imports()
+        if _room(module) in PROVIDERS
+        and _room(target) in PROVIDERS
+        and _room(module) != _room(target)
+    }
+    assert between == BETWEEN_PROVIDERS
+
+
+def test_every_module_of_sandboxes_has_a_floor() -> None:
+    rooms = {_room(module) for module in MODULES if module.startswith("pytest_harbor.sandboxes")}
+    assert rooms <= set().union(*SANDBOX_FLOORS)
 
 
 def test_the_imports_made_at_load_form_no_cycle() -> None:

@@ -28,7 +28,9 @@ NOT_AT_IMPORT = [
     "pytest_harbor.harnesses.atif",
     "httpx",
     "pytest_harbor.report",
-    "pytest_harbor.sandboxes.compose",
+    "pytest_harbor.sandboxes.compose.project",  # (compose.tasks only asks whether a
+    "pytest_harbor.sandboxes.compose.model",  # task is one)
+    "pytest_harbor.sandboxes.compose.source",
     "pytest_harbor.sandboxes.docker",  # at pytest_configure, by the run's provider
     "pytest_harbor.harnesses.recipes",
     "pytest_harbor.plugin.checks",
@@ -100,7 +102,8 @@ def test_the_docker_provider_of_one_engine_loads_no_fleet_and_no_compose() -> No
         "from pytest_harbor.sandboxes import make_provider\n"
         "make_provider('docker', {})\n"
         "print([name for name in ('pytest_harbor.sandboxes.docker.fleet', "
-        "'pytest_harbor.sandboxes.compose') if name in sys.modules])"
+        "'pytest_harbor.sandboxes.compose.project', 'pytest_harbor.sandboxes.compose.model', "
+        "'pytest_harbor.sandboxes.compose.source') if name in sys.modules])"
     )
     loaded = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True

@@ -21,6 +21,7 @@ from pytest_harbor.display import harbor_logger
 from pytest_harbor.sandboxes.base import (
     SandboxStartError,
 )
+from pytest_harbor.sandboxes.compose.cli import cli_variables
 
 log = harbor_logger()
 
@@ -73,29 +74,12 @@ class Endpoint:
         return cli_environment(self)
 
 
-#: What the docker CLI needs of this process's environment to run (none of it a secret):
-#: the CLI, Compose and buildx run with these alone (and the ssh client's agent socket),
-#: and a Compose file's `${NAME}` can read them and the run's host_env, nothing else.
-CLI_VARIABLES = (
-    "PATH",
-    "HOME",
-    "TMPDIR",
-    "XDG_CONFIG_HOME",
-    "XDG_RUNTIME_DIR",
-    "DOCKER_HOST",
-    "DOCKER_CONTEXT",
-    "DOCKER_CONFIG",
-    "DOCKER_CERT_PATH",
-    "DOCKER_TLS_VERIFY",
-)
-
-
 def cli_environment(endpoint: Endpoint | None = None) -> dict[str, str]:
-    """The docker CLI's environment: CLI_VARIABLES of this process's (a `NAME` with no
-    value in a Compose file's `environment` would otherwise take any variable of the
-    host at `up`), pointed at `endpoint` when given."""
-    names = (*CLI_VARIABLES, "SSH_AUTH_SOCK")
-    env = {name: os.environ[name] for name in names if name in os.environ}
+    """The docker CLI's environment: the variables it needs of this process's
+    (compose/cli.py's CLI_VARIABLES; a `NAME` with no value in a Compose file's
+    `environment` would otherwise take any variable of the host at `up`), pointed at
+    `endpoint` when given."""
+    env = cli_variables(extra=("SSH_AUTH_SOCK",))
     if endpoint is not None:
         env = {key: value for key, value in env.items() if not key.startswith("DOCKER_")}
         env["DOCKER_HOST"] = endpoint.url

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from pytest_harbor.sandboxes.base import (
     SandboxError,
     SandboxStartError,
 )
+from pytest_harbor.sandboxes.compose.cli import ComposeRun, ComposeUnavailable, compose
 from pytest_harbor.sandboxes.docker.engine import (
     CONTROL_TIMEOUT_S,
     ENGINE_ERRORS,
@@ -75,27 +75,14 @@ def start_project(
     return str(found[0]["Id"])
 
 
-def _compose(
-    arguments: list[str], *, timeout: float, endpoint: Endpoint | None
-) -> subprocess.CompletedProcess[str]:
-    """The docker CLI's `compose` with `arguments`, on the engine of `endpoint`; one that
-    runs past `timeout` ends as exit code 124, saying so."""
+def _compose(arguments: list[str], *, timeout: float, endpoint: Endpoint | None) -> ComposeRun:
+    """`docker compose ARGUMENTS` on the engine of `endpoint`."""
     try:
-        return subprocess.run(
-            ["docker", "compose", *arguments],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-            env=cli_environment(endpoint),
+        return compose(
+            arguments, env=cli_environment(endpoint), timeout=timeout, what=arguments[-1]
         )
-    except FileNotFoundError:
-        raise SandboxStartError("the docker CLI is not installed (Compose tasks need it)") from None
-    except subprocess.TimeoutExpired as expired:
-        return subprocess.CompletedProcess(
-            expired.cmd, 124, "", f"docker compose {arguments[-1]} took over {timeout:g} s"
-        )
+    except ComposeUnavailable as error:
+        raise SandboxStartError(str(error)) from None
 
 
 def remove_project(project: str, endpoint: Endpoint | None = None) -> None:

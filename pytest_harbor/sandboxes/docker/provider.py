@@ -265,7 +265,7 @@ class DockerProvider:
         """The Compose project `group`, `main` kept alive like any sandbox (the trusted
         sleep as its first process, the trusted tools mounted), its other services first,
         as their depends_on conditions and health checks say (`up --wait`)."""
-        from pytest_harbor.sandboxes.compose_model import TOOLS_KEY
+        from pytest_harbor.sandboxes.compose.model import TOOLS_KEY
 
         entrypoint, command = keep_alive(spec)
         main: dict[str, Any] = {
@@ -305,8 +305,12 @@ class DockerProvider:
     ) -> ComposeSandbox:
         """The episode's project started (projects.start_project), its main service the
         sandbox; raises SandboxStartError (the project removed)."""
-        from pytest_harbor.sandboxes.compose import EgressLink, episode_project, project_name
-        from pytest_harbor.sandboxes.compose_model import TOOLS_KEY
+        from pytest_harbor.sandboxes.compose.model import TOOLS_KEY
+        from pytest_harbor.sandboxes.compose.project import (
+            EgressLink,
+            episode_project,
+            project_name,
+        )
 
         name = project_name(group.episode, uuid.uuid4().hex[:8])
         config = episode_project(

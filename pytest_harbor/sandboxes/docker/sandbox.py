@@ -85,8 +85,9 @@ class DockerSandbox:
     the image names none). None: the container's own user (a Compose sidecar's); a
     sandbox the provider started runs its keep-alive as KEEPALIVE_USER, never a command.
 
-    With `channel`, commands with a deadline go through the sandbox's command channels
-    (sandboxes/docker/channel.py) when one can carry them, else by plain exec.
+    Every command goes by plain exec, but those of the view `for_agent()` gives (a
+    harness's), which go through the sandbox's command channels (channel/) when they
+    have a deadline and one can carry them. `channel`: the sandbox may have channels.
     """
 
     def __init__(
@@ -105,6 +106,8 @@ class DockerSandbox:
         self._network = network
         self._user = None if user is None else (user or "0")
         self._channels = ChannelPool(container_id, endpoint, self._kill_group) if channel else None
+        #: This view's commands go through the channels (for_agent).
+        self._by_channel = False
         #: What the spec's start script printed (set by the provider; ReportsStart).
         self.started_with: str | None = None
         #: The sandbox's egress, when it was started `filtered` (filtering.py).
@@ -127,7 +130,7 @@ class DockerSandbox:
         timeout: float | None = None,
         stdin: bytes | None = None,
     ) -> ExecResult:
-        if self._channels is not None and timeout is not None:
+        if self._by_channel and self._channels is not None and timeout is not None:
             carried = self._channels.run(
                 list(command),
                 user=user or self._user or "",
@@ -140,12 +143,14 @@ class DockerSandbox:
                 return carried
         return self._plain_exec(command, user, workdir, env, timeout, stdin)
 
-    def without_channel(self) -> DockerSandbox:
-        """This sandbox with every command by plain exec: for an engine step that may end
-        any process but its own (a channel's relays among them)."""
-        plain = copy.copy(self)
-        plain._channels = None
-        return plain
+    def for_agent(self) -> DockerSandbox:
+        """This sandbox, its commands with a deadline through the command channels: a
+        harness's. The engine's own steps never go this way: a channel is a process of
+        the engine's in the sandbox, which a root agent can end, and one that needs
+        processes the sandbox's cap may not leave."""
+        view = copy.copy(self)
+        view._by_channel = True
+        return view
 
     def _plain_exec(
         self,

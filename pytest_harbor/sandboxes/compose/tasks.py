@@ -15,7 +15,7 @@ from pytest_harbor.tasks.errors import TaskLoadError
 from pytest_harbor.tasks.task import Task, Turn
 
 if TYPE_CHECKING:
-    from pytest_harbor.sandboxes.compose import ComposeSpec
+    from pytest_harbor.sandboxes.compose.project import ComposeSpec
 
 __all__ = ["compose_spec", "overlay_files", "prompted", "refuse_compose", "with_overlay"]
 
@@ -62,7 +62,7 @@ def compose_spec(task: Task, settings: HarborSettings) -> ComposeSpec | None:
     if found is not None:
         return found
     # Loaded by the first Compose task: a run of single-container tasks never needs it.
-    from pytest_harbor.sandboxes.compose import ComposeRefused, read_compose
+    from pytest_harbor.sandboxes.compose.project import ComposeRefused, read_compose
 
     for path in overlays:
         if not path.is_file():

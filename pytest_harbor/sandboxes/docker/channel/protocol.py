@@ -1,7 +1,7 @@
 """The command channel: one long-lived shell of the engine's in a sandbox, started from the
 sealed busybox as root, that runs commands sent to it one after another over the stream
-it was started with. Provider-neutral: the script, the request a command becomes, and the
-reader of the reply; a provider carries the bytes (sandboxes/docker/channel.py).
+it was started with: the script and the request a command becomes; reply.py reads the
+reply, pool.py carries the bytes.
 
 Why a reply cannot be forged: each command's reply ends with a random nonce the engine
 chose for it, which travels only on the channel's input; the shell that holds it runs
@@ -16,18 +16,18 @@ import base64
 import re
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-from pytest_harbor.sandboxes import output
 from pytest_harbor.sandboxes.base import SEALED_BUSYBOX
-from pytest_harbor.sandboxes.output import CappedOutput
 
 __all__ = [
     "CHANNEL_SCRIPT",
+    "NO_WORKDIR",
+    "READY",
     "STDIN_CAP",
-    "ChannelReply",
+    "UNSUPPORTED",
     "channel_arguments",
     "channel_request",
+    "new_nonce",
     "quote",
 ]
 
@@ -212,128 +212,5 @@ def channel_request(
 
 
 def new_nonce() -> str:
+    """A fresh nonce to end one command's reply with."""
     return secrets.token_hex(16)
-
-
-@dataclass
-class _Stream:
-    """One output stream of a command as it arrives: its bytes up to the nonce, kept within
-    the cap; the bytes after the nonce (the status, on stdout)."""
-
-    out: CappedOutput
-    pending: bytearray
-    done: bool = False
-    after: bytes = b""
-
-
-class ChannelReply:
-    """The reply to one request, fed frames as they arrive: the pid line, each stream up to
-    its nonce, the status. Byte-exact: nothing is added to or taken from the command's
-    output but the channel's own pid line and markers."""
-
-    def __init__(self, nonce: str) -> None:
-        self._nonce = nonce.encode()
-        self._stdout = _Stream(CappedOutput(), bytearray())
-        self._stderr = _Stream(CappedOutput(), bytearray())
-        self.pid: int | None = None
-        #: The stderr stream began with something other than a pid line.
-        self.garbled = False
-        self._head = bytearray()
-        #: Bytes of output read (both streams).
-        self.read = 0
-
-    @property
-    def complete(self) -> bool:
-        """Both streams reached their nonce, and stdout its status line."""
-        return self._stdout.done and self._stderr.done and self._status_line() is not None
-
-    @property
-    def capped(self) -> bool:
-        return self.read > output.EXEC_READ_CAP
-
-    def feed(self, stdout: bool, data: bytes) -> None:
-        self.read += len(data)
-        stream = self._stdout if stdout else self._stderr
-        if stream.done:
-            stream.after += data
-            return
-        if not stdout and self.pid is None and not self.garbled:
-            data = self._take_pid(data)
-            if not data:
-                return
-        stream.pending += data
-        at = stream.pending.find(self._nonce)
-        if at >= 0:
-            stream.out.append(bytes(stream.pending[:at]))
-            stream.after = bytes(stream.pending[at + len(self._nonce) :])
-            stream.pending.clear()
-            stream.done = True
-            return
-        keep = len(self._nonce) - 1
-        if len(stream.pending) > keep:
-            cut = len(stream.pending) - keep
-            stream.out.append(bytes(stream.pending[:cut]))
-            del stream.pending[:cut]
-
-    def _take_pid(self, data: bytes) -> bytes:
-        """The pid line at the head of stderr; what follows it."""
-        self._head += data
-        line, newline, rest = bytes(self._head).partition(b"\n")
-        if not newline:
-            if len(self._head) > 32 or self._nonce in self._head:
-                self.garbled = True
-                rest, self._head = bytes(self._head), bytearray()
-                return rest
-            return b""
-        self._head.clear()
-        if line.isdigit() and len(line) < 12:
-            self.pid = int(line)
-            return rest
-        self.garbled = True
-        return bytes(line + newline + rest)
-
-    def _status_line(self) -> str | None:
-        line, newline, _ = self._stdout.after.partition(b"\n")
-        if not newline or not line.startswith(b":"):
-            return None
-        return line[1:].decode("ascii", errors="replace")
-
-    @property
-    def unsupported(self) -> bool:
-        """The channel left the command to plain exec (nothing of it ran)."""
-        return self._status_line() == UNSUPPORTED
-
-    @property
-    def started(self) -> bool:
-        """The command's shell said its pid: from there on the command may have run."""
-        return self.pid is not None
-
-    @property
-    def exit_code(self) -> int | None:
-        status = self._status_line()
-        if status is None or not status.isdigit():
-            return None
-        return int(status)
-
-    @property
-    def trailing(self) -> bool:
-        """Bytes after a marker that the protocol does not have: the channel is not the
-        engine's to trust any more."""
-        status = self._status_line()
-        expected = b"" if status is None else b":" + status.encode() + b"\n"
-        return self._stdout.after != expected or self._stderr.after not in (b"", b"\n")
-
-    def stdout(self) -> bytes:
-        return self._flushed(self._stdout)
-
-    def stderr(self) -> bytes:
-        return self._flushed(self._stderr)
-
-    @staticmethod
-    def _flushed(stream: _Stream) -> bytes:
-        """What the stream holds, its held-back tail included (a reply cut off before its
-        nonce keeps every byte that arrived)."""
-        if stream.pending:
-            stream.out.append(bytes(stream.pending))
-            stream.pending.clear()
-        return stream.out.value()

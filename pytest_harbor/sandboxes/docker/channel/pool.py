@@ -1,5 +1,5 @@
-"""The command channel on the docker provider: one exec the engine holds open per channel,
-its input the requests, its output the replies (sandboxes/channel.py), read by a thread
+"""The command channels of a sandbox: one exec the engine holds open per channel, its
+input the requests (protocol.py), its output the replies (reply.py), read by a thread
 of its own. A pool per sandbox carries commands at once, one per channel; whatever a
 channel cannot carry, or a channel that stops answering, leaves the command to plain
 exec, which the caller runs instead."""
@@ -8,21 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 
 from pytest_harbor.display import harbor_logger
 from pytest_harbor.sandboxes import output
 from pytest_harbor.sandboxes.base import ROOT_USER, SEALED_BUSYBOX, ExecResult
-from pytest_harbor.sandboxes.channel import (
+from pytest_harbor.sandboxes.docker.channel.protocol import (
     CHANNEL_SCRIPT,
-    NO_WORKDIR,
     READY,
-    ChannelReply,
     channel_arguments,
     channel_request,
     new_nonce,
 )
+from pytest_harbor.sandboxes.docker.channel.reply import Carry, ChannelReply, settle
 from pytest_harbor.sandboxes.docker.engine import (
     ENGINE_ERRORS,
     KILL_GRACE_S,
@@ -139,64 +137,37 @@ class DockerChannel:
         except OSError as error:
             self.lost = f"its input broke: {error}"
             raise _Lost(self.lost) from None
-        deadline = time.monotonic() + max(timeout, 0.0)
-        with self._condition:
-            self._condition.wait_for(
-                lambda: reply.complete or reply.capped or self.ended,
-                timeout=max(deadline - time.monotonic(), 0.0),
-            )
-        timed_out = not (reply.complete or reply.capped or self.ended)
-        if reply.capped or timed_out:
+        deadline_passed = not self._wait(
+            lambda: reply.complete or reply.capped or self.ended, max(timeout, 0.0)
+        )
+        if reply.capped or deadline_passed:
             # Past its deadline, or its output past what is read: the command ends.
             if reply.pid is not None:
                 kill(reply.pid)
-            if reply.capped:
-                self.lost = "a command's output went past the read cap"
-            else:
-                with self._condition:
-                    self._condition.wait_for(
-                        lambda: reply.complete or self.ended, timeout=KILL_GRACE_S
-                    )
-                if not reply.complete:
-                    self.lost = "a command outlived its deadline's kill"
+            if deadline_passed:
+                self._wait(lambda: reply.complete or self.ended, KILL_GRACE_S)
         with self._condition:
             self._reply = None
-            complete = reply.complete
-        if complete and not reply.started and (reply.unsupported or reply.exit_code == NO_WORKDIR):
-            # Nothing of the command ran (a user or a folder the channel leaves to the
-            # engine's exec, which says what is wrong in its own words).
+            verdict = settle(reply.state(), deadline_passed)
+        self.lost = verdict.lost or self.lost
+        if verdict.kill and reply.pid is not None:
+            kill(reply.pid)
+        if verdict.carry is Carry.EXEC:
             return None
-        if not reply.started:
+        if verdict.carry is Carry.NOT_STARTED:
             # Its shell could not start it (no process to be had at the sandbox's cap), or
-            # the channel ended first: never run again by plain exec, which might make it
-            # run twice.
-            self.lost = self.lost or "a command did not start"
+            # the channel ended first.
             return ExecResult(
-                exit_code=-1 if timed_out else 126,
+                exit_code=-1 if deadline_passed else 126,
                 stderr_bytes=b"the command could not be started in the sandbox\n",
-                timed_out=timed_out,
+                timed_out=deadline_passed,
             )
-        if complete and reply.trailing:
-            self.lost = "its reply ran past its end"
-        if not complete:
-            self.lost = self.lost or "it ended in a command"
-            if not timed_out and not reply.capped and reply.pid is not None:
-                # The channel was ended under the command (only root in the sandbox can):
-                # the command ends too, as an exec's would with its process.
-                kill(reply.pid)
-        stdout = reply.stdout()
-        if reply.capped:
-            stdout += (
-                f"\n[... output not read past {output.EXEC_READ_CAP} bytes: "
-                "the command was ended ...]\n"
-            ).encode()
-        code = reply.exit_code if complete else None
-        return ExecResult(
-            exit_code=-1 if code is None else code,
-            stdout_bytes=stdout,
-            stderr_bytes=reply.stderr(),
-            timed_out=timed_out,
-        )
+        return _result(reply, deadline_passed)
+
+    def _wait(self, done: Callable[[], bool], seconds: float) -> bool:
+        """Wait up to `seconds` for `done`; whether it came."""
+        with self._condition:
+            return self._condition.wait_for(done, timeout=seconds)
 
     @property
     def usable(self) -> bool:
@@ -205,6 +176,23 @@ class DockerChannel:
     def close(self) -> None:
         self.ended = True
         self._connection.close()
+
+
+def _result(reply: ChannelReply, timed_out: bool) -> ExecResult:
+    """The command's result as its reply carried it (cut off where the reply was)."""
+    stdout = reply.stdout()
+    if reply.capped:
+        stdout += (
+            f"\n[... output not read past {output.EXEC_READ_CAP} bytes: "
+            "the command was ended ...]\n"
+        ).encode()
+    code = reply.exit_code if reply.complete else None
+    return ExecResult(
+        exit_code=-1 if code is None else code,
+        stdout_bytes=stdout,
+        stderr_bytes=reply.stderr(),
+        timed_out=timed_out,
+    )
 
 
 class ChannelPool:

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from pytest_harbor.sandboxes.compose_model import (
+from pytest_harbor.sandboxes.compose.model import (
     PROJECT,
     SERVICE,
     SERVICE_REFUSED,
@@ -45,6 +45,22 @@ def check_source(task_path: Path, file: Path) -> None:
     configuration no longer shows where they came from) and every `env_file` a file in the
     task folder, named without `${...}` (Compose reads it into `environment`)."""
     reading = Reading(file, task_path.resolve())
+    data = _parsed(reading, file)
+    if data is None:
+        return
+    for name in data:
+        _check_top_level(reading, str(name))
+    services = data.get("services")
+    if not isinstance(services, Mapping):
+        return
+    for name, service in services.items():
+        if isinstance(service, Mapping):
+            _check_service(reading, file, f"services.{name}", service)
+
+
+def _parsed(reading: Reading, file: Path) -> Mapping[Any, Any] | None:
+    """The file as YAML (None when empty); refused when it is too large, does not parse
+    or is not a mapping."""
     try:
         if file.stat().st_size > MAX_SOURCE_BYTES:
             reading.refuse("", f"is over {MAX_SOURCE_BYTES} bytes")
@@ -54,35 +70,33 @@ def check_source(task_path: Path, file: Path) -> None:
             raise
         text = str(error).splitlines()[0] if str(error) else type(error).__name__
         reading.refuse("", f"does not parse as Compose: {text}")
-    if data is None:
-        return
-    if not isinstance(data, Mapping):
+    if data is not None and not isinstance(data, Mapping):
         reading.refuse("", "does not parse as Compose: not a mapping")
-    for name in data:
-        key = str(name)
-        if key in TOP_LEVEL_REFUSED:
-            reading.refuse(key, f"{key} {TOP_LEVEL_REFUSED[key]}; refused")
-        if key not in PROJECT and key != "version" and not key.startswith("x-"):
-            reading.refuse(key, f"{key} is not supported (supported: {', '.join(PROJECT)})")
-    services = data.get("services")
-    if not isinstance(services, Mapping):
-        return
-    for name, service in services.items():
-        if not isinstance(service, Mapping):
-            continue
-        where = f"services.{name}"
-        for option in service:
-            known = option in SERVICE or option == "extends"
-            if not known and not str(option).startswith("x-"):
-                fields(SERVICE, SERVICE_REFUSED)(reading, {option: None}, where)
-        extends = service.get("extends")
-        if isinstance(extends, Mapping) and "file" in extends:
-            reading.refuse(
-                f"{where}.extends.file",
-                "extends a service of another file, which may lie outside the task folder "
-                "(only a service of the same file); refused",
-            )
-        _env_files(reading, file.parent, service.get("env_file"), f"{where}.env_file")
+    return data
+
+
+def _check_top_level(reading: Reading, key: str) -> None:
+    if key in TOP_LEVEL_REFUSED:
+        reading.refuse(key, f"{key} {TOP_LEVEL_REFUSED[key]}; refused")
+    if key not in PROJECT and key != "version" and not key.startswith("x-"):
+        reading.refuse(key, f"{key} is not supported (supported: {', '.join(PROJECT)})")
+
+
+def _check_service(reading: Reading, file: Path, where: str, service: Mapping[Any, Any]) -> None:
+    """A service's keys as written: each one known, no `extends` of another file, and its
+    env_files in the task folder."""
+    for option in service:
+        known = option in SERVICE or option == "extends"
+        if not known and not str(option).startswith("x-"):
+            fields(SERVICE, SERVICE_REFUSED)(reading, {option: None}, where)
+    extends = service.get("extends")
+    if isinstance(extends, Mapping) and "file" in extends:
+        reading.refuse(
+            f"{where}.extends.file",
+            "extends a service of another file, which may lie outside the task folder "
+            "(only a service of the same file); refused",
+        )
+    _env_files(reading, file.parent, service.get("env_file"), f"{where}.env_file")
 
 
 def _env_files(reading: Reading, base: Path, value: Any, key: str) -> None:
