@@ -25,7 +25,13 @@ from pytest_harbor.sandboxes.base import (
     SandboxSpec,
     SandboxStartError,
 )
-from pytest_harbor.sandboxes.opensandbox.api import EXECD_PORT, ApiError, Execd, Lifecycle
+from pytest_harbor.sandboxes.opensandbox.api import (
+    EXECD_PORT,
+    ApiError,
+    Execd,
+    Lifecycle,
+    SandboxRecord,
+)
 from pytest_harbor.sandboxes.opensandbox.images import RegistryImages
 from pytest_harbor.sandboxes.opensandbox.metadata import from_metadata, to_metadata
 from pytest_harbor.sandboxes.opensandbox.options import (
@@ -78,6 +84,48 @@ script=$1; shift
 
 #: The most cpus a sandbox is asked for (more than any machine has: all of them).
 _MOST_CPUS = 100_000
+
+
+def _wait_for(execd: Execd, sandbox_id: str, started: float, seconds: float) -> None:
+    """Until the sandbox's execd answers, `seconds` from `started` at the most."""
+    while not execd.ping():
+        if time.monotonic() >= started + seconds:
+            raise SandboxStartError(
+                f"sandbox {sandbox_id}: its execd did not answer within {seconds:g} s"
+            )
+        time.sleep(0.1)
+
+
+def _set_up(sandbox: OpenSandboxSandbox, spec: SandboxSpec) -> None:
+    """The spec's folders made and its start script run, as root, in one command; then
+    the sandbox sealed, the script's output kept (ReportsStart)."""
+    directories = [f"{mode:o}:{path}" for path, mode in spec.directories.items()]
+    if spec.workdir:
+        # The engine's exec makes a container's working folder when it starts.
+        directories.insert(0, f"keep:{spec.workdir}")
+    done = sandbox.exec(
+        [
+            TRUSTED_BUSYBOX,
+            "sh",
+            "-c",
+            _SETUP,
+            "sh",
+            str(len(directories)),
+            *directories,
+            spec.start_script or "",
+            *spec.start_arguments,
+        ],
+        user="0:0",
+        workdir="/",
+        timeout=120,
+    )
+    if done.exit_code != 0:
+        raise SandboxStartError(
+            f"sandbox {sandbox.id} from {spec.image} could not be set up: "
+            + (done.stderr.strip()[-300:] or f"exit status {done.exit_code}")
+        )
+    sandbox.sealed()
+    sandbox.started_with = done.stdout if spec.start_script else None
 
 
 def _cpu(cpus: float | None, default: str) -> str:
@@ -138,13 +186,51 @@ class OpenSandboxProvider:
     # ----------------------------------------------------------------------- sandboxes
 
     def start(self, spec: SandboxSpec) -> OpenSandboxSandbox:
+        config = self.image_config(spec.image)
+        self._refuse(spec, config)
+        started = time.monotonic()
+        token = secrets.token_urlsafe(32)
+        tools = self.images.tools_binary()
+        record = self._create(spec, token)
+        execd: Execd | None = None
+        try:
+            url, headers = self._lifecycle.endpoint(
+                record.id, EXECD_PORT, self.options.use_server_proxy
+            )
+            execd = Execd(url, {**headers, "X-EXECD-ACCESS-TOKEN": token})
+            _wait_for(execd, record.id, started, spec.ready_timeout_s or _EXECD_READY_S)
+            execd.upload({TRUSTED_BUSYBOX: (tools, 0o755)})
+            sandbox = OpenSandboxSandbox(
+                record.id,
+                self._lifecycle,
+                execd,
+                user=config.user,
+                workdir=spec.workdir or "",
+                env=spec.env,
+                online=spec.network,
+            )
+            _set_up(sandbox, spec)
+            return sandbox
+        except BaseException as error:
+            # Whatever went wrong, the sandbox goes (the server would keep it its lifetime).
+            if execd is not None:
+                execd.close()
+            with contextlib.suppress(ApiError):
+                self._lifecycle.delete(record.id)
+            if isinstance(error, SandboxStartError) or not isinstance(
+                error, ApiError | SandboxError
+            ):
+                raise
+            raise SandboxStartError(f"sandbox {record.id} from {spec.image}: {error}") from None
+
+    def _refuse(self, spec: SandboxSpec, config: ImageConfig) -> None:
+        """SandboxStartError for a spec this provider cannot start as the engine needs."""
         if spec.group is not None:
             raise SandboxStartError("the opensandbox provider runs no Compose projects")
         if not spec.network:
             raise SandboxStartError(
                 "the opensandbox provider cannot start a sandbox without the network"
             )
-        config = self.image_config(spec.image)
         if not self.images.runs_as_root(spec.image):
             raise SandboxStartError(
                 f"{spec.image} runs as USER {config.user}: OpenSandbox runs its command daemon "
@@ -152,12 +238,12 @@ class OpenSandboxProvider:
                 "registry, sandbox_provider_options.registry, and the image is pushed there "
                 "running as root, its USER still the commands' default)"
             )
-        started = time.monotonic()
-        token = secrets.token_urlsafe(32)
-        tools = self.images.tools_binary()
+
+    def _create(self, spec: SandboxSpec, token: str) -> SandboxRecord:
+        """The sandbox made on the server, its execd given `token`."""
         ttl = spec.ttl_s if spec.ttl_s is not None else self.options.default_ttl_s
         try:
-            record = self._lifecycle.create(
+            return self._lifecycle.create(
                 image=spec.image,
                 entrypoint=_KEEP_ALIVE,
                 resources={
@@ -172,69 +258,6 @@ class OpenSandboxProvider:
             raise SandboxStartError(
                 f"the OpenSandbox server did not start the sandbox: {error}"
             ) from None
-        execd: Execd | None = None
-        try:
-            url, headers = self._lifecycle.endpoint(
-                record.id, EXECD_PORT, self.options.use_server_proxy
-            )
-            execd = Execd(url, {**headers, "X-EXECD-ACCESS-TOKEN": token})
-            deadline = started + (spec.ready_timeout_s or _EXECD_READY_S)
-            while not execd.ping():
-                if time.monotonic() >= deadline:
-                    raise SandboxStartError(
-                        f"sandbox {record.id}: its execd did not answer within "
-                        f"{spec.ready_timeout_s or _EXECD_READY_S:g} s"
-                    )
-                time.sleep(0.1)
-            execd.upload({TRUSTED_BUSYBOX: (tools, 0o755)})
-            sandbox = OpenSandboxSandbox(
-                record.id,
-                self._lifecycle,
-                execd,
-                user=config.user,
-                workdir=spec.workdir or "",
-                env=spec.env,
-                online=spec.network,
-            )
-            directories = [f"{mode:o}:{path}" for path, mode in spec.directories.items()]
-            if spec.workdir:
-                # The engine's exec makes a container's working folder when it starts.
-                directories.insert(0, f"keep:{spec.workdir}")
-            done = sandbox.exec(
-                [
-                    TRUSTED_BUSYBOX,
-                    "sh",
-                    "-c",
-                    _SETUP,
-                    "sh",
-                    str(len(directories)),
-                    *directories,
-                    spec.start_script or "",
-                    *spec.start_arguments,
-                ],
-                user="0:0",
-                workdir="/",
-                timeout=120,
-            )
-            if done.exit_code != 0:
-                raise SandboxStartError(
-                    f"sandbox {record.id} from {spec.image} could not be set up: "
-                    + (done.stderr.strip()[-300:] or f"exit status {done.exit_code}")
-                )
-            sandbox.sealed()
-            sandbox.started_with = done.stdout if spec.start_script else None
-            return sandbox
-        except BaseException as error:
-            # Whatever went wrong, the sandbox goes (the server would keep it its lifetime).
-            if execd is not None:
-                execd.close()
-            with contextlib.suppress(ApiError):
-                self._lifecycle.delete(record.id)
-            if isinstance(error, SandboxStartError) or not isinstance(
-                error, ApiError | SandboxError
-            ):
-                raise
-            raise SandboxStartError(f"sandbox {record.id} from {spec.image}: {error}") from None
 
     def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:
         try:

@@ -67,31 +67,40 @@ class Users:
         return found if found is not None else self._resolve(spec, fresh=True)
 
     def _resolve(self, spec: UserSpec, fresh: bool) -> Who | None:
-        numeric = _number(spec.name)
-        if numeric == 0 and not fresh and self._passwd is None and spec.group.isdigit():
+        if _number(spec.name) == 0 and not fresh and self._passwd is None and spec.group.isdigit():
             # Root by numbers, as the engine's own commands run: no file to read.
             return Who(0, int(spec.group), "/root")
         passwd, group = self._files(fresh)
-        line: list[str] | None
-        if numeric is not None:
-            uid = numeric
-            line = next((fields for fields in passwd if fields[2:3] == [spec.name]), None)
-        else:
-            line = next((fields for fields in passwd if fields[0] == spec.name), None)
-            found = _number(line[2]) if line is not None and len(line) > 2 else None
-            if found is None:
-                return None
-            uid = found
+        entry = _user_entry(passwd, spec.name)
+        if entry is None:
+            return None
+        uid, line = entry
         home = line[5] if line is not None and len(line) > 5 and line[5] else "/"
-        gid: int | None = None
-        if spec.group:
-            gid = _number(spec.group)
-            if gid is None:
-                entry = next((fields for fields in group if fields[0] == spec.group), None)
-                gid = _number(entry[2]) if entry is not None and len(entry) > 2 else None
-                if gid is None:
-                    return None
-        elif line is None:
-            # A uid with no entry runs with group 0, as the engine's exec gives it.
-            gid = 0
-        return Who(uid, gid, home)
+        if not spec.group:
+            # A uid with no entry runs with group 0, as the engine's exec gives it; a user
+            # with one gets its own group and supplementary groups from execd.
+            return Who(uid, 0 if line is None else None, home)
+        gid = _group_id(group, spec.group)
+        return None if gid is None else Who(uid, gid, home)
+
+
+def _user_entry(passwd: list[list[str]], name: str) -> tuple[int, list[str] | None] | None:
+    """The uid `name` stands for and its passwd line: a number is itself (its line, the
+    first with that uid, may be missing); a name is the first line with that name. None
+    when a name is not there."""
+    numeric = _number(name)
+    if numeric is not None:
+        return numeric, next((fields for fields in passwd if fields[2:3] == [name]), None)
+    line = next((fields for fields in passwd if fields[0] == name), None)
+    found = _number(line[2]) if line is not None and len(line) > 2 else None
+    return None if found is None else (found, line)
+
+
+def _group_id(group: list[list[str]], name: str) -> int | None:
+    """The gid `name` stands for: a number is itself, a name the first group line with
+    that name; None when a name is not there."""
+    numeric = _number(name)
+    if numeric is not None:
+        return numeric
+    entry = next((fields for fields in group if fields[0] == name), None)
+    return _number(entry[2]) if entry is not None and len(entry) > 2 else None
