@@ -141,7 +141,8 @@ class _HoldsSecrets(Protocol):
 def run_redactor(settings: HarborSettings, model: _HoldsSecrets | None) -> Redactor:
     """The redactor of a run (or of an episode run on its own): the settings' `secrets`
     and the model's API key."""
-    return Redactor([*settings.secrets.values(), *(model.secret_values() if model else [])])
+    secrets = settings.revealed_secrets().values()
+    return Redactor([*secrets, *(model.secret_values() if model else [])])
 
 
 def _whole(value: _S, secrets: list[_S], mask: _S) -> _S:

@@ -4,26 +4,29 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from pytest_harbor.agent_outcomes import AgentOutcomePolicy
 from pytest_harbor.labels import LABEL_PREFIX
 from pytest_harbor.tasks.config import MCPServerConfig
+from pytest_harbor.templates import TemplateSources
 
 __all__ = [
     "CONFIG_BLOCK",
     "NOT_IMPLEMENTED",
     "SET_BY_THE_RUN",
+    "Assignment",
     "HarborSettings",
     "ProviderBlock",
     "ResourcesOverride",
     "SettingsError",
     "literal_secrets",
     "load_settings",
-    "parse_assignment",
+    "parse_assignments",
     "secret_value",
 ]
 
@@ -120,7 +123,9 @@ class HarborSettings(BaseModel):
     #: pytest-harbor's own: the most processes (threads included) a sandbox may hold at
     #: once, so that one episode cannot take the machine's from the others; null: no cap.
     sandbox_pids_limit: int | None = Field(default=DEFAULT_PIDS_LIMIT, ge=64)
-    secrets: dict[str, str] = {}
+    #: Each value as given (`env:NAME`, `file:PATH` or itself) until load_settings reads
+    #: it; revealed_secrets() hands the values to the few places that need one.
+    secrets: dict[str, SecretStr] = {}
     #: pytest-harbor's own: the host variables a task's `${NAME}` templates may read
     #: (in any env table); no other reaches a task, and a secret's value never reaches
     #: a table but a verifier's.
@@ -150,13 +155,74 @@ class HarborSettings(BaseModel):
         data["secrets"] = {name: "***" for name in self.secrets}
         return data
 
+    def revealed_secrets(self) -> dict[str, str]:
+        """Each secret's value by its name, for what needs the value itself: the
+        verifier's environment, MCP headers, the redactor and the manifest's fingerprint."""
+        return {name: secret.get_secret_value() for name, secret in self.secrets.items()}
 
-def parse_assignment(text: str) -> tuple[list[str], Any]:
-    """`a.b=VALUE` -> (["a", "b"], VALUE as YAML: numbers, booleans, lists, maps)."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise SettingsError(f"--harbor-set {text!r}: expected KEY=VALUE")
-    return key.strip().split("."), _scalar(value)
+    def host_variables(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The host variables a task may see, with their values: those `host_env` names
+        that `environ` (this process's environment when not given) sets, and no other."""
+        environ = os.environ if environ is None else environ
+        return {name: environ[name] for name in self.host_env if name in environ}
+
+    def template_sources(self, environ: Mapping[str, str] | None = None) -> TemplateSources:
+        """What a task's `${NAME}`s may read: the host variables, and the secrets by name.
+
+        A host variable that holds a secret's text (a secret given as `env:VAR` while
+        `host_env` names VAR) is handed on by name too, as a carrier of that secret: a
+        task that names it is refused, or given a reference, as one that names the secret
+        is. This comparison is a defence where text the run does not own enters a task
+        (docs/decisions.md); from here on a secret travels by name.
+        """
+        secrets = self.revealed_secrets()
+        host: dict[str, str] = {}
+        carriers: dict[str, tuple[str, ...]] = {}
+        for name, value in self.host_variables(environ).items():
+            held = tuple(secret for secret, text in secrets.items() if text and text in value)
+            if held:
+                carriers[name] = held
+            else:
+                host[name] = value
+        return TemplateSources(host=host, secrets=frozenset(secrets), carriers=carriers)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One `--harbor-set KEY.PATH=VALUE`, read once: its key's path and its value."""
+
+    #: As given, for the messages that say where a setting came from.
+    text: str
+    keys: tuple[str, ...]
+    #: Read as YAML: numbers, booleans, lists, maps.
+    value: Any
+
+
+def parse_assignments(texts: Iterable[str]) -> list[Assignment]:
+    """`a.b=VALUE` assignments, each read into its key's path and its YAML value."""
+    parsed = []
+    for text in texts:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise SettingsError(f"--harbor-set {text!r}: expected KEY=VALUE")
+        parsed.append(Assignment(text, tuple(key.strip().split(".")), _scalar(value)))
+    return parsed
+
+
+def literal_secrets(assignments: Iterable[Assignment]) -> list[str]:
+    """The secrets `assignments` give as literal values (not `env:` or `file:`)."""
+    found = []
+    for assignment in assignments:
+        keys, value = assignment.keys, assignment.value
+        if keys[0] != "secrets":
+            continue
+        values = {".".join(keys[1:]): value} if len(keys) > 1 else value
+        if not isinstance(values, dict):
+            continue
+        found += [
+            name for name, given in values.items() if not str(given).startswith(("env:", "file:"))
+        ]
+    return found
 
 
 #: YAML 1.1 reads these as booleans; settings mean them as words (`task_mcp_grants=off`).
@@ -177,7 +243,7 @@ def _scalar(value: str) -> Any:
 def load_settings(
     ini: Mapping[str, str],
     config_files: Iterable[Path],
-    assignments: Iterable[str],
+    assignments: Iterable[Assignment],
     sources: dict[str, str] | None = None,
 ) -> HarborSettings:
     """Defaults < ini keys < config files in order < `--harbor-set` (the last one wins).
@@ -191,17 +257,28 @@ def load_settings(
         for key, value in _config_block(path).items():
             values[key] = value
             sources[key] = str(path)
-    for text in assignments:
-        keys, value = parse_assignment(text)
-        _set_dotted(values, keys, value)
-        sources[keys[0]] = f"--harbor-set {text}"
+    for assignment in assignments:
+        _set_dotted(values, list(assignment.keys), assignment.value)
+        sources[assignment.keys[0]] = f"--harbor-set {assignment.text}"
+    settings = _validated(values, sources)
+    _refuse_set_by_the_run(settings, sources)
+    source = sources.get("secrets", "settings")
+    secrets = {
+        name: SecretStr(secret_value(name, given.get_secret_value(), source))
+        for name, given in settings.secrets.items()
+    }
+    return settings.model_copy(update={"secrets": secrets}) if secrets else settings
+
+
+def _validated(values: dict[str, Any], sources: Mapping[str, str]) -> HarborSettings:
+    """`values` as settings; an unknown key or a bad value names where it came from."""
     unknown = sorted(set(values) - set(HarborSettings.model_fields))
     if unknown:
         raise SettingsError(
             "unknown setting " + ", ".join(f"{key!r} (from {sources[key]})" for key in unknown)
         )
     try:
-        settings = HarborSettings.model_validate(values)
+        return HarborSettings.model_validate(values)
     except ValidationError as error:
         first = error.errors()[0]
         key = ".".join(str(part) for part in first["loc"])
@@ -210,6 +287,10 @@ def load_settings(
             f"setting {key or '(settings)'} (from {source}): "
             f"{first['msg'].removeprefix('Value error, ')}"
         ) from None
+
+
+def _refuse_set_by_the_run(settings: HarborSettings, sources: Mapping[str, str]) -> None:
+    """What the run sets itself, and what this release does not act on, is refused."""
     defaults = HarborSettings()
     reserved = sorted(SET_BY_THE_RUN & settings.model_fields_set)
     if reserved:
@@ -227,13 +308,6 @@ def load_settings(
             "not implemented in this release, so not accepted: "
             + ", ".join(f"{key} (from {sources[key]})" for key in refused)
         )
-    if settings.secrets:
-        secrets = {
-            name: secret_value(name, value, sources.get("secrets", "settings"))
-            for name, value in settings.secrets.items()
-        }
-        settings = settings.model_copy(update={"secrets": secrets})
-    return settings
 
 
 def secret_value(name: str, value: str, source: str) -> str:
@@ -256,22 +330,6 @@ def secret_value(name: str, value: str, source: str) -> str:
             ) from None
         return text.removesuffix("\n")
     return value
-
-
-def literal_secrets(assignments: Iterable[str]) -> list[str]:
-    """The secrets a `--harbor-set` gives as literal values (not `env:` or `file:`)."""
-    found = []
-    for text in assignments:
-        keys, value = parse_assignment(text)
-        if keys[0] != "secrets":
-            continue
-        values = {".".join(keys[1:]): value} if len(keys) > 1 else value
-        if not isinstance(values, dict):
-            continue
-        found += [
-            name for name, given in values.items() if not str(given).startswith(("env:", "file:"))
-        ]
-    return found
 
 
 def _config_block(path: Path) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pytest_harbor.tasks.config import EnvironmentConfig
 from pytest_harbor.tasks.digest import task_digest
 from pytest_harbor.tasks.errors import TaskLoadError
 from pytest_harbor.tasks.task import Task, Turn
+from pytest_harbor.templates import SecretReference
 
 __all__ = ["check_digest", "refuse_at_seed", "refuse_secrets_beside_root", "refuse_unrunnable"]
 
@@ -130,53 +131,104 @@ def refuse_at_seed(
     """Raise EpisodeError (`harbor:task_refused`) for what the settings, the harness or
     the provider cannot give the task (`separate_verifier`: the task verifies in a
     sandbox of its own)."""
-    config = task.config
-    multi_step = config.is_multi_step
-    if multi_step and settings.turn_sessions == "continue" and not harness.can_continue:
-        raise EpisodeError(
-            FailureKind.TASK_REFUSED,
+    reasons = (
+        _continued_sessions(task, settings, harness),
+        _artifacts_to_separate(task, settings),
+        _verifier_allowlist(task, settings, separate_verifier),
+        _snapshots(settings, provider),
+        _offline(task, provider),
+        _user_groups(task, provider),
+        _unfilled_secrets(task, settings),
+    )
+    for reason in reasons:
+        if reason is not None:
+            raise EpisodeError(FailureKind.TASK_REFUSED, reason)
+
+
+def _continued_sessions(task: Task, settings: HarborSettings, harness: Harness) -> str | None:
+    continued = settings.turn_sessions == "continue"
+    if task.config.is_multi_step and continued and not harness.can_continue:
+        return (
             f"turn_sessions = continue needs a harness that can continue a session; "
-            f"{harness.name} cannot (set turn_sessions to fresh)",
+            f"{harness.name} cannot (set turn_sessions to fresh)"
         )
-    if multi_step and settings.separate_verifier_for_artifacts and config.artifacts:
-        raise EpisodeError(
-            FailureKind.TASK_REFUSED,
+    return None
+
+
+def _artifacts_to_separate(task: Task, settings: HarborSettings) -> str | None:
+    config = task.config
+    if config.is_multi_step and settings.separate_verifier_for_artifacts and config.artifacts:
+        return (
             "separate_verifier_for_artifacts cannot send a multi-step task to a separate "
-            "verifier: multi-step tasks verify in their agent's sandbox",
+            "verifier: multi-step tasks verify in their agent's sandbox"
         )
+    return None
+
+
+def _verifier_allowlist(
+    task: Task, settings: HarborSettings, separate_verifier: bool
+) -> str | None:
     verifier_hosts = any(turn.verifier_hosts is not None for turn in task.turns)
     if verifier_hosts and (settings.verify_from_snapshot or separate_verifier):
-        raise EpisodeError(
-            FailureKind.TASK_REFUSED,
+        return (
             'a verifier phase with network_mode = "allowlist" runs only in the agent\'s '
-            "sandbox (shared verification); it is not enforced in a separate or snapshot one",
+            "sandbox (shared verification); it is not enforced in a separate or snapshot one"
         )
+    return None
+
+
+def _snapshots(settings: HarborSettings, provider: SandboxProvider) -> str | None:
     if settings.verify_from_snapshot and not provider.capabilities.snapshots:
-        raise EpisodeError(
-            FailureKind.TASK_REFUSED,
+        return (
             f"verify_from_snapshot needs snapshots of the agent's sandbox, which the "
-            f"{provider.name} sandbox does not take",
+            f"{provider.name} sandbox does not take"
         )
-    if not provider.capabilities.network_off:
-        offline = config.environment.network_mode == "no-network" or any(
-            not (turn.agent_network and turn.verifier_network) for turn in task.turns
+    return None
+
+
+def _offline(task: Task, provider: SandboxProvider) -> str | None:
+    if provider.capabilities.network_off:
+        return None
+    offline = task.config.environment.network_mode == "no-network" or any(
+        not (turn.agent_network and turn.verifier_network) for turn in task.turns
+    )
+    if offline:
+        return (
+            "the task has a phase without the network (network_mode = no-network), "
+            f"which the {provider.name} sandboxes cannot go without on this "
+            "network (sandbox_provider_options.network)"
         )
-        if offline:
-            raise EpisodeError(
-                FailureKind.TASK_REFUSED,
-                "the task has a phase without the network (network_mode = no-network), "
-                f"which the {provider.name} sandboxes cannot go without on this "
-                "network (sandbox_provider_options.network)",
-            )
-    if not provider.capabilities.user_groups:
-        for turn in task.turns:
-            for role, user in (("agent", turn.agent_user), ("verifier", turn.verifier_user)):
-                if user is not None and ":" in user:
-                    raise EpisodeError(
-                        FailureKind.TASK_REFUSED,
-                        f"step {turn.name!r}: the {role} user {user!r} names a group, "
-                        f"which the {provider.name} sandbox cannot apply",
-                    )
+    return None
+
+
+def _user_groups(task: Task, provider: SandboxProvider) -> str | None:
+    if provider.capabilities.user_groups:
+        return None
+    for turn in task.turns:
+        for role, user in (("agent", turn.agent_user), ("verifier", turn.verifier_user)):
+            if user is not None and ":" in user:
+                return (
+                    f"step {turn.name!r}: the {role} user {user!r} names a group, "
+                    f"which the {provider.name} sandbox cannot apply"
+                )
+    return None
+
+
+def _unfilled_secrets(task: Task, settings: HarborSettings) -> str | None:
+    """A secret the task's verifier is given that these settings cannot fill: the task
+    was loaded with the template sources of other settings."""
+    known = {*settings.secrets, *settings.host_variables()}
+    for turn in task.turns:
+        where = f"step {turn.name!r}: " if task.config.is_multi_step else ""
+        for variable, value in turn.verifier_env.items():
+            if isinstance(value, SecretReference) and value.name not in known:
+                return (
+                    f"{where}the verifier's {variable} reads ${{{value.name}}}, which is "
+                    "neither a secret of the run nor a host variable host_env names: load "
+                    "the task with the settings it runs with "
+                    "(load_task(path, variables=settings.template_sources()))"
+                )
+    return None
 
 
 def check_digest(task: Task, expected: str | None) -> None:
@@ -193,17 +245,21 @@ def check_digest(task: Task, expected: str | None) -> None:
         )
 
 
-def secrets_given(turn: Turn, secrets: dict[str, str]) -> list[str]:
-    """The names of the secrets `turn`'s verifier gets in its environment."""
+def secrets_given(turn: Turn) -> list[str]:
+    """The names of the secrets `turn`'s verifier gets in its environment, read from
+    its references."""
     return sorted(
-        name
-        for name, value in secrets.items()
-        if value and any(value in text for text in turn.verifier_env.values())
+        {
+            secret
+            for value in turn.verifier_env.values()
+            if isinstance(value, SecretReference)
+            for secret in value.secrets
+        }
     )
 
 
 def refuse_secrets_beside_root(
-    task: Task, secrets: dict[str, str], agent_id: Callable[[Turn], str | None], verifier: str
+    task: Task, agent_id: Callable[[Turn], str | None], verifier: str
 ) -> None:
     """Raise EpisodeError (`harbor:task_refused`) when a turn's verifier would get a secret
     where a root agent had been, that turn's or an earlier one's: in the sandbox it shared
@@ -216,7 +272,7 @@ def refuse_secrets_beside_root(
     for turn in task.turns:
         if root is None and agent_id(turn) is None:
             root = turn
-        given = secrets_given(turn, secrets)
+        given = secrets_given(turn)
         if not given or root is None:
             continue
         multi = task.config.is_multi_step

@@ -245,7 +245,6 @@ class Episode:
         if self._verifier.name in (SharedVerifier.name, SnapshotVerifier.name):
             refuse_secrets_beside_root(
                 self.task,
-                self.context.settings.secrets,
                 lambda turn: attempt.users.agent_id(turn, self._image_user),
                 self._verifier.name,
             )

@@ -52,7 +52,9 @@ from pytest_harbor.sandboxes.copies import (
     bounded,
     members,
 )
+from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task, Turn
+from pytest_harbor.templates import SecretReference
 
 __all__ = [
     "REWARD_CAP_BYTES",
@@ -64,6 +66,7 @@ __all__ = [
     "copy_verifier_folder",
     "run_collect_hooks",
     "run_verifier",
+    "verifier_environment",
 ]
 
 #: A reward file larger than this is not read: it is invalid.
@@ -158,6 +161,17 @@ class Verification:
     response: str | None = None
 
 
+def verifier_environment(turn: Turn, settings: HarborSettings) -> dict[str, str]:
+    """The environment `turn`'s verifier runs with: each secret it is given filled from
+    `settings` here, the one place a secret's value joins it (refuse_at_seed refused a
+    reference these settings cannot fill)."""
+    secrets, host = settings.revealed_secrets(), settings.host_variables()
+    return {
+        name: value.fill(secrets, host) if isinstance(value, SecretReference) else value
+        for name, value in turn.verifier_env.items()
+    }
+
+
 def run_verifier(
     sandbox: Sandbox,
     verification: Verification,
@@ -196,6 +210,7 @@ def run_verifier(
             )
         )
     assert seed.bash is not None
+    env = verifier_environment(turn, context.settings)
     budget = max(budget_s, 1.0)
     payload = pack_tree(
         {"tests": turn.tests_dirs if upload_tests else ()},
@@ -218,7 +233,7 @@ def run_verifier(
             trusted(script, *arguments, *run_arguments),
             user=ROOT_USER,
             workdir=workdir,
-            env=turn.verifier_env,
+            env=env,
             timeout=budget + grace_s + 60.0,
             stdin=payload,
         )
@@ -246,7 +261,7 @@ def run_verifier(
             trusted(RUN_TEST, *run_arguments),
             user=user,
             workdir=workdir,
-            env=turn.verifier_env,
+            env=env,
             timeout=budget + grace_s + 60.0,
         )
     elapsed = time.monotonic() - started

@@ -19,10 +19,12 @@ from pytest_harbor.datasets import (
 from pytest_harbor.harnesses import harness_names
 from pytest_harbor.harnesses.model import DEFAULT_API_KEY_ENV
 from pytest_harbor.settings import (
+    Assignment,
     HarborSettings,
     SettingsError,
     literal_secrets,
     load_settings,
+    parse_assignments,
 )
 from pytest_harbor.writers.run_config import RunRecord
 
@@ -335,6 +337,8 @@ def read_options(config: pytest.Config) -> HarborOptions:
         where = given_where(config, name)
         if where is not None:
             sources[option.flag] = where
+    typed = config.getoption(_OPTIONS["set"].dest)
+    assignments = _assignments(typed or config.getini(_OPTIONS["set"].dest))
     return HarborOptions(
         sources=sources,
         datasets=folders,
@@ -355,11 +359,12 @@ def read_options(config: pytest.Config) -> HarborOptions:
         skip_unloadable=_raw(config, "skip-unloadable"),
         resume=_raw(config, "resume"),
         allow_unsupported_pairing=_raw(config, "allow-unsupported-pairing"),
-        settings=_settings(config, sources),
+        settings=_settings(config, assignments, sources),
+        # A secret typed on the command line is in the process list; one in an ini file is not.
         warnings=tuple(
             f"--harbor-set secrets.{name}: a secret on the command line can be read by other "
             "users of this machine; give it as env:VARIABLE or file:PATH instead"
-            for name in literal_secrets(config.getoption(_OPTIONS["set"].dest) or [])
+            for name in literal_secrets(assignments if typed else [])
         ),
         agent_options=parse_key_values(_raw(config, "agent-option"), "agent-option"),
         model=ModelOptions(
@@ -502,14 +507,22 @@ def given_where(config: pytest.Config, name: str) -> str | None:
     return None
 
 
-def _settings(config: pytest.Config, sources: dict[str, str]) -> HarborSettings:
+def _assignments(texts: list[str]) -> list[Assignment]:
+    try:
+        return parse_assignments(texts)
+    except SettingsError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
+def _settings(
+    config: pytest.Config, assignments: list[Assignment], sources: dict[str, str]
+) -> HarborSettings:
     ini = {}
     for key in HarborSettings.model_fields:
         value = config.getini(f"harbor_{key}")
         if value is not None:
             ini[key] = str(value)
     files = _paths(config, "config")
-    assignments = config.getoption(_OPTIONS["set"].dest) or config.getini(_OPTIONS["set"].dest)
     found: dict[str, str] = {}
     try:
         settings = load_settings(ini, files, assignments, found)

@@ -289,10 +289,7 @@ class HarborRun:
             if self._gpu_provider is None
             else (self._gpu_provider.capabilities, self._gpu_provider.name),
             selection=Selection(self.options.only_tasks, self.options.exclude_tasks),
-            secrets=self.settings.secrets,
-            host_env={
-                name: os.environ[name] for name in self.settings.host_env if name in os.environ
-            },
+            variables=self.settings.template_sources(),
             repeats=self.options.repeats,
             admit_any_harness=self.options.allow_unsupported_pairing,
             check=self._check_task,

@@ -6,7 +6,7 @@ collect its nodes. Planning reads files only; it starts no sandbox.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from pytest_harbor.tasks import (
 )
 from pytest_harbor.tasks.dataset import DATASET_FILE, DatasetFiles
 from pytest_harbor.tasks.loader import MAX_TASK_DEPTH, refuse_unusable_name
+from pytest_harbor.templates import TemplateSources
 
 __all__ = ["Selection", "TasksetPlan", "plan_taskset"]
 
@@ -66,8 +67,7 @@ def plan_taskset(
     provider: str,
     gpu_provider: tuple[SandboxCapabilities, str] | None = None,
     selection: Selection = Selection(),
-    secrets: Mapping[str, str] | None = None,
-    host_env: Mapping[str, str] | None = None,
+    variables: TemplateSources | None = None,
     repeats: int | None = None,
     admit_any_harness: bool = False,
     check: Callable[[Task], None] | None = None,
@@ -77,7 +77,8 @@ def plan_taskset(
     Raises TaskLoadError for what spoils the whole taskset: a bad dataset.toml, a harness
     it does not admit, an override naming no task, two tasks with one id, no tasks at all.
     `check` may refuse a task (TaskLoadError) for what only the run knows (its settings).
-    `host_env` holds the host variables the tasks' `${NAME}` may read (none by default).
+    `variables` are what the tasks' `${NAME}` may read (none by default): the run's
+    settings' `template_sources()`.
     `gpu_provider` (capabilities and name) is where tasks that ask for GPUs run, when the
     run names one.
     """
@@ -114,9 +115,7 @@ def plan_taskset(
         if not selection.admits(task_dir.name):
             continue
         try:
-            task = load_task(
-                task_dir, environ=host_env, secrets=secrets, dataset=dataset, dataset_files=files
-            )
+            task = load_task(task_dir, variables=variables, dataset=dataset, dataset_files=files)
             if gpu_provider is not None and task.config.environment.gpus:
                 refuse_unrunnable(task, *gpu_provider)
             else:

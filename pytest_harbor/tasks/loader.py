@@ -29,6 +29,7 @@ from pytest_harbor.tasks.errors import TaskLoadError, describe_validation_error,
 from pytest_harbor.tasks.graders import graded, python_verifier, read_task_data
 from pytest_harbor.tasks.task import COMPOSE_FILES, SINGLE_STEP_TURN, Task, Turn
 from pytest_harbor.tasks.typos import key_line, near_miss
+from pytest_harbor.templates import SecretReference, TemplateSources, fill, whole_template
 
 __all__ = [
     "MAX_TASK_DEPTH",
@@ -39,7 +40,6 @@ __all__ = [
     "load_task",
     "matches_any",
     "refuse_unusable_name",
-    "resolve_env_value",
     "strip_canary",
 ]
 
@@ -153,8 +153,7 @@ def _holds_test_module(folder: Path, patterns: tuple[str, ...]) -> bool:
 def load_task(
     path: Path,
     *,
-    environ: Mapping[str, str] | None = None,
-    secrets: Mapping[str, str] | None = None,
+    variables: TemplateSources | None = None,
     dataset: DatasetConfig | None = None,
     dataset_files: DatasetFiles | None = None,
 ) -> Task:
@@ -162,11 +161,12 @@ def load_task(
 
     `dataset` applies a dataset.toml's `[gym]` overrides (before validation) and defaults;
     `dataset_files` are the dataset root's shared `verifier.py` and `task_data.py`;
-    `secrets` fill `${NAME}` in verifier env tables only, before `environ` does: the host
-    variables a template may read (none when not given; a run gives those `host_env`
-    names). A table the agent's sandbox gets that would hold a secret's value is refused.
+    `variables` are what `${NAME}` may read (none when not given; a run gives its
+    settings' `template_sources()`): in verifier env tables a secret, kept in the Task as
+    a reference by name, else a host variable. A table the agent's sandbox gets reads host
+    variables alone, and one that holds a secret's text is refused there.
     """
-    environ = {} if environ is None else environ
+    variables = TemplateSources() if variables is None else variables
     task_file = path / TASK_FILE
     refuse_unusable_name(path, "task folder")
     if path.is_symlink():
@@ -184,7 +184,7 @@ def load_task(
         shared = dataset_files or DatasetFiles()
         _check_layout(path, config, shared)
         task_data = read_task_data(path)
-        config = _resolve_env_templates(task_file, config, environ, secrets or {})
+        config, references = _fill_env_templates(task_file, config, variables)
     except TaskLoadError as error:
         # A key that is missing or wrong may be one the file misspells.
         hint = near_miss(raw, text, error.key) if error.path == task_file and error.key else None
@@ -199,7 +199,7 @@ def load_task(
     return Task(
         path=path,
         config=config,
-        turns=_turns(path, config, shared, task_data),
+        turns=_turns(path, config, references, shared, task_data),
         digest=digest,
         unknown_keys=tuple(meant),
         unknown_key_lines={key: key_line(text, key) for key in meant},
@@ -358,100 +358,93 @@ def _check_step(
 
 # ---------------------------------------------------------------------------- env templates
 
-_TEMPLATE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?\}$", re.DOTALL)
-
-
-def resolve_env_value(value: str, *sources: Mapping[str, str]) -> str | None:
-    """Harbor's `${VAR}` / `${VAR:-default}` (whole value only); None when VAR is unset.
-
-    The first source that has VAR gives its value.
-    """
-    match = _TEMPLATE.match(value)
-    if match is None:
-        return value
-    name, default = match.group(1), match.group(2)
-    for source in sources:
-        if name in source:
-            return source[name]
-    return default
-
-
 _EnvTable = EnvironmentConfig | VerifierConfig | SolutionConfig | StepVerifierConfig
+#: The secrets each verifier env table gives, by the table's key in task.toml
+#: (`verifier`, `steps[0].verifier`), then by variable.
+_References = dict[str, dict[str, SecretReference]]
 
 
-def _resolve_table(
-    task_file: Path,
-    key: str,
-    table: _EnvTable,
-    *sources: Mapping[str, str],
-    unshown: Mapping[str, str] | None = None,
-) -> dict[str, str]:
-    """`table`'s env with its templates filled from `sources`; a value that holds one of
-    the `unshown` secrets (a table the agent's sandbox gets) is refused."""
-    resolved: dict[str, str] = {}
-    for name, value in table.env.items():
-        result = resolve_env_value(value, *sources)
-        held = [
-            secret for secret, text in (unshown or {}).items() if text and result and text in result
-        ]
-        if held:
-            raise TaskLoadError(
-                task_file,
-                f"{value} would give the secret {held[0]} to the agent's sandbox: secrets "
-                "reach [verifier].env and [steps.verifier].env only",
-                key=f"{key}.env.{name}",
-            )
-        if result is None:
-            raise TaskLoadError(
-                task_file,
-                f"{value} names a variable that is not set and has no default (write "
-                "${NAME:-default} to give one; a host variable reaches a task only when the "
-                "host_env setting names it)",
-                key=f"{key}.env.{name}",
-            )
-        resolved[name] = result
-    return resolved
-
-
-def _resolve_env_templates(
-    task_file: Path,
-    config: TaskConfig,
-    environ: Mapping[str, str],
-    secrets: Mapping[str, str],
-) -> TaskConfig:
-    def resolve(key: str, table: Any, *sources: Mapping[str, str]) -> Any:
-        env = _resolve_table(task_file, key, table, *sources)
-        return table.model_copy(update={"env": env})
-
-    def agents(key: str, table: Any) -> Any:
-        """A table the agent's sandbox gets (or a separate verifier's image starts with):
-        host variables only, and no secret's value."""
-        env = _resolve_table(task_file, key, table, environ, unshown=secrets)
-        return table.model_copy(update={"env": env})
-
-    verifier = resolve("verifier", config.verifier, secrets, environ)
-    if verifier.environment is not None:
-        verifier = verifier.model_copy(
-            update={"environment": agents("verifier.environment", verifier.environment)}
+def _fill_entry(
+    task_file: Path, key: str, value: str, variables: TemplateSources, *, verifier: bool
+) -> str | SecretReference:
+    """One env value filled: a secret's stays a reference (`verifier`: a verifier env
+    table), and is refused in a table the agent's sandbox gets."""
+    template = whole_template(value)
+    reference = None if template is None else variables.reference(template.name, verifier=verifier)
+    if reference is not None and not verifier:
+        raise TaskLoadError(
+            task_file,
+            f"{value} would give the secret {reference.secrets[0]} to the agent's sandbox: "
+            "secrets reach [verifier].env and [steps.verifier].env only",
+            key=key,
         )
+    if reference is not None:
+        return reference
+    filled = fill(value, variables.host)
+    if filled is None:
+        raise TaskLoadError(
+            task_file,
+            f"{value} names a variable that is not set and has no default (write "
+            "${NAME:-default} to give one; a host variable reaches a task only when the "
+            "host_env setting names it)",
+            key=key,
+        )
+    return filled
+
+
+def _fill_env_templates(
+    task_file: Path, config: TaskConfig, variables: TemplateSources
+) -> tuple[TaskConfig, _References]:
+    """`config` with every env table's templates filled, and the secrets its verifier
+    tables give; such an entry keeps its template as task.toml writes it, so that the
+    config holds no secret's value."""
+    references: _References = {}
+
+    def filled(key: str, table: _EnvTable, *, verifier: bool) -> Any:
+        env: dict[str, str] = {}
+        given: dict[str, SecretReference] = {}
+        for name, value in table.env.items():
+            entry = _fill_entry(task_file, f"{key}.env.{name}", value, variables, verifier=verifier)
+            if isinstance(entry, SecretReference):
+                given[name] = entry
+            env[name] = value if isinstance(entry, SecretReference) else entry
+        references[key] = given
+        return table.model_copy(update={"env": env})
+
+    verifier = filled("verifier", config.verifier, verifier=True)
+    if verifier.environment is not None:
+        # The separate verifier's sandbox starts with it: a secret reaches the exec alone.
+        environment = filled("verifier.environment", verifier.environment, verifier=False)
+        verifier = verifier.model_copy(update={"environment": environment})
     steps = None
     if config.steps is not None:
         steps = [
             step.model_copy(
-                update={
-                    "verifier": resolve(f"steps[{i}].verifier", step.verifier, secrets, environ)
-                }
+                update={"verifier": filled(f"steps[{i}].verifier", step.verifier, verifier=True)}
             )
             for i, step in enumerate(config.steps)
         ]
-    return config.model_copy(
+    config = config.model_copy(
         update={
-            "environment": agents("environment", config.environment),
+            "environment": filled("environment", config.environment, verifier=False),
             "verifier": verifier,
-            "solution": agents("solution", config.solution),
+            "solution": filled("solution", config.solution, verifier=False),
             "steps": steps,
         }
     )
+    return config, references
+
+
+def _verifier_env(
+    config: TaskConfig, references: _References, step: int | None
+) -> dict[str, str | SecretReference]:
+    """A turn's verifier environment: the task's, then its step's (`step`, its index)
+    entry by entry, each secret's entry a reference."""
+    env: dict[str, str | SecretReference] = {**config.verifier.env, **references["verifier"]}
+    if step is not None and config.steps is not None:
+        env.update(config.steps[step].verifier.env)
+        env.update(references[f"steps[{step}].verifier"])
+    return env
 
 
 # ---------------------------------------------------------------------------- turns
@@ -476,7 +469,11 @@ def _user(value: str | int | None) -> str | None:
 
 
 def _turns(
-    path: Path, config: TaskConfig, shared: DatasetFiles, task_data: dict[str, Any] | None
+    path: Path,
+    config: TaskConfig,
+    references: _References,
+    shared: DatasetFiles,
+    task_data: dict[str, Any] | None,
 ) -> tuple[Turn, ...]:
     tests = path / "tests"
     solution = path / "solution"
@@ -491,7 +488,7 @@ def _turns(
                 agent_user=_user(config.agent.user),
                 verifier_timeout_sec=config.verifier.timeout_sec,
                 verifier_user=_user(config.verifier.user),
-                verifier_env=dict(config.verifier.env),
+                verifier_env=_verifier_env(config, references, None),
                 solution_env=dict(config.solution.env),
                 agent_network=_online(config.agent.network_mode, config),
                 verifier_network=_online(config.verifier.network_mode, config),
@@ -504,7 +501,7 @@ def _turns(
             ),
         )
     turns = []
-    for step in config.steps or []:
+    for index, step in enumerate(config.steps or []):
         folder = path / "steps" / step.name
         own_solution = folder / "solution"
         # A step folder's own solution/ is its answer even without solve.sh (then missing).
@@ -523,7 +520,7 @@ def _turns(
                 verifier_user=_user(
                     step.verifier.user if step.verifier.user is not None else config.verifier.user
                 ),
-                verifier_env={**config.verifier.env, **step.verifier.env},
+                verifier_env=_verifier_env(config, references, index),
                 solution_env=dict(config.solution.env),
                 min_reward=step.min_reward,
                 agent_network=_online(step.agent.network_mode or config.agent.network_mode, config),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_harbor.tasks.config import ArtifactConfig, HealthcheckConfig, TaskConfig
+from pytest_harbor.templates import SecretReference
 
 __all__ = ["COMPOSE_FILES", "SINGLE_STEP_TURN", "PythonVerifier", "Task", "Turn"]
 
@@ -40,7 +41,9 @@ class Turn:
     agent_user: str | None
     verifier_timeout_sec: float
     verifier_user: str | None
-    verifier_env: dict[str, str] = field(default_factory=dict)
+    #: The verifier's environment; an entry that gives a secret is a reference to it, filled
+    #: only where the verifier's exec is made (engine/verification.py).
+    verifier_env: dict[str, str | SecretReference] = field(default_factory=dict)
     solution_env: dict[str, str] = field(default_factory=dict)
     min_reward: float | dict[str, float] | None = None
     #: Whether the agent's phase, and the verifier's, have the network (each phase's own

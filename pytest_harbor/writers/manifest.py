@@ -63,7 +63,7 @@ def _secrets_fingerprint(settings: HarborSettings, key: bytes) -> str:
     names and values: it tells two runs' secrets apart, and without the key it cannot be
     used to try guesses at a weak secret."""
     mac = hmac.new(key, digestmod=hashlib.sha256)
-    for name, value in sorted(settings.secrets.items()):
+    for name, value in sorted(settings.revealed_secrets().items()):
         mac.update(f"{name}\0{value}\n".encode())
     return mac.hexdigest()
 

@@ -13,7 +13,7 @@ import pytest
 from pytest_harbor.sandboxes.base import SandboxSpec, SandboxStartError
 from pytest_harbor.sandboxes.docker.limits import GPU_RUNTIME, compose_gpu_request, gpu_request
 from pytest_harbor.sandboxes.docker.provider import DockerProvider
-from pytest_harbor.settings import SettingsError, load_settings
+from pytest_harbor.settings import SettingsError, load_settings, parse_assignments
 from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
 
 GPU_TOML = (
@@ -43,18 +43,20 @@ def test_the_gpu_settings_are_read_and_a_bad_block_names_its_key() -> None:
     settings = load_settings(
         {},
         [],
-        [
-            "gpu_sandbox_provider.sandbox=docker",
-            "gpu_sandbox_provider.options.network=host",
-            "request_gpu_type=true",
-        ],
+        parse_assignments(
+            [
+                "gpu_sandbox_provider.sandbox=docker",
+                "gpu_sandbox_provider.options.network=host",
+                "request_gpu_type=true",
+            ]
+        ),
     )
     assert settings.gpu_sandbox_provider is not None
     assert settings.gpu_sandbox_provider.sandbox == "docker"
     assert settings.gpu_sandbox_provider.options == {"network": "host"}
     assert settings.request_gpu_type
     with pytest.raises(SettingsError, match="gpu_sandbox_provider"):
-        load_settings({}, [], ["gpu_sandbox_provider.engine=docker"])
+        load_settings({}, [], parse_assignments(["gpu_sandbox_provider.engine=docker"]))
 
 
 @pytest.mark.docker

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_harbor.agent_outcomes import AGENT_CAUSES, AgentOutcomePolicy, OutcomeRule
-from pytest_harbor.settings import SettingsError, load_settings
+from pytest_harbor.settings import SettingsError, load_settings, parse_assignments
 
 
 def test_the_default_table() -> None:
@@ -33,10 +33,12 @@ def test_settings_set_one_cause_and_keep_the_other_defaults() -> None:
     settings = load_settings(
         {},
         [],
-        [
-            "agent_outcome_policy.rate_limited=fail",
-            "agent_outcome_policy.api_error={action: retry, retries: 5, backoff_s: 1}",
-        ],
+        parse_assignments(
+            [
+                "agent_outcome_policy.rate_limited=fail",
+                "agent_outcome_policy.api_error={action: retry, retries: 5, backoff_s: 1}",
+            ]
+        ),
     )
     policy = settings.agent_outcome_policy
     assert policy.rate_limited == OutcomeRule(action="fail")
@@ -62,7 +64,7 @@ def test_settings_set_one_cause_and_keep_the_other_defaults() -> None:
 )
 def test_a_bad_policy_names_the_key(assignment: str, message: str) -> None:
     with pytest.raises(SettingsError) as raised:
-        load_settings({}, [], [assignment])
+        load_settings({}, [], parse_assignments([assignment]))
     assert str(raised.value) == message
 
 

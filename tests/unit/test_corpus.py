@@ -15,6 +15,7 @@ from pytest_harbor.run.planning import plan_taskset
 from pytest_harbor.sandboxes.archives import pack_folder
 from pytest_harbor.sandboxes.docker import DockerProvider
 from pytest_harbor.tasks import TaskLoadError, load_task
+from pytest_harbor.templates import TemplateSources
 from tests.fixtures import write_task
 
 CORPUS = Path(__file__).parent.parent / "corpus"
@@ -29,7 +30,7 @@ def expected(folder: Path, placeholder: str) -> str:
 @pytest.mark.parametrize("folder", TASKS, ids=[folder.name for folder in TASKS])
 def test_malformed_task_is_refused_with_its_message(folder: Path) -> None:
     with pytest.raises(TaskLoadError) as caught:
-        task = load_task(folder, environ={})
+        task = load_task(folder, variables=TemplateSources())
         refuse_unrunnable(task, DockerProvider.capabilities, "docker")
     assert str(caught.value) == expected(folder, "{task}")
 

@@ -23,6 +23,7 @@ LAYERS = [
         "registry",
         "agent_outcomes",
         "display",
+        "templates",
     },
     {"tasks"},
     {"datasets"},

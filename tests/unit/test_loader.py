@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import discover_task_dirs, is_dataset_dir, load_task
 from pytest_harbor.tasks.errors import TaskLoadError
 from pytest_harbor.tasks.loader import strip_canary
+from pytest_harbor.templates import TemplateSources
 from tests.fixtures import write_task
 
 
@@ -107,7 +109,7 @@ def test_env_templates_are_filled_from_the_environment(tmp_path: Path) -> None:
             DEFAULTED = "${HARBOR_T_UNSET:-fallback}"
         """,
     )
-    loaded = load_task(task, environ={"HARBOR_T_VALUE": "host"})
+    loaded = load_task(task, variables=TemplateSources(host={"HARBOR_T_VALUE": "host"}))
     assert loaded.config.environment.env == {
         "PLAIN": "x",
         "FROM_HOST": "host",
@@ -172,7 +174,7 @@ def test_a_task_reads_no_host_variable_unless_given_it(
     loaded = load_task(task)
     assert loaded.config.environment.env == {"COPIED": "not given"}
     assert loaded.config.verifier.env == {"ALSO": "not given"}
-    given = load_task(task, environ={"HARBOR_T_HOST_ONLY": "allowed"})
+    given = load_task(task, variables=TemplateSources(host={"HARBOR_T_HOST_ONLY": "allowed"}))
     assert given.config.environment.env == {"COPIED": "allowed"}
 
 
@@ -189,8 +191,9 @@ def test_a_secrets_value_never_reaches_a_table_of_the_agents(tmp_path: Path, tab
         ),
     }
     task = write_task(tmp_path, "leaker", toml=tables[table])
+    settings = HarborSettings(secrets={"API_TOKEN": "s3cret-value"}, host_env=["MY_VAR"])
     with pytest.raises(TaskLoadError, match=r"would give the secret API_TOKEN") as raised:
-        load_task(task, environ={"MY_VAR": "s3cret-value"}, secrets={"API_TOKEN": "s3cret-value"})
+        load_task(task, variables=settings.template_sources({"MY_VAR": "s3cret-value"}))
     assert raised.value.key == f"{table}.env.K"
 
 

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from pytest_harbor.engine.verification import verifier_environment
 from pytest_harbor.plugin.markers import metadata_markers
 from pytest_harbor.run.planning import Selection, plan_taskset
 from pytest_harbor.sandboxes.docker import DockerProvider
+from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import load_task, read_dataset_config
 from tests.fixtures import BASE_IMAGE, write_task
 
@@ -151,11 +153,13 @@ def test_secrets_fill_verifier_env_only(tmp_path: Path) -> None:
             env = {{ TOKEN = "${{API_TOKEN:-no secrets here}}" }}
         """,
     )
-    loaded = load_task(
-        task,
-        environ={"FROM_HOST": "host", "API_TOKEN": "from-host"},
-        secrets={"API_TOKEN": "s3cret"},
-    )
-    assert loaded.config.verifier.env == {"TOKEN": "s3cret", "HOST_VALUE": "host"}
+    settings = HarborSettings(secrets={"API_TOKEN": "s3cret"}, host_env=["FROM_HOST", "API_TOKEN"])
+    environ = {"FROM_HOST": "host", "API_TOKEN": "from-host"}
+    loaded = load_task(task, variables=settings.template_sources(environ))
+    # The task keeps the secret's template; the verifier's exec gets its value.
+    assert loaded.config.verifier.env == {"TOKEN": "${API_TOKEN}", "HOST_VALUE": "host"}
     assert loaded.config.environment.env == {"TOKEN": "from-host"}
-    assert loaded.turns[0].verifier_env["TOKEN"] == "s3cret"
+    assert verifier_environment(loaded.turns[0], settings) == {
+        "TOKEN": "s3cret",
+        "HOST_VALUE": "host",
+    }

@@ -25,7 +25,7 @@ class SharedVerifier:
 
     def verify(self, sandbox: Sandbox, verification: Verification) -> VerifierRun:
         context, turn = self._context, verification.turn
-        secret = secrets_given(turn, context.settings.secrets)
+        secret = secrets_given(turn)
         before = survey(sandbox).processes if verification.more_turns and secret else None
         run = run_verifier(sandbox, verification, context, workdir=context.workdir)
         if before is not None:

@@ -20,6 +20,7 @@ from typing import Literal
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task, Turn
 from pytest_harbor.tasks.config import MCPServerConfig
+from pytest_harbor.templates import fill_inside, lookup, names_inside
 
 __all__ = [
     "NO_MCP",
@@ -37,7 +38,6 @@ GrantMode = Literal["off", "optional", "required"]
 #: of them are granted), written before each turn as the turn's agent user.
 TASK_FILE = "/tmp/.pytest-harbor/task.json"
 
-_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -118,36 +118,23 @@ def mcp_access(task: Task, settings: HarborSettings, environ: Mapping[str, str])
     `task_mcp_grants` grants them; `${VAR}` filled from `secrets`, else from the variables
     of `environ` that `host_env` names (only those)."""
     mode: GrantMode = settings.task_mcp_grants
-    secrets = settings.secrets
-    environ = {name: environ[name] for name in settings.host_env if name in environ}
     servers = task.config.environment.mcp_servers
     if mode == "off":
         return McpAccess(mode=mode, ungranted=tuple(servers))
+    sources = (settings.revealed_secrets(), settings.host_variables(environ))
     granted: list[GrantedServer] = []
     ungranted: list[MCPServerConfig] = []
     problems: list[str] = []
     filled: list[str] = []
     values: dict[str, str] = {}
     for number, server in enumerate(servers):
-        headers: dict[str, str] = {}
-        variables: dict[str, str] = {}
-        missing: list[str] = []
-        for index, (header, written) in enumerate(server.headers.items()):
-            names = _VARIABLE.findall(written)
-            missing += [
-                f"{header} names ${{{name}}}"
-                for name in names
-                if name not in secrets and name not in environ
-            ]
-            for name in names:
-                value = secrets.get(name, environ.get(name, ""))
-                if value:
-                    filled.append(value)
-            headers[header] = _VARIABLE.sub(
-                lambda match: secrets.get(match.group(1), environ.get(match.group(1), "")),
-                written,
-            )
-            variables[header] = f"HARBOR_MCP_AUTH_{number}_{index}"
+        named = [
+            (header, name, lookup(name, *sources))
+            for header, written in server.headers.items()
+            for name in names_inside(written)
+        ]
+        filled += [value for _, _, value in named if value]
+        missing = [f"{header} names ${{{name}}}" for header, name, value in named if value is None]
         if missing:
             ungranted.append(server)
             problems.append(
@@ -156,10 +143,8 @@ def mcp_access(task: Task, settings: HarborSettings, environ: Mapping[str, str])
                 "of the run nor a host variable host_env names and the environment sets"
             )
             continue
-        granted.append(GrantedServer(config=server, headers=headers, variables=variables))
-        for written in server.headers.values():
-            for name in _VARIABLE.findall(written):
-                values[name] = secrets.get(name, environ.get(name, ""))
+        granted.append(_granted(server, number, *sources))
+        values.update({name: value or "" for _, name, value in named})
     return McpAccess(
         mode=mode,
         granted=tuple(granted),
@@ -167,6 +152,21 @@ def mcp_access(task: Task, settings: HarborSettings, environ: Mapping[str, str])
         problems=tuple(problems),
         secrets=tuple(filled),
         values=values,
+    )
+
+
+def _granted(server: MCPServerConfig, number: int, *sources: Mapping[str, str]) -> GrantedServer:
+    """`server` with its headers filled from `sources`, each under the variable an
+    in-sandbox agent reads it from."""
+    return GrantedServer(
+        config=server,
+        headers={
+            header: fill_inside(written, *sources) for header, written in server.headers.items()
+        },
+        variables={
+            header: f"HARBOR_MCP_AUTH_{number}_{index}"
+            for index, header in enumerate(server.headers)
+        },
     )
 
 

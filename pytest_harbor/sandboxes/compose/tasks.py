@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,7 +77,7 @@ def compose_spec(task: Task, settings: HarborSettings) -> ComposeSpec | None:
             task_env=environment.env,
             variables=settings.compose_variables,
             overlays=overlays,
-            host={name: os.environ[name] for name in settings.host_env if name in os.environ},
+            host=settings.host_variables(),
         )
     except ComposeRefused as error:
         raise TaskLoadError(error.file, str(error), key=error.key) from None
