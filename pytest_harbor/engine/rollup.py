@@ -35,18 +35,8 @@ def roll_up(
     if strategy == "final":
         reward, rewards = turns[-1].reward, turns[-1].verifier_rewards
     else:
-        reward = mean(turn.reward for turn in turns)
-        keys = sorted({key for turn in turns for key in (turn.verifier_rewards or {})})
-        rewards = {
-            key: mean((turn.verifier_rewards or {}).get(key, 0.0) for turn in turns) for key in keys
-        } or None
-    failing = next((turn for turn in turns if turn.step == stopped_after), None) or next(
-        (turn for turn in turns if turn.failure_kind is not None), None
-    )
-    kind = failing.failure_kind if failing else None
-    reason = failing.failure_reason if failing else None
-    if stopped_after is not None and kind is None:
-        kind, reason = FailureKind.MIN_REWARD_MISSED, stop_reason
+        reward, rewards = _mean_rewards(turns)
+    kind, reason = _episode_failure(turns, stopped_after, stop_reason)
     modes = {turn.verifier_mode for turn in turns}
     return RollUp(
         reward=reward,
@@ -56,6 +46,30 @@ def roll_up(
         failure_reason=reason,
         verifier_mode=modes.pop() if len(modes) == 1 else "mixed",
     )
+
+
+def _mean_rewards(turns: Sequence[TurnResult]) -> tuple[float, dict[str, float] | None]:
+    """The mean reward and the mean of each key any turn has, a missing key counting 0;
+    no keys at all is None, as for a turn without a valid reward."""
+    keys = sorted({key for turn in turns for key in (turn.verifier_rewards or {})})
+    rewards = {
+        key: mean((turn.verifier_rewards or {}).get(key, 0.0) for turn in turns) for key in keys
+    }
+    return mean(turn.reward for turn in turns), rewards or None
+
+
+def _episode_failure(
+    turns: Sequence[TurnResult], stopped_after: str | None, stop_reason: str | None
+) -> tuple[str | None, str | None]:
+    """The episode's failure kind and reason: the stopping turn's, else the first turn's
+    that has one; a stop with no failure of its own was its `min_reward` gate."""
+    stopping = next((turn for turn in turns if turn.step == stopped_after), None)
+    failing = stopping or next((turn for turn in turns if turn.failure_kind is not None), None)
+    if failing is not None and failing.failure_kind is not None:
+        return failing.failure_kind, failing.failure_reason
+    if stopped_after is not None:
+        return FailureKind.MIN_REWARD_MISSED, stop_reason
+    return None, None
 
 
 def stop_reason(turn: TurnResult, min_reward: float | dict[str, float] | None) -> str | None:

@@ -340,48 +340,56 @@ def _from_codex(source: ConverterInput) -> Trajectory | None:
     command runs with their output, other tools) and each turn's token usage."""
     builder = StepsBuilder(source)
     builder.add("user", source.instruction)
+    # Reasoning items precede the message or call they led to, which carries them.
     reasoning: list[str] = []
     errors: list[str] = []
-    prompt = completion = cached = 0
     for line in _json_lines(source.stdout):
-        kind = line.get("type")
+        kind, item = line.get("type"), line.get("item")
         if kind == "turn.completed":
-            usage = line.get("usage") or {}
-            prompt += _int(usage.get("input_tokens"))
-            completion += _int(usage.get("output_tokens"))
-            cached += _int(usage.get("cached_input_tokens"))
+            _add_codex_usage(builder, line.get("usage") or {})
             continue
-        if kind != "item.completed" or not isinstance(line.get("item"), dict):
+        if kind != "item.completed" or not isinstance(item, dict):
             continue
-        item = line["item"]
         item_type = item.get("type")
         if item_type == "reasoning":
             reasoning.append(str(item.get("text") or ""))
         elif item_type == "error":
             errors.append(str(item.get("message") or ""))
-        elif item_type == "agent_message":
-            builder.agent(str(item.get("text") or ""), reasoning="\n".join(reasoning))
-            reasoning = []
         else:
-            call_id = str(item.get("id") or f"item_{len(builder.steps)}")
-            if item_type == "command_execution":
-                name, arguments = "exec_command", {"command": item.get("command")}
-                output = f"exit code {item.get('exit_code')}\n{item.get('aggregated_output') or ''}"
-            else:
-                name = str(item_type or "tool")
-                arguments = {k: v for k, v in item.items() if k not in ("id", "type")}
-                output = str(item.get("status") or "")
-            builder.agent("", [(call_id, name, arguments)], reasoning="\n".join(reasoning))
+            _codex_step(builder, item, "\n".join(reasoning))
             reasoning = []
-            builder.result(call_id, output)
     if len(builder.steps) == 1:
         return None
-    builder.prompt_tokens, builder.completion_tokens, builder.cached_tokens = (
-        prompt,
-        completion,
-        cached,
-    )
     return builder.trajectory(notes="; ".join(errors) or None)
+
+
+def _add_codex_usage(builder: StepsBuilder, usage: dict[str, Any]) -> None:
+    """One turn's tokens, added to the trajectory's totals."""
+    builder.prompt_tokens += _int(usage.get("input_tokens"))
+    builder.completion_tokens += _int(usage.get("output_tokens"))
+    builder.cached_tokens += _int(usage.get("cached_input_tokens"))
+
+
+def _codex_step(builder: StepsBuilder, item: dict[str, Any], reasoning: str) -> None:
+    """The agent step of a completed item: a message, or a tool's call with its output."""
+    if item.get("type") == "agent_message":
+        builder.agent(str(item.get("text") or ""), reasoning=reasoning)
+        return
+    call_id = str(item.get("id") or f"item_{len(builder.steps)}")
+    name, arguments, output = _codex_call(item)
+    builder.agent("", [(call_id, name, arguments)], reasoning=reasoning)
+    builder.result(call_id, output)
+
+
+def _codex_call(item: dict[str, Any]) -> tuple[str, dict[str, Any], str]:
+    """A tool item's name, arguments and output: a command run's command, exit code and
+    output; any other tool's own fields and status."""
+    item_type = item.get("type")
+    if item_type == "command_execution":
+        output = f"exit code {item.get('exit_code')}\n{item.get('aggregated_output') or ''}"
+        return "exec_command", {"command": item.get("command")}, output
+    arguments = {k: v for k, v in item.items() if k not in ("id", "type")}
+    return str(item_type or "tool"), arguments, str(item.get("status") or "")
 
 
 def _from_opencode(source: ConverterInput) -> Trajectory | None:

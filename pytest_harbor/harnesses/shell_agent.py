@@ -208,43 +208,17 @@ class _Turn:
                 self.tools.close()
 
     def _run(self) -> AgentRun:
-        tools = self.tools
-        if tools is not None and tools.failures and self.context.mcp.required:
-            why = "; ".join(f"{name}: {reason}" for name, reason in sorted(tools.failures.items()))
-            message = f"required MCP servers cannot be used: {why}"
-            claimed = self.context.index > 0
-            return AgentRun(failure=AgentFailure("tools_unavailable", message, claimed=claimed))
-        messages = self.session.messages
-        if not messages:
-            prompt = self.options.system_prompt or self._system_prompt()
-            messages.append({"role": "system", "content": prompt})
-            self._step("system", prompt)
-        messages.append({"role": "user", "content": self.context.instruction})
-        self._step("user", self.context.instruction)
+        unusable = self._required_tools_unusable()
+        if unusable is not None:
+            return AgentRun(failure=unusable)
+        self._begin()
         answer: str | None = None
         failure: AgentFailure | None = None
         timed_out = False
         notes = None
         try:
-            for _ in range(self.options.max_steps):
-                reply = self._ask()
-                calls = _with_ids(reply.message.get("tool_calls"), f"call_{len(messages)}")
-                content = reply.message.get("content")
-                text = content if isinstance(content, str) else ""
-                said: dict[str, Any] = {"role": "assistant", "content": content}
-                if calls:
-                    said["tool_calls"] = calls
-                messages.append(said)
-                if not calls:
-                    answer = text
-                    self._step("agent", text, usage=reply.usage)
-                    break
-                self._act(text, calls, reply.usage)
-            else:
-                notes = f"stopped after max_steps = {self.options.max_steps} model responses"
-            if tools is not None and tools.failures:
-                left = "; ".join(f"{name}: {why}" for name, why in sorted(tools.failures.items()))
-                notes = "; ".join(filter(None, [notes, f"MCP servers not connected: {left}"]))
+            answer, stopped = self._converse()
+            notes = self._notes(stopped)
         except ChatError as error:
             failure = AgentFailure(error.cause, error.message, error.status_code)
         except OutOfTime:
@@ -263,6 +237,59 @@ class _Turn:
             usage=usage,
             failure=failure,
         )
+
+    def _required_tools_unusable(self) -> AgentFailure | None:
+        """The turn's failure when `task_mcp_grants = required` and a granted server did
+        not connect; no model request is made then."""
+        tools = self.tools
+        if tools is None or not tools.failures or not self.context.mcp.required:
+            return None
+        message = f"required MCP servers cannot be used: {_failures(tools)}"
+        # After a first turn the agent has had the sandbox (and the servers): a claim.
+        claimed = self.context.index > 0
+        return AgentFailure("tools_unavailable", message, claimed=claimed)
+
+    def _begin(self) -> None:
+        """The system prompt, once per session, then the turn's instruction."""
+        messages = self.session.messages
+        if not messages:
+            prompt = self.options.system_prompt or self._system_prompt()
+            messages.append({"role": "system", "content": prompt})
+            self._step("system", prompt)
+        messages.append({"role": "user", "content": self.context.instruction})
+        self._step("user", self.context.instruction)
+
+    def _converse(self) -> tuple[str | None, str | None]:
+        """Ask and run the tool calls until a reply without any: its text is the answer.
+        Without one after `max_steps` replies, the answer is None and the note says why."""
+        for _ in range(self.options.max_steps):
+            reply = self._ask()
+            calls = self._keep_reply(reply)
+            content = reply.message.get("content")
+            text = content if isinstance(content, str) else ""
+            if not calls:
+                self._step("agent", text, usage=reply.usage)
+                return text, None
+            self._act(text, calls, reply.usage)
+        return None, f"stopped after max_steps = {self.options.max_steps} model responses"
+
+    def _keep_reply(self, reply: ChatReply) -> list[Any]:
+        """Add the reply to the session's messages; its tool calls, each with an id."""
+        messages = self.session.messages
+        calls = _with_ids(reply.message.get("tool_calls"), f"call_{len(messages)}")
+        said: dict[str, Any] = {"role": "assistant", "content": reply.message.get("content")}
+        if calls:
+            said["tool_calls"] = calls
+        messages.append(said)
+        return calls
+
+    def _notes(self, stopped: str | None) -> str | None:
+        """The trajectory's notes: why the turn stopped without an answer, and the granted
+        MCP servers that did not connect."""
+        notes = [stopped] if stopped else []
+        if self.tools is not None and self.tools.failures:
+            notes.append(f"MCP servers not connected: {_failures(self.tools)}")
+        return "; ".join(notes) or None
 
     def _answer_pending_calls(self) -> None:
         """Tool calls the turn ended before running get an answer, so a continued session
@@ -435,6 +462,11 @@ def _with_ids(calls: Any, prefix: str) -> list[Any]:
             call = {**call, "id": f"{prefix}_{number}"}
         named.append(call)
     return named
+
+
+def _failures(tools: McpTools) -> str:
+    """The servers that did not connect and why, in the order of their names."""
+    return "; ".join(f"{name}: {why}" for name, why in sorted(tools.failures.items()))
 
 
 def _parts(call: Any, fallback_id: str) -> tuple[str, str, Any]:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import pytest
 
 from pytest_harbor import strict_json
-from pytest_harbor.engine import EpisodeResult
+from pytest_harbor.engine import EpisodeResult, TurnResult
 from pytest_harbor.engine.outcomes import probe_findings
 from pytest_harbor.plugin.item_reports import harbor_data
 from pytest_harbor.plugin.ledger import split_trial, trial_of
@@ -164,19 +164,45 @@ def _failure_text(payload: ReportPayload) -> str:
 
 
 def _task_problems(record: TaskRecord, task: Task | None) -> list[Problem]:
-    found: list[Problem] = []
+    """A task's problems in the order the table lists them: what its folder and its
+    trials left undone, then what the oracle's, the empty agent's and the probe's rows
+    say."""
+    scored = {repeat: row for repeat, row in sorted(record.oracle.items()) if not row.partial}
+    found = _load_warnings(task) if task is not None else []
+    found += _not_run(record)
+    found += _oracle_failures(scored)
+    found += _flaky(scored)
     if task is not None:
-        prefix = f"{task.path}{os.sep}"
-        found += [
-            Problem("load-warning", str(warning).removeprefix(prefix))
-            for warning in task_warnings(task)
-        ]
-    if record.unvalidated is not None:
-        found.append(Problem("no-solution", record.unvalidated))
+        found += _slow(scored, task)
+    found += _nop_passes(record.nop, task)
+    if record.probe is not None and not record.probe.mask_sample:
+        found += _probed(record.probe, {turn.step for turn in _passing_turns(record.nop)})
+    return found
+
+
+def _load_warnings(task: Task) -> list[Problem]:
+    """What loading the task warned of, its paths relative to the task folder."""
+    prefix = f"{task.path}{os.sep}"
+    return [
+        Problem("load-warning", str(warning).removeprefix(prefix))
+        for warning in task_warnings(task)
+    ]
+
+
+def _not_run(record: TaskRecord) -> list[Problem]:
+    """The oracle's refusal for want of a solution, and each trial that ended without a
+    result."""
+    found = [] if record.unvalidated is None else [Problem("no-solution", record.unvalidated)]
     for trial, reason in sorted(record.lost.items()):
         who = trial if trial in (NOP_TRIAL, PROBE_TRIAL) else f"oracle {trial}"
         found.append(Problem("no-result", f"{who}: {reason}"))
-    scored = {repeat: row for repeat, row in sorted(record.oracle.items()) if not row.partial}
+    return found
+
+
+def _oracle_failures(scored: Mapping[int, EpisodeResult]) -> list[Problem]:
+    """Each masked oracle run, then the failed ones grouped by what they scored (a
+    reward below 1 or solve.sh's exit other than 0)."""
+    found: list[Problem] = []
     failed: dict[str, list[str]] = {}
     for repeat, row in scored.items():
         if row.mask_sample:
@@ -186,25 +212,31 @@ def _task_problems(record: TaskRecord, task: Task | None) -> list[Problem]:
     for text, repeats in failed.items():
         runs = f"{len(repeats)} of {len(scored)} runs" if len(scored) > 1 else "the run"
         found.append(Problem("oracle-failed", f"{runs} ({', '.join(repeats)}): {text}"))
-    found += _flaky(scored)
-    if task is not None:
-        found += _slow(scored, task)
-    if record.nop is not None and not record.nop.mask_sample:
-        passing = [turn for turn in record.nop.turns if turn.reward >= 1.0]
-        if passing:
-            steps = ", ".join(turn.step for turn in passing)
-            where = f" in step {steps}" if task is None or task.config.is_multi_step else ""
-            found.append(
-                Problem(
-                    "nop-passes",
-                    f"an agent that does nothing scores {passing[0].reward:g}{where}: "
-                    "the verifier accepts the sandbox as the task leaves it",
-                )
-            )
-    if record.probe is not None and not record.probe.mask_sample:
-        empty = record.nop.turns if record.nop is not None else []
-        found += _probed(record.probe, {turn.step for turn in empty if turn.reward >= 1.0})
     return found
+
+
+def _passing_turns(row: EpisodeResult | None) -> list[TurnResult]:
+    """The turns of the empty agent's row that scored full marks."""
+    return [turn for turn in row.turns if turn.reward >= 1.0] if row is not None else []
+
+
+def _nop_passes(row: EpisodeResult | None, task: Task | None) -> list[Problem]:
+    """An empty agent whose sandbox the verifier accepts (named by step where the task has
+    steps, or is not known); a masked row says nothing."""
+    if row is None or row.mask_sample:
+        return []
+    passing = _passing_turns(row)
+    if not passing:
+        return []
+    steps = ", ".join(turn.step for turn in passing)
+    where = f" in step {steps}" if task is None or task.config.is_multi_step else ""
+    return [
+        Problem(
+            "nop-passes",
+            f"an agent that does nothing scores {passing[0].reward:g}{where}: "
+            "the verifier accepts the sandbox as the task leaves it",
+        )
+    ]
 
 
 def _probed(row: EpisodeResult, nop_passes: set[str]) -> list[Problem]:

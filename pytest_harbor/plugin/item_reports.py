@@ -34,22 +34,7 @@ def pytest_runtest_makereport(
     report = yield
     if not isinstance(item, HarborTurnItem):
         return report
-    trial = item.trial
-    payload = ReportPayload(taskset=trial.taskset, task_id=trial.task.id)
-    if call.when == "setup":
-        payload = ReportPayload(
-            taskset=trial.taskset,
-            task_id=trial.task.id,
-            unvalidated=trial.skip_reason is not None,
-            unloadable=trial.unloadable,
-            skip_reason=trial.skip_reason if trial.unloadable is None else None,
-        )
-    elif call.when == "call":
-        if item.harbor_payload is not None:
-            payload = item.harbor_payload
-        elif call.excinfo is not None and not isinstance(call.excinfo.value, pytest.skip.Exception):
-            # The episode broke down before it had a result: that is an error, not a fail.
-            payload = payload.model_copy(update={"status": "error"})
+    payload = _phase_payload(item, call)
     if report.skipped and isinstance(report.longrepr, tuple):
         # Skips from inside runtest point at this package; point at the task instead.
         path, line, _ = item.reportinfo()
@@ -59,18 +44,10 @@ def pytest_runtest_makereport(
     if isinstance(error, EngineGone):
         # The run stops here, with this one message (xdist carries it from a worker).
         item.session.shouldstop = error.reason
-    failure = None
     if isinstance(error, EpisodeError):
-        failure = ReportedFailure(kind=error.failure_kind, reason=error.reason)
         item.user_properties.append(("failure_kind", error.failure_kind))
         report.user_properties = list(item.user_properties)
-    elif excinfo is not None and (
-        (call.when == "setup" and report.failed) or payload.status == "error"
-    ):
-        failure = ReportedFailure(
-            kind=FailureKind.INTERNAL_ERROR,
-            reason=excinfo.exconly().strip().splitlines()[-1],
-        )
+    failure = _reported_failure(call, report, payload)
     if failure is not None:
         payload = payload.model_copy(update={"failure": failure})
     if excinfo is not None and isinstance(error, EpisodeError | SandboxError):
@@ -80,6 +57,52 @@ def pytest_runtest_makereport(
     # Plain JSON data: xdist carries it (the report's __dict__) to the controller.
     report.__dict__[_DATA] = payload.dump()
     return report
+
+
+def _phase_payload(item: HarborTurnItem, call: pytest.CallInfo[None]) -> ReportPayload:
+    """What the phase's report says of the trial: at setup whether it runs, at the call
+    the payload the item made, else only the task's name."""
+    trial = item.trial
+    if call.when == "setup":
+        return ReportPayload(
+            taskset=trial.taskset,
+            task_id=trial.task.id,
+            unvalidated=trial.skip_reason is not None,
+            unloadable=trial.unloadable,
+            skip_reason=trial.skip_reason if trial.unloadable is None else None,
+        )
+    if call.when == "call" and item.harbor_payload is not None:
+        return item.harbor_payload
+    payload = ReportPayload(taskset=trial.taskset, task_id=trial.task.id)
+    if call.when == "call" and _broke_down(call):
+        # The episode broke down before it had a result: that is an error, not a fail.
+        return payload.model_copy(update={"status": "error"})
+    return payload
+
+
+def _broke_down(call: pytest.CallInfo[None]) -> bool:
+    """Whether the phase raised something other than a skip."""
+    return call.excinfo is not None and not isinstance(call.excinfo.value, pytest.skip.Exception)
+
+
+def _reported_failure(
+    call: pytest.CallInfo[None], report: pytest.TestReport, payload: ReportPayload
+) -> ReportedFailure | None:
+    """Why the episode has no result: an EpisodeError's kind and reason; for any other
+    error in a setup that failed, or in a call that broke down, an internal error named by
+    the error's last line."""
+    excinfo = call.excinfo
+    if excinfo is None:
+        return None
+    error = excinfo.value
+    if isinstance(error, EpisodeError):
+        return ReportedFailure(kind=error.failure_kind, reason=error.reason)
+    if (call.when == "setup" and report.failed) or payload.status == "error":
+        return ReportedFailure(
+            kind=FailureKind.INTERNAL_ERROR,
+            reason=excinfo.exconly().strip().splitlines()[-1],
+        )
+    return None
 
 
 def _make_shown(report: pytest.TestReport, redactor: Redactor) -> None:

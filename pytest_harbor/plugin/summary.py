@@ -82,15 +82,12 @@ class TerminalSummary:
         reporter.write_line(self.run.redactor.shown(status_line(self.state, self.workers)))
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        state, layout = self.state, self.run.layout
+        state = self.state
         left_out = {
             taskset: plan.failures for taskset, plan in state.planned.plans.items() if plan.failures
         }
-        ran = any(
-            True for taskset in state.planned.manifests for _ in state.ledger.entries(taskset)
-        )
         unmatched = self._unmatched_filters(terminalreporter.config)
-        if not ran and not left_out and not unmatched:
+        if not self._ran() and not left_out and not unmatched:
             return
         write = self._writer(terminalreporter)
         terminalreporter.section("harbor")
@@ -99,24 +96,9 @@ class TerminalSummary:
         for taskset, failures in sorted(left_out.items()):
             self._write_left_out(write, taskset, failures)
         for taskset in sorted(state.planned.manifests):
-            score = state.ledger.score(taskset)
-            if not score.episodes and not score.count("not_run"):
-                continue
-            _write_score(write, taskset, score)
-            if not state.writer.begun(taskset):
-                continue
-            write(f"  rows: {layout.rollouts_file(taskset)}")
-            write(f"  summary: {layout.summary_file(taskset)}")
-            report = layout.report_file(taskset)
-            if report in state.reports:
-                write(f"  report: {report}")
+            self._write_taskset(write, taskset)
         for taskset in sorted(state.planned.manifests):
-            aside = state.writer.set_aside.get(taskset)
-            if aside is not None:
-                write(aside.message(taskset))
-            earlier = state.planned.earlier_runs.get(taskset)
-            if not state.writer.begun(taskset) and earlier is not None:
-                write(earlier.message(taskset, layout.taskset_dir(taskset)))
+            self._write_results_folder(write, taskset)
         if self.run.options.report_path in state.reports:
             write(f"report: {self.run.options.report_path}")
         for message in state.report_errors:
@@ -124,6 +106,39 @@ class TerminalSummary:
         if state.check is not None:
             self._write_check(write)
         self._write_run_notes(write)
+
+    def _ran(self) -> bool:
+        """Whether any taskset of the run has an episode in the ledger."""
+        ledger = self.state.ledger
+        return any(
+            True for taskset in self.state.planned.manifests for _ in ledger.entries(taskset)
+        )
+
+    def _write_taskset(self, write: Write, taskset: str) -> None:
+        """A taskset's score, when it has episodes, and the files this run wrote for it."""
+        state, layout = self.state, self.run.layout
+        score = state.ledger.score(taskset)
+        if not score.episodes and not score.count("not_run"):
+            return
+        _write_score(write, taskset, score)
+        if not state.writer.begun(taskset):
+            return
+        write(f"  rows: {layout.rollouts_file(taskset)}")
+        write(f"  summary: {layout.summary_file(taskset)}")
+        report = layout.report_file(taskset)
+        if report in state.reports:
+            write(f"  report: {report}")
+
+    def _write_results_folder(self, write: Write, taskset: str) -> None:
+        """What became of the earlier run in the taskset's results folder: set aside for
+        this one, or still there because this run wrote nothing."""
+        state = self.state
+        aside = state.writer.set_aside.get(taskset)
+        if aside is not None:
+            write(aside.message(taskset))
+        earlier = state.planned.earlier_runs.get(taskset)
+        if not state.writer.begun(taskset) and earlier is not None:
+            write(earlier.message(taskset, self.run.layout.taskset_dir(taskset)))
 
     def _writer(self, reporter: pytest.TerminalReporter) -> Write:
         """The section's one way to the terminal: each line as Redactor.shown renders it

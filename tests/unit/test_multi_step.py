@@ -69,6 +69,44 @@ def test_a_missed_gate_is_the_episode_failure() -> None:
     )
 
 
+def test_the_stopping_turns_failure_wins_over_an_earlier_one() -> None:
+    turns = [
+        turn("a", 0.0, None, failure_kind="harbor:reward_missing", failure_reason="first"),
+        turn("b", 0.0, None, failure_kind="harbor:verifier_timeout", failure_reason="stop"),
+    ]
+    rolled = roll_up(turns, "mean", stopped_after="b", stop_reason="turn b has no reward")
+    assert (rolled.failure_kind, rolled.failure_reason) == ("harbor:verifier_timeout", "stop")
+
+
+def test_a_missed_gate_wins_over_an_earlier_turns_failure() -> None:
+    turns = [
+        turn("a", 0.0, None, failure_kind="harbor:reward_missing", failure_reason="first"),
+        turn("b", 0.5, {"reward": 0.5}),
+    ]
+    rolled = roll_up(turns, "mean", stopped_after="b", stop_reason="turn b: below")
+    assert (rolled.failure_kind, rolled.failure_reason) == (
+        FailureKind.MIN_REWARD_MISSED,
+        "turn b: below",
+    )
+
+
+def test_an_episode_that_never_stopped_early_and_never_failed_has_no_failure() -> None:
+    turns = [turn("a", 1.0, {"reward": 1.0}), turn("b", 0.0, {"reward": 0.0})]
+    rolled = roll_up(turns, "mean")
+    assert (rolled.failure_kind, rolled.failure_reason) == (None, None)
+    assert rolled.verifier_mode == "shared"
+
+
+@pytest.mark.parametrize("strategy", ["mean", "final"])
+def test_turns_without_any_verifier_rewards_roll_up_to_none(strategy: str) -> None:
+    turns = [
+        turn("a", 0.0, None, failure_kind="harbor:reward_missing"),
+        turn("b", 0.0, None, failure_kind="harbor:reward_missing"),
+    ]
+    rolled = roll_up(turns, strategy)
+    assert (rolled.reward, rolled.verifier_rewards) == (0.0, None)
+
+
 @pytest.mark.parametrize(
     ("result", "min_reward", "stops"),
     [

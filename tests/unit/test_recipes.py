@@ -167,6 +167,84 @@ def test_real_logs_convert_to_atif(converter: str, sample: str, call: str, answe
     assert (trajectory.final_metrics.total_prompt_tokens or 0) > 0
 
 
+def codex_source(*events: dict[str, object]) -> ConverterInput:
+    stdout = "\n".join(json.dumps(event) for event in events)
+    return ConverterInput({}, stdout, "codex", "1", "m", "ep/main", "Do it")
+
+
+def completed(item: object) -> dict[str, object]:
+    return {"type": "item.completed", "item": item}
+
+
+def test_codex_events_become_steps_with_their_reasoning_errors_and_tokens() -> None:
+    source = codex_source(
+        {"type": "thread.started", "thread_id": "t"},
+        completed({"id": "r0", "type": "reasoning", "text": "look first"}),
+        completed(
+            {
+                "id": "c0",
+                "type": "command_execution",
+                "command": "ls",
+                "aggregated_output": "a.txt\n",
+                "exit_code": 0,
+                "status": "completed",
+            }
+        ),
+        {"type": "item.started", "item": {"id": "c1", "type": "command_execution"}},
+        completed("not an item"),
+        completed({"type": "reasoning", "text": "now edit"}),
+        completed({"type": "file_change", "changes": [{"path": "a.txt"}], "status": "completed"}),
+        completed({"id": "e0", "type": "error", "message": "stream disconnected"}),
+        {"type": "turn.completed", "usage": {"input_tokens": 100, "cached_input_tokens": 40}},
+        completed({"type": "reasoning", "text": "say so"}),
+        completed({"id": "m0", "type": "agent_message", "text": "edited"}),
+        completed({"id": "x0", "status": "done", "extra": 1}),
+        completed({"id": "e1", "type": "error", "message": "retrying"}),
+        {"type": "turn.completed", "usage": {"input_tokens": 50, "output_tokens": 5}},
+    )
+    trajectory, note = convert("codex", source)
+    assert note is None and trajectory is not None
+    steps = [
+        (
+            step.source,
+            step.message,
+            step.reasoning_content,
+            [(c.tool_call_id, c.function_name, c.arguments) for c in step.tool_calls or []],
+            [result.content for result in (step.observation.results if step.observation else [])],
+        )
+        for step in trajectory.steps
+    ]
+    assert steps == [
+        ("user", "Do it", None, [], []),
+        (
+            "agent",
+            "",
+            "look first",
+            [("c0", "exec_command", {"command": "ls"})],
+            ["exit code 0\na.txt\n"],
+        ),
+        (
+            "agent",
+            "",
+            "now edit",
+            [("item_2", "file_change", {"changes": [{"path": "a.txt"}], "status": "completed"})],
+            ["completed"],
+        ),
+        ("agent", "edited", "say so", [], []),
+        ("agent", "", None, [("x0", "tool", {"status": "done", "extra": 1})], ["done"]),
+    ]
+    assert trajectory.notes == "stream disconnected; retrying"
+    metrics = trajectory.final_metrics
+    assert metrics is not None
+    assert (metrics.total_prompt_tokens, metrics.total_completion_tokens) == (150, 5)
+    assert metrics.total_cached_tokens == 40
+
+
+def test_codex_events_without_an_item_convert_to_nothing() -> None:
+    source = codex_source({"type": "turn.completed", "usage": {"input_tokens": 5}})
+    assert convert("codex", source) == (None, "the codex converter found no log to convert")
+
+
 def test_mini_swe_agent_trajectory_converts_with_tool_results() -> None:
     messages = [
         {"role": "system", "content": "sys"},

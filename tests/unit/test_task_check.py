@@ -269,3 +269,63 @@ def test_a_probe_that_created_nothing_or_scored_where_nop_did_adds_nothing(task:
         check, "t", "probe", _probe_row("t", [0.0, 1.0], [{"created": []}, {"created": ["/x"]}])
     )
     assert [p.kind for p in _problems(check, task)] == ["nop-passes"]
+
+
+def test_a_masked_oracle_run_has_no_result_and_a_partial_one_is_not_scored(task: Task) -> None:
+    check = TaskCheck(repeats=3)
+    _episode(check, "t", "r0", _row("t", 0, [0.0], mask_sample=True, failure_reason="lost"))
+    _episode(check, "t", "r1", _row("t", 1, [0.0], partial=True))
+    _episode(check, "t", "r2", _row("t", 2, [0.0]))
+    assert _problems(check, task) == [
+        Problem("no-result", "oracle r0: masked: lost"),
+        Problem("oracle-failed", "1 of 2 runs (r2): reward 0, solve.sh exit 0"),
+    ]
+
+
+def test_one_failed_oracle_run_is_the_run(task: Task) -> None:
+    check = TaskCheck(repeats=1)
+    _episode(
+        check,
+        "t",
+        "r0",
+        _row("t", 0, [0.0], failure_kind="verifier_timeout", failure_reason="20 s"),
+    )
+    assert _problems(check, task) == [
+        Problem(
+            "oracle-failed",
+            "the run (r0): reward 0, solve.sh exit 0 (verifier_timeout: 20 s)",
+        )
+    ]
+
+
+def test_an_empty_agent_passing_a_step_is_named_with_the_step() -> None:
+    check = TaskCheck(repeats=1)
+    _episode(check, "m", "r0", _row("m", 0, [1.0, 1.0]))
+    _episode(check, "m", "nop", _row("m", 0, [1.0, 0.0]))
+    assert _problems(check, name="m") == [
+        Problem(
+            "nop-passes",
+            "an agent that does nothing scores 1 in step s0: the verifier accepts the sandbox "
+            "as the task leaves it",
+        )
+    ]
+
+
+def test_a_masked_empty_agent_is_not_named_but_still_excuses_the_probe() -> None:
+    check = TaskCheck(repeats=1)
+    _episode(check, "t", "r0", _row("t", 0, [1.0, 1.0]))
+    _episode(check, "t", "nop", _row("t", 0, [0.0, 1.0], mask_sample=True))
+    _episode(
+        check, "t", "probe", _probe_row("t", [0.0, 1.0], [{"created": ["/x"]}, {"created": []}])
+    )
+    assert _problems(check) == []
+
+
+def test_a_masked_probe_finds_nothing(task: Task) -> None:
+    check = TaskCheck(repeats=1)
+    _episode(check, "t", "r0", _row("t", 0, [1.0]))
+    _episode(check, "t", "nop", _row("t", 0, [0.0]))
+    row = _probe_row("t", [1.0], [{"created": ["/x"], "git": ["/app/.git"]}])
+    row["mask_sample"] = True
+    _episode(check, "t", "probe", row)
+    assert _problems(check, task) == []
