@@ -214,9 +214,9 @@ class AgentPhase:
         grace_s: float = HARNESS_GRACE_S,
     ) -> CallOutcome[T]:
         """call_harness(), then the host folder pruned when the call left nothing there."""
-        # A harness's commands may go by its provider's own route (command channels),
-        # but not the oracle's: solve.sh's exit status is part of the result, and a
-        # root solve.sh could end such a route's processes under its own command.
+        # A harness's commands may go by its provider's own route (for_agent), but not a
+        # validating harness's: solve.sh's exit status is part of the result, and a root
+        # solve.sh could end such a route's processes under its own command.
         carried = sandbox if self.harness.validates else for_agent(sandbox)
         try:
             return call_harness(
