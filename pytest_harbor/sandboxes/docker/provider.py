@@ -164,14 +164,13 @@ class DockerProvider:
 
     def start(self, spec: SandboxSpec) -> DockerSandbox:
         watchdog = self._watchdog
-        if watchdog is not None and watchdog.lost():
+        if watchdog is not None:
             # The engine restarted since it was armed: its watchdog went with it.
             try:
-                watchdog.rearm()
+                if watchdog.rearm_if_lost():
+                    log.warning("the engine restarted: a new watchdog watches this process")
             except SandboxError as error:
                 log.info("the watchdog could not be started again yet: %s", error)
-            else:
-                log.warning("the engine restarted: a new watchdog watches this process")
         if spec.ready_timeout_s is None:
             return self._start(spec)
         attempt = _StartAttempt(self, spec)

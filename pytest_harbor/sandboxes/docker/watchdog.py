@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -73,6 +74,11 @@ class Watchdog:
         self._labels: dict[str, str] = {}
         #: Lost, and not started again yet (the engine did not answer then).
         self._lost = False
+        #: One change at a time: a watchdog whose input is let go sweeps everything of the
+        #: process's, so two threads that both found it lost must not both start a new one
+        #: (the second would let the first's go, and it would sweep the sandboxes started
+        #: since).
+        self._lock = threading.RLock()
 
     @property
     def armed(self) -> bool:
@@ -81,8 +87,11 @@ class Watchdog:
     def arm(self, labels: Mapping[str, str]) -> None:
         """Start the watchdog of what carries every one of `labels`; raises SandboxError
         (nothing left behind) when it cannot be started."""
-        if self.armed:
-            return
+        with self._lock:
+            if not self.armed:
+                self._arm(labels)
+
+    def _arm(self, labels: Mapping[str, str]) -> None:
         self._labels = dict(labels)
         image = self._images.prepare_image(_HELPER)
         api = engine_for(self._endpoint).api
@@ -136,14 +145,29 @@ class Watchdog:
     def rearm(self) -> None:
         """A new watchdog for the labels of the last one (after lost()); raises
         SandboxError."""
-        self.disarm()
-        self._lost = True
-        self.arm(self._labels)
-        self._lost = False
+        with self._lock:
+            self.disarm()
+            self._lost = True
+            self.arm(self._labels)
+            self._lost = False
+
+    def rearm_if_lost(self) -> bool:
+        """A new watchdog when this one is lost (rearm), asked and done as one step: of
+        threads that find it lost at once, one starts the new one. Whether it did;
+        raises SandboxError."""
+        with self._lock:
+            if not self.lost():
+                return False
+            self.rearm()
+            return True
 
     def disarm(self) -> None:
         """Let the watchdog go: it sweeps what is left of this process's (nothing, when
         the process cleaned up) and removes itself."""
+        with self._lock:
+            self._disarm()
+
+    def _disarm(self) -> None:
         connection, self._connection = self._connection, None
         if connection is not None:
             raw = _socket_of(connection)
