@@ -17,6 +17,7 @@ from tests.local_server import LocalServer, QuietHandler
 __all__ = [
     "ChatRequest",
     "Reply",
+    "Script",
     "ScriptedModel",
     "answer",
     "error",

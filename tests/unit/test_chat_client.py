@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -18,22 +18,7 @@ from pytest_harbor.harnesses.base import Deadline
 from pytest_harbor.harnesses.chat import ChatClient, ChatError, OutOfTime, RetryPolicy, UsageMeter
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.redaction import Redactor
-from tests.model_server import MODEL, ChatRequest, Reply, ScriptedModel, answer, error
-
-Script = Callable[[ChatRequest], Reply]
-
-
-@pytest.fixture
-def serve() -> Iterator[Callable[[Script], ScriptedModel]]:
-    servers: list[ScriptedModel] = []
-
-    def start(script: Script) -> ScriptedModel:
-        servers.append(ScriptedModel(script).__enter__())
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.__exit__(None, None, None)
+from tests.model_server import MODEL, ChatRequest, Reply, Script, ScriptedModel, answer, error
 
 
 def client_for(url: str, key: str, attempts: int = 3) -> ChatClient:

@@ -5,7 +5,7 @@ servers that cannot be reached, and a continued session."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +22,14 @@ from pytest_harbor.sandboxes.base import ExecResult, SandboxError
 from pytest_harbor.tasks import Task, load_task
 from pytest_harbor.tasks.config import MCPServerConfig
 from tests.fixtures import BASE_IMAGE
-from tests.model_server import MODEL, ChatRequest, Reply, ScriptedModel, answer, error, tool_call
-
-Script = Callable[[ChatRequest], Reply]
+from tests.model_server import (
+    MODEL,
+    Script,
+    ScriptedModel,
+    answer,
+    error,
+    tool_call,
+)
 
 
 @dataclass
@@ -46,19 +51,6 @@ class CommandSandbox:
     ) -> ExecResult:
         self.commands.append((command[-1].removeprefix("exec 2>&1\n"), user, workdir))
         return self.act(command)
-
-
-@pytest.fixture
-def serve() -> Iterator[Callable[[Script], ScriptedModel]]:
-    servers: list[ScriptedModel] = []
-
-    def start(script: Script) -> ScriptedModel:
-        servers.append(ScriptedModel(script).__enter__())
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.__exit__(None, None, None)
 
 
 @pytest.fixture

@@ -1,0 +1,24 @@
+"""Fixtures the unit tests share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.model_server import Script, ScriptedModel
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Script], ScriptedModel]]:
+    """Start a scripted Chat Completions server on 127.0.0.1; each is stopped after the
+    test."""
+    servers: list[ScriptedModel] = []
+
+    def start(script: Script) -> ScriptedModel:
+        servers.append(ScriptedModel(script).__enter__())
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.__exit__(None, None, None)
