@@ -235,7 +235,6 @@ class DockerProvider:
             network=network,
             endpoint=self.endpoint,
             user=self.image_config(spec.image).user,
-            channel=True,
         )
         sandbox.egress = egress
         try:
@@ -334,7 +333,6 @@ class DockerProvider:
             online=spec.network and egress is None,
             endpoint=self.endpoint,
             user=self.image_config(spec.image).user,
-            channel=True,
         )
 
     def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:

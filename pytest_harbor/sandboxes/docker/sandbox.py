@@ -86,8 +86,8 @@ class DockerSandbox:
     sandbox the provider started runs its keep-alive as KEEPALIVE_USER, never a command.
 
     Every command goes by plain exec, but those of the view `for_agent()` gives (a
-    harness's), which go through the sandbox's command channels (channel/) when they
-    have a deadline and one can carry them. `channel`: the sandbox may have channels.
+    harness's), which go through the sandbox's command channels (channel/, opened on
+    first use) when they have a deadline and one can carry them.
     """
 
     def __init__(
@@ -97,7 +97,6 @@ class DockerSandbox:
         network: str = DEFAULT_NETWORK,
         endpoint: Endpoint | None = None,
         user: str | None = None,
-        channel: bool = False,
     ) -> None:
         self._id = container_id
         self._endpoint = endpoint
@@ -105,7 +104,7 @@ class DockerSandbox:
         self._online = online
         self._network = network
         self._user = None if user is None else (user or "0")
-        self._channels = ChannelPool(container_id, endpoint, self._kill_group) if channel else None
+        self._channels = ChannelPool(container_id, endpoint, self._kill_group)
         #: This view's commands go through the channels (for_agent).
         self._by_channel = False
         #: What the spec's start script printed (set by the provider; ReportsStart).
@@ -130,7 +129,7 @@ class DockerSandbox:
         timeout: float | None = None,
         stdin: bytes | None = None,
     ) -> ExecResult:
-        if self._by_channel and self._channels is not None and timeout is not None:
+        if self._by_channel and timeout is not None:
             carried = self._channels.run(
                 list(command),
                 user=user or self._user or "",
@@ -449,8 +448,7 @@ class DockerSandbox:
     def stop(self) -> None:
         if self._stopped:
             return
-        if self._channels is not None:
-            self._channels.close()
+        self._channels.close()
         remove_container(self._id, self._endpoint)
         if self.egress is not None:
             self.egress.remove()
@@ -468,7 +466,6 @@ class ComposeSandbox(DockerSandbox):
         online: bool = True,
         endpoint: Endpoint | None = None,
         user: str | None = None,
-        channel: bool = False,
     ) -> None:
         super().__init__(
             container_id,
@@ -476,7 +473,6 @@ class ComposeSandbox(DockerSandbox):
             network=f"{project}_default",
             endpoint=endpoint,
             user=user,
-            channel=channel,
         )
         self.project = project
 
@@ -519,8 +515,7 @@ class ComposeSandbox(DockerSandbox):
     def stop(self) -> None:
         if self._stopped:
             return
-        if self._channels is not None:
-            self._channels.close()
+        self._channels.close()
         remove_project(self.project, self._endpoint)
         if self.egress is not None:
             self.egress.remove()
