@@ -6,13 +6,25 @@ from __future__ import annotations
 
 import copy
 import threading
+import uuid
+from pathlib import Path
 
+import docker
 import pytest
 
+from pytest_harbor import Episode, load_task, make_provider
+from pytest_harbor.harnesses.base import (
+    AgentRun,
+    Harness,
+    HarnessSession,
+    SessionContext,
+    TurnContext,
+)
 from pytest_harbor.sandboxes.base import ExecResult
 from pytest_harbor.sandboxes.docker import DockerSandbox
 from pytest_harbor.sandboxes.docker.channel.pool import ChannelPool
-from tests.fixtures import StartSandbox
+from pytest_harbor.sandboxes.docker.channel.protocol import READY
+from tests.fixtures import StartSandbox, write_task
 
 pytestmark = pytest.mark.docker
 
@@ -223,3 +235,78 @@ def test_a_non_root_agent_cannot_end_or_stop_the_channel(start: StartSandbox) ->
     done = carried(sandbox, ["sh", "-c", attack], user="nobody")
     assert done.stdout_bytes == b"survived\n"
     assert carried(sandbox, ["echo", "still"]).stdout_bytes == b"still\n"
+
+
+# ------------------------------------------------------------ an agent against its grade
+
+
+class ChannelKiller(Harness):
+    """A root agent whose commands go through command channels (the engine hands it the
+    sandbox's agent view), which writes `answer` and then kills every process of the
+    sealed busybox but the first: its channels and their relays."""
+
+    name = "channel-killer"
+    #: How many channels the sandbox holds: their shells' command lines hold the channel's
+    #: script (the word is split here, so that this command's own does not).
+    COUNT = (
+        "n=0; for p in /proc/[0-9]*; do "
+        f"grep -q '{READY[:8]}''{READY[8:]}' $p/cmdline 2>/dev/null && n=$((n+1)); "
+        "done; echo $n"
+    )
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+        self.killed: list[str] = []
+
+    def open_session(self, context: SessionContext) -> HarnessSession:
+        return self
+
+    def run_turn(self, context: TurnContext) -> AgentRun:
+        context.sandbox.exec(["sh", "-c", f"echo {self.answer} > /tmp/answer"], timeout=30)
+        self.killed.append(
+            context.sandbox.exec(["sh", "-c", self.COUNT], timeout=30).stdout.strip()
+        )
+        context.sandbox.exec(["sh", "-c", KILL_THE_CHANNELS], user="0:0", timeout=30)
+        return AgentRun(exit_code=0)
+
+    def close(self, context: SessionContext) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("answer", "reward"), [("1", 1.0), ("0", 0.0)])
+def test_an_agent_that_kills_its_channels_is_graded_as_it_left_the_sandbox(
+    docker_client: docker.DockerClient, tmp_path: Path, answer: str, reward: float
+) -> None:
+    """The verifier never goes through a channel: an agent that ends every channel after
+    its work scores what it did (neither a hang, nor a lost sandbox, nor a pass it did not
+    earn)."""
+    harness = ChannelKiller(answer)
+    labels = {"pytest-harbor.run": f"channel-killer-{uuid.uuid4().hex[:8]}"}
+    task = load_task(write_task(tmp_path, "killer"))
+    episode = Episode(
+        task,
+        taskset="channels",
+        repeat=0,
+        harness=harness,
+        provider=make_provider("docker"),
+        labels=labels,
+        verifier_logs_dir=tmp_path / "verifier",
+    )
+    try:
+        episode.seed()
+        output = episode.run_turn(task.turns[0])
+        # The engine's steps since (ending the turn, verifying) opened no channel again.
+        (sandbox,) = docker_client.containers.list(
+            filters={"label": f"pytest-harbor.run={labels['pytest-harbor.run']}"}
+        )
+        left = sandbox.exec_run(["sh", "-c", ChannelKiller.COUNT]).output.decode().strip()
+    finally:
+        episode.cleanup()
+    assert left == "0"
+    # Its commands did go through channels: there were channels to kill.
+    assert harness.killed and int(harness.killed[0]) > 0
+    assert (output.result.reward, output.result.failure_kind) == (reward, None)
+    assert not output.result.mask_sample
+    assert not docker_client.containers.list(
+        all=True, filters={"label": f"pytest-harbor.run={labels['pytest-harbor.run']}"}
+    )
