@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from pytest_harbor.labels import RUN_LABEL
+from pytest_harbor.sandboxes.routes import RELAY_NAME, FiltersEgress, ReachesThisMachine
 from pytest_harbor.settings import DEFAULT_PIDS_LIMIT
 from pytest_harbor.tasks.config import RESERVED_ID
 
 __all__ = [
     "KEEPALIVE_USER",
+    "RELAY_NAME",
     "ROOT_USER",
     "RUN_LABEL",
     "SEALED_BUSYBOX",
@@ -35,6 +37,7 @@ __all__ = [
     "ProviderContext",
     "ProviderFactory",
     "ProviderOptionsError",
+    "ReachesThisMachine",
     "ReadinessCheck",
     "ReportsStart",
     "Sandbox",
@@ -425,16 +428,6 @@ class ReadinessCheck(Protocol):
 
 
 @runtime_checkable
-class FiltersEgress(Protocol):
-    """A sandbox started `filtered` whose network can be an allow-list for a phase."""
-
-    def set_egress(self, enabled: bool, hosts: tuple[str, ...] | None) -> None:
-        """From now on: no network (`enabled` false), only `hosts` (names, `*.suffix`,
-        addresses or networks), or the whole network (`hosts` None). Raises SandboxError."""
-        ...
-
-
-@runtime_checkable
 class ChecksGpus(Protocol):
     """A provider whose capabilities say GPUs, but whose engine may have none to give: it
     says so before a GPU task is collected."""
@@ -524,11 +517,19 @@ class ReportsStart(Protocol):
         ...
 
 
-def set_phase_network(sandbox: Sandbox, enabled: bool, hosts: tuple[str, ...] | None) -> None:
+def set_phase_network(
+    sandbox: Sandbox, enabled: bool, hosts: tuple[str, ...] | None, relay: str | None = None
+) -> None:
     """A phase's network: none, only `hosts` (an allow-list; the sandbox must have been
-    started `filtered`), or the whole network (`hosts` None)."""
+    started `filtered`), or the whole network (`hosts` None); with `relay` (`IP:PORT` on
+    this machine), RELAY_NAME leads to it as well, in any of the three (FiltersEgress)."""
     if isinstance(sandbox, FiltersEgress):
-        sandbox.set_egress(enabled, hosts if enabled else None)
+        sandbox.set_egress(enabled, hosts if enabled else None, relay)
+    elif relay is not None:
+        raise SandboxError(
+            f"sandbox {sandbox.id[:12]} cannot reach the model relay as {RELAY_NAME}: its "
+            "provider does not filter its egress (FiltersEgress)"
+        )
     elif hosts is not None and enabled:
         raise SandboxError(f"sandbox {sandbox.id[:12]} cannot hold its network to an allow-list")
     else:

@@ -1,16 +1,27 @@
-"""The egress program's parts without a container: what an allow-list admits, and parsers
-of what a sandbox sends (DNS queries, TLS ClientHellos, HTTP heads) that never raise."""
+"""The egress program's parts without a container: what an allow-list admits, where the
+relay's name leads, and parsers of what a sandbox sends (DNS queries, TLS ClientHellos,
+HTTP heads) that never raise; and the policy the engine writes for it."""
 
 from __future__ import annotations
 
 import importlib.util
+import io
+import json
+import socket
 import struct
+import tarfile
+import threading
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pytest_harbor.sandboxes.base import RELAY_NAME, SandboxError
+from pytest_harbor.sandboxes.docker import filtering
+from pytest_harbor.sandboxes.docker.filtering import Egress
 from tests.fixtures import REPO_ROOT
 
 PROGRAM = REPO_ROOT / "pytest_harbor" / "sandboxes" / "docker" / "egress" / "egress.py"
@@ -83,7 +94,7 @@ def client_hello(name: str) -> bytes:
 def test_the_tls_server_name_and_the_http_host_are_read(egress: ModuleType) -> None:
     assert egress.tls_server_name(client_hello("api.example.com")) == "api.example.com"
     head = b"GET / HTTP/1.1\r\nUser-Agent: x\r\nhOsT: listed.test:8080\r\n\r\n"
-    assert egress.http_host(head) == "listed.test"
+    assert egress.http_target(head) == ("listed.test", 80)
     assert egress.proxy_request(b"CONNECT a.test:22 HTTP/1.1\r\n\r\n")[:2] == ("a.test", 22)
     assert egress.proxy_request(b"GET http://b.test/x HTTP/1.1\r\n\r\n")[:2] == ("b.test", 80)
     assert egress.split_port("[::1]:443", 80) == ("::1", 443)
@@ -94,7 +105,7 @@ def test_the_tls_server_name_and_the_http_host_are_read(egress: ModuleType) -> N
 def test_no_bytes_a_sandbox_sends_make_a_parser_raise(egress: ModuleType, data: bytes) -> None:
     egress.dns_question(data)
     egress.tls_server_name(data)
-    egress.http_host(data)
+    egress.http_target(data)
     egress.proxy_request(data)
     question = egress.dns_question(data)
     if question is not None:
@@ -110,3 +121,248 @@ def test_a_truncated_or_mangled_hello_gives_no_name_or_a_name(
     hello = client_hello("listed.test")
     name = egress.tls_server_name(hello[: len(tail)] + tail)
     assert name is None or isinstance(name, str)
+
+
+# ---------------------------------------------------------------------- the relay route
+
+RELAY = "172.17.0.1:8123"
+MODES = ("none", "allowlist", "public")
+
+
+class Archives:
+    """An engine API that keeps what put_archive is given."""
+
+    def __init__(self) -> None:
+        self.written: list[tuple[str, str, bytes]] = []
+
+    def put_archive(self, container: str, path: str, data: bytes) -> bool:
+        self.written.append((container, path, data))
+        return True
+
+
+@pytest.fixture
+def archives(monkeypatch: pytest.MonkeyPatch) -> Archives:
+    api = Archives()
+
+    class Engine:
+        pass
+
+    engine = Engine()
+    engine.api = api  # type: ignore[attr-defined]
+    monkeypatch.setattr(filtering, "engine_for", lambda endpoint: engine)
+    return api
+
+
+def written_policy(archives: Archives) -> dict[str, Any]:
+    _, path, data = archives.written[-1]
+    assert path == "/run/egress"
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        member = archive.extractfile("policy.json")
+        assert member is not None
+        return dict(json.loads(member.read()))
+
+
+def policy_file(egress: ModuleType, folder: Path, archives: Archives) -> Any:
+    """The egress's Policy, reading what the engine wrote last."""
+    path = folder / "policy.json"
+    path.write_text(json.dumps(written_policy(archives)))
+    return egress.Policy(str(path)).current()
+
+
+def test_the_relay_name_is_the_same_on_both_sides(egress: ModuleType) -> None:
+    assert egress.RELAY_NAME == RELAY_NAME
+
+
+def test_the_policy_carries_the_relay_or_null_and_the_egress_reads_it(
+    egress: ModuleType, archives: Archives, tmp_path: Path
+) -> None:
+    gate = Egress("egress-id", "egress-net", "10.9.8.7", "outside", None)
+    gate.set_policy("allowlist", ("listed.test",), RELAY)
+    assert written_policy(archives) == {
+        "mode": "allowlist",
+        "hosts": ["listed.test"],
+        "address": "10.9.8.7",
+        "relay": RELAY,
+    }
+    assert policy_file(egress, tmp_path, archives).relay == ("172.17.0.1", 8123)
+    gate.set_policy("public")
+    assert written_policy(archives)["relay"] is None
+    assert policy_file(egress, tmp_path, archives).relay is None
+    gate.set_policy("none", relay="[fd00::1]:80")
+    assert policy_file(egress, tmp_path, archives).relay == ("fd00::1", 80)
+
+
+@pytest.mark.parametrize(
+    "relay", ["model.example:80", "172.17.0.1", "172.17.0.1:0", "172.17.0.1:70000", "fd00::1:80"]
+)
+def test_a_relay_that_is_not_an_address_and_port_is_refused_before_it_is_written(
+    archives: Archives, relay: str
+) -> None:
+    with pytest.raises(SandboxError, match="is not IP:PORT"):
+        Egress("egress-id", "egress-net", "10.9.8.7", "outside", None).set_policy(
+            "none", relay=relay
+        )
+    assert archives.written == []
+
+
+@pytest.mark.parametrize(
+    "value", [None, 8123, "", "172.17.0.1", "relay.test:80", "172.17.0.1:x", "fd00::1:80"]
+)
+def test_the_egress_reads_anything_but_an_address_and_port_as_no_relay(
+    egress: ModuleType, value: object
+) -> None:
+    assert egress.relay_address(value) is None
+
+
+def policy(egress: ModuleType, mode: str, relay: tuple[str, int] | None) -> Any:
+    made = egress.Policy("/nonexistent")
+    made.mode, made.hosts, made.address, made.relay = mode, ["listed.test"], "10.9.8.7", relay
+    return made
+
+
+def answer(egress: ModuleType, name: str, qtype: int, made: Any) -> tuple[int, int, bytes]:
+    """(rcode, answer count, the reply) the egress gives a question."""
+    reply = egress.answer_dns(query(name, qtype), made)
+    assert reply is not None
+    _, flags, _, count = struct.unpack("!HHHH", reply[:8])
+    return flags & 0xF, count, reply
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_relay_name_resolves_to_the_egress_in_every_mode_while_a_relay_is_given(
+    egress: ModuleType, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    # No resolver beyond the egress is asked for it, in the public mode either.
+    monkeypatch.setattr(egress, "forward_dns", lambda packet: pytest.fail("forwarded"))
+    given_relay = policy(egress, mode, ("172.17.0.1", 8123))
+    rcode, count, reply = answer(egress, "Model.Pytest-Harbor.Internal", 1, given_relay)
+    assert (rcode, count) == (0, 1)
+    assert reply.endswith(bytes([10, 9, 8, 7]))
+    assert answer(egress, RELAY_NAME, 28, given_relay)[:2] == (0, 0)  # AAAA: none
+    without = policy(egress, mode, None)
+    assert answer(egress, RELAY_NAME, 1, without)[:2] == (3, 0)  # NXDOMAIN
+    assert answer(egress, RELAY_NAME, 28, without)[:2] == (3, 0)
+
+
+def test_listing_the_relays_suffix_does_not_make_its_name_resolve(egress: ModuleType) -> None:
+    made = policy(egress, "allowlist", None)
+    made.hosts = ["*.pytest-harbor.internal", RELAY_NAME]
+    assert answer(egress, RELAY_NAME, 1, made)[:2] == (3, 0)
+    assert egress.destination(made, RELAY_NAME, 80) is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_relay_name_leads_to_the_relay_on_port_80_and_nowhere_else(
+    egress: ModuleType, mode: str
+) -> None:
+    relay = ("172.17.0.1", 8123)
+    made = policy(egress, mode, relay)
+    assert egress.destination(made, RELAY_NAME, 80) == relay
+    assert egress.destination(made, "MODEL.pytest-harbor.internal.", 80) == relay
+    for port in (443, 8123, 22, -1):
+        assert egress.destination(made, RELAY_NAME, port) is None, port
+    assert egress.destination(policy(egress, mode, None), RELAY_NAME, 80) is None
+    # The relay's own address is a host like any other.
+    raw = egress.destination(made, "172.17.0.1", 8123)
+    assert raw == (None if mode != "public" else ("172.17.0.1", 8123))
+    # Everything else as before.
+    listed = egress.destination(made, "listed.test", 443)
+    assert listed == (None if mode == "none" else ("listed.test", 443))
+    other = egress.destination(made, "other.test", 80)
+    assert other == (("other.test", 80) if mode == "public" else None)
+
+
+@pytest.mark.parametrize(
+    ("head", "target"),
+    [
+        (f"GET / HTTP/1.1\r\nHost: {RELAY_NAME}\r\n\r\n", (RELAY_NAME, 80)),
+        (f"GET / HTTP/1.1\r\nHost: {RELAY_NAME}:80\r\n\r\n", (RELAY_NAME, 80)),
+        (f"GET / HTTP/1.1\r\nhost:  {RELAY_NAME.upper()}.\r\n\r\n", (RELAY_NAME.upper() + ".", 80)),
+        (f"GET / HTTP/1.1\r\nHost: {RELAY_NAME}:8123\r\n\r\n", (RELAY_NAME, 8123)),
+        (f"GET / HTTP/1.1\r\nHost: {RELAY_NAME}:x\r\n\r\n", (RELAY_NAME, -1)),
+        # Another host goes to port 80 whatever port its Host names, as it always did.
+        ("GET / HTTP/1.1\r\nHost: listed.test:8080\r\n\r\n", ("listed.test", 80)),
+        ("GET / HTTP/1.1\r\n\r\n", (None, 80)),
+    ],
+)
+def test_a_request_on_port_80_names_where_it_goes_by_its_host(
+    egress: ModuleType, head: str, target: tuple[str | None, int]
+) -> None:
+    assert egress.http_target(head.encode()) == target
+
+
+@pytest.mark.parametrize(
+    ("head", "target"),
+    [
+        (f"GET http://{RELAY_NAME}/v1/chat HTTP/1.1\r\n\r\n", (RELAY_NAME, 80)),
+        (f"GET http://{RELAY_NAME}:80/ HTTP/1.1\r\n\r\n", (RELAY_NAME, 80)),
+        (f"CONNECT {RELAY_NAME}:80 HTTP/1.1\r\n\r\n", (RELAY_NAME, 80)),
+        (f"CONNECT {RELAY_NAME} HTTP/1.1\r\n\r\n", (RELAY_NAME, 443)),
+        (f"GET http://{RELAY_NAME}:8123/ HTTP/1.1\r\n\r\n", (RELAY_NAME, 8123)),
+    ],
+)
+def test_a_proxy_request_names_the_relay_and_its_port(
+    egress: ModuleType, head: str, target: tuple[str, int]
+) -> None:
+    assert egress.proxy_request(head.encode())[:2] == target
+
+
+class Relay:
+    """A server on 127.0.0.1 that keeps the first bytes of a connection and answers."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.received = b""
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        connection, _ = self.server.accept()
+        with connection:
+            connection.settimeout(5.0)
+            while b"\r\n\r\n" not in self.received:
+                chunk = connection.recv(4096)
+                if not chunk:
+                    break
+                self.received += chunk
+            connection.sendall(b"HTTP/1.0 200 OK\r\n\r\nfrom the relay")
+
+
+def through_the_egress(
+    egress: ModuleType, tmp_path: Path, port: int, request: bytes, relay: str | None
+) -> bytes:
+    """What a client gets for `request` sent to the egress's `port` under a policy in
+    which no host is listed, but the relay may be given."""
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"mode": "none", "hosts": [], "address": "", "relay": relay}))
+    client, served = socket.socketpair()
+    with client:
+        worker = threading.Thread(
+            target=egress.handle, args=(served, port, egress.Policy(str(path))), daemon=True
+        )
+        worker.start()
+        client.sendall(request)
+        worker.join(10.0)
+        served.close()
+        client.settimeout(5.0)
+        return b"".join(iter(lambda: client.recv(4096), b""))
+
+
+@pytest.mark.parametrize("port", [80, 3128])
+def test_a_request_for_the_relay_name_is_sent_to_the_relay_head_first(
+    egress: ModuleType, tmp_path: Path, port: int
+) -> None:
+    relay = Relay()
+    target = "/v1/models" if port == 80 else f"http://{RELAY_NAME}/v1/models"
+    request = f"GET {target} HTTP/1.0\r\nHost: {RELAY_NAME}\r\n\r\n".encode()
+    answer = through_the_egress(egress, tmp_path, port, request, f"127.0.0.1:{relay.port}")
+    assert answer.endswith(b"from the relay")
+    assert relay.received == request
+    relay.server.close()
+
+
+def test_without_a_relay_the_proxy_refuses_its_name(egress: ModuleType, tmp_path: Path) -> None:
+    request = f"GET http://{RELAY_NAME}/ HTTP/1.0\r\n\r\n".encode()
+    answer = through_the_egress(egress, tmp_path, 3128, request, None)
+    assert answer.startswith(b"HTTP/1.1 403 Forbidden")

@@ -15,6 +15,12 @@ names are resolved by the egress (the sandbox's DNS server is the egress's addre
   and a raw address has no route.
 - **No network**: the outside network taken away, and the egress forwards nothing.
 
+The relay route holds in all three: while a phase is given the model relay's address on
+this machine, the egress answers RELAY_NAME with its own address and sends what comes for
+it on port 80 (by Host, or through the proxy port) to that address, from its own place on
+the outside network, whose gateway is this machine (`DockerSandbox.host_address()`); the
+name reaches nothing else, and without a relay it does not resolve.
+
 A Compose project behind an allow-list has every network internal (no address on this
 machine either); each of its services also joins the egress's network and resolves names
 through it, and the policy changes by phase as for one sandbox (compose.episode_project).
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import ipaddress
 import json
 import tarfile
 import time
@@ -40,9 +47,10 @@ from pytest_harbor.labels import LABEL_PREFIX
 from pytest_harbor.sandboxes.base import ImageSource, SandboxError, SandboxStartError
 from pytest_harbor.sandboxes.docker.engine import ENGINE_ERRORS, Endpoint, engine_for, explain
 from pytest_harbor.sandboxes.docker.images import EngineImages
+from pytest_harbor.sandboxes.docker.networks import NO_HOST_ADDRESS
 from pytest_harbor.sandboxes.docker.projects import remove_container
 
-__all__ = ["EGRESS_CONTEXT", "EGRESS_ROLE", "PROXY_PORT", "Egress", "start_egress"]
+__all__ = ["EGRESS_CONTEXT", "EGRESS_ROLE", "PROXY_PORT", "Egress", "check_relay", "start_egress"]
 
 #: The egress image's build context (its Dockerfile and egress.py).
 EGRESS_CONTEXT = Path(__file__).parent / "egress"
@@ -50,8 +58,6 @@ EGRESS_CONTEXT = Path(__file__).parent / "egress"
 EGRESS_ROLE = LABEL_PREFIX + "role"
 PROXY_PORT = 3128
 _POLICY_DIR = "/run/egress"
-#: The bridge option that keeps an address for this machine off a network.
-_NO_HOST_ADDRESS = "com.docker.network.bridge.inhibit_ipv4"
 _READY_S = 30.0
 
 
@@ -75,9 +81,14 @@ class Egress:
             name: proxy for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
         } | {"NO_PROXY": direct, "no_proxy": direct}
 
-    def set_policy(self, mode: str, hosts: tuple[str, ...] = ()) -> None:
-        """`public`, `allowlist` (with `hosts`) or `none`; raises SandboxError."""
-        policy = json.dumps({"mode": mode, "hosts": list(hosts), "address": self.address})
+    def set_policy(self, mode: str, hosts: tuple[str, ...] = (), relay: str | None = None) -> None:
+        """`public`, `allowlist` (with `hosts`) or `none`, and in each the relay's
+        `IP:PORT` that RELAY_NAME leads to (None: it leads nowhere); raises SandboxError."""
+        if relay is not None:
+            check_relay(relay)
+        policy = json.dumps(
+            {"mode": mode, "hosts": list(hosts), "address": self.address, "relay": relay}
+        )
         data = policy.encode()
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as archive:
@@ -100,6 +111,30 @@ class Egress:
             engine_for(self.endpoint).api.remove_network(self.network)
 
 
+def check_relay(relay: str) -> None:
+    """The egress takes the relay as an address with a port (an IPv6 address in
+    brackets), never a name it would resolve; it would read anything else as no relay
+    at all, so it is refused here."""
+    host, _, port = relay.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    try:
+        address = ipaddress.ip_address(host[1:-1] if bracketed else host)
+    except ValueError:
+        address = None
+    valid = (
+        address is not None
+        and (address.version == 6) == bracketed
+        and port.isascii()
+        and port.isdigit()
+        and 0 < int(port) < 65536
+    )
+    if not valid:
+        raise SandboxError(
+            f"the model relay's address {relay!r} is not IP:PORT (an address of this "
+            "machine, as host_address() gives it, and the port the relay listens on)"
+        )
+
+
 def start_egress(
     images: EngineImages,
     *,
@@ -120,7 +155,7 @@ def start_egress(
             name,
             driver="bridge",
             internal=True,
-            options={_NO_HOST_ADDRESS: "true"},
+            options={NO_HOST_ADDRESS: "true"},
             labels=dict(labels),
             check_duplicate=True,
         )

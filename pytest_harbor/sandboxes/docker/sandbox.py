@@ -24,6 +24,7 @@ from pytest_harbor.sandboxes.archives import (
     unpack_files,
 )
 from pytest_harbor.sandboxes.base import (
+    RELAY_NAME,
     ROOT_USER,
     TRUSTED_BUSYBOX,
     ArchiveStream,
@@ -43,7 +44,8 @@ from pytest_harbor.sandboxes.docker.engine import (
     engine_for,
     explain,
 )
-from pytest_harbor.sandboxes.docker.filtering import Egress
+from pytest_harbor.sandboxes.docker.filtering import Egress, check_relay
+from pytest_harbor.sandboxes.docker.networks import host_address
 from pytest_harbor.sandboxes.docker.pipes import PID_FIRST, DockerPipe
 from pytest_harbor.sandboxes.docker.projects import (
     remove_container,
@@ -111,6 +113,7 @@ class DockerSandbox:
         self.started_with: str | None = None
         #: The sandbox's egress, when it was started `filtered` (filtering.py).
         self.egress: Egress | None = None
+        self._host_address: str | None = None
 
     @property
     def id(self) -> str:
@@ -368,18 +371,39 @@ class DockerSandbox:
             ) from None
         self._online = enabled
 
-    def set_egress(self, enabled: bool, hosts: tuple[str, ...] | None) -> None:
+    def host_address(self) -> str:
+        """This machine's address on the sandbox's outside network (networks.host_address):
+        the egress's when it has one, else the network it was started on. Asked once."""
+        if self._host_address is None:
+            outside = self._network if self.egress is None else self.egress.outside
+            try:
+                self._host_address = host_address(self._endpoint, outside)
+            except SandboxError as error:
+                raise SandboxError(f"sandbox {self._id[:12]}: {error}") from None
+        return self._host_address
+
+    def set_egress(
+        self, enabled: bool, hosts: tuple[str, ...] | None, relay: str | None = None
+    ) -> None:
         """The policy first, then the route: the outside network is taken away before an
-        allow-list or no network holds, and given back only once the egress passes all."""
+        allow-list or no network holds, and given back only once the egress passes all.
+        Every policy written carries `relay`, the public one too."""
         egress = self.egress
         if egress is None:
+            if relay is not None:
+                raise SandboxError(
+                    f"sandbox {self._id[:12]} was not started `filtered`: without an egress "
+                    f"it cannot reach the model relay as {RELAY_NAME}"
+                )
             if enabled and hosts is not None:
                 raise SandboxError(f"sandbox {self._id[:12]} was not started with an egress")
             self._set_plain_network(enabled)
             return
+        if relay is not None:
+            check_relay(relay)  # before anything changes
         outside = enabled and hosts is None
         if outside:
-            egress.set_policy("public")
+            egress.set_policy("public", relay=relay)
         api = engine_for(self._endpoint).api
         try:
             if outside and not self._online:
@@ -392,7 +416,7 @@ class DockerSandbox:
             ) from None
         self._online = outside
         if not outside:
-            egress.set_policy("allowlist" if enabled else "none", hosts or ())
+            egress.set_policy("allowlist" if enabled else "none", hosts or (), relay)
 
     def snapshot(self, labels: Mapping[str, str]) -> str:
         try:
@@ -483,18 +507,20 @@ class ComposeSandbox(DockerSandbox):
                 "must reach each other)"
             )
 
-    def set_egress(self, enabled: bool, hosts: tuple[str, ...] | None) -> None:
+    def set_egress(
+        self, enabled: bool, hosts: tuple[str, ...] | None, relay: str | None = None
+    ) -> None:
         """Behind an egress, the project's networks are internal in every phase: a phase
-        is an allow-list or no network, only the egress's policy changes."""
+        is an allow-list or no network, only the egress's policy changes (with `relay`)."""
         if self.egress is None:
-            super().set_egress(enabled, hosts)
+            super().set_egress(enabled, hosts, relay)
         elif enabled and hosts is None:
             raise SandboxError(
                 "a Compose project behind an allow-list keeps it for all its phases: a "
                 "phase cannot have the whole network"
             )
         else:
-            self.egress.set_policy("allowlist" if enabled else "none", hosts or ())
+            self.egress.set_policy("allowlist" if enabled else "none", hosts or (), relay)
 
     def service(self, name: str) -> DockerSandbox:
         """Another service's container, to run a command in or copy from."""

@@ -6,10 +6,13 @@ here). Under an allow-list it answers a listed name with its own address and for
 what then comes: HTTP on port 80 by its Host header, TLS on port 443 by the name the
 client sends (SNI), and, on port 3128, proxy requests (CONNECT, or an absolute URL) for
 any port. Anything else, an unlisted name, a raw address that is not listed, goes
+nowhere. In every mode, while the policy names a relay (the model relay on the engine's
+machine), RELAY_NAME resolves to the egress and a request for it on port 80 (by Host, or
+through the proxy) goes to the relay and nowhere else; without one the name leads
 nowhere. The policy is a file only the engine writes (`/run/egress/policy.json`):
-`{"mode": "allowlist" | "public" | "none", "hosts": [...], "address": "..."}`, read
-again as it changes. Standard library only; every parser here is total: what a sandbox
-sends can end its own connection, never the egress.
+`{"mode": "allowlist" | "public" | "none", "hosts": [...], "address": "...",
+"relay": "IP:PORT" | null}`, read again as it changes. Standard library only; every
+parser here is total: what a sandbox sends can end its own connection, never the egress.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ CONNECT_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 600.0
 MAX_CONNECTIONS = 256
 TTL_S = 5
+#: The name a sandbox reaches the model relay by, on port 80 (sandboxes/base.py's
+#: RELAY_NAME; this program imports nothing of the package's, a unit test holds the two
+#: equal).
+RELAY_NAME = "model.pytest-harbor.internal"
+RELAY_PORT = 80
 
 _slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
@@ -48,6 +56,8 @@ class Policy:
         self.mode = "none"
         self.hosts: list[str] = []
         self.address = ""
+        #: Where a request for RELAY_NAME goes (None: nowhere).
+        self.relay: tuple[str, int] | None = None
         self._lock = threading.Lock()
 
     def current(self) -> Policy:
@@ -61,9 +71,10 @@ class Policy:
                     self.mode = str(data.get("mode", "none"))
                     self.hosts = [normal(str(host)) for host in data.get("hosts") or []]
                     self.address = str(data.get("address", ""))
+                    self.relay = relay_address(data.get("relay"))
                     self._stamp = stamp
             except (OSError, ValueError, TypeError, AttributeError):
-                self.mode, self.hosts, self._stamp = "none", [], None
+                self.mode, self.hosts, self.relay, self._stamp = "none", [], None, None
             return self
 
     def allows(self, host: str) -> bool:
@@ -76,6 +87,33 @@ class Policy:
 
 def normal(host: str) -> str:
     return host.strip().lower().rstrip(".")
+
+
+def is_relay_name(host: str | None) -> bool:
+    return host is not None and normal(host) == RELAY_NAME
+
+
+def relay_address(value: object) -> tuple[str, int] | None:
+    """The relay's `IP:PORT` (an IPv6 address in brackets) as (address, port); None for
+    anything else, a name included: the egress resolves nothing on the relay's way."""
+    if not isinstance(value, str):
+        return None
+    host, port = split_port(value, -1)
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return (str(address), port) if port > 0 else None
+
+
+def destination(policy: Policy, host: str | None, port: int) -> tuple[str, int] | None:
+    """Where a request for `host`:`port` goes (None: refused). RELAY_NAME on port 80 goes
+    to the policy's relay whatever the mode, and nowhere else ever, listed or not."""
+    if not host or port < 0:
+        return None
+    if is_relay_name(host):
+        return policy.relay if port == RELAY_PORT else None
+    return (host, port) if policy.allows(host) else None
 
 
 def allowed(host: str, entries: list[str]) -> bool:
@@ -138,7 +176,11 @@ def dns_reply(packet: bytes, question: tuple[int, str, int, int], policy: Policy
     body = packet[12:end]
     answers = b""
     count = 0
-    if policy.mode == "allowlist" and allowed(normal(name), policy.hosts):
+    if is_relay_name(name):
+        known = policy.relay is not None
+    else:
+        known = policy.mode == "allowlist" and allowed(normal(name), policy.hosts)
+    if known:
         if qtype in (1, 255) and policy.address:
             try:
                 address = socket.inet_aton(policy.address)
@@ -178,7 +220,9 @@ def answer_dns(packet: bytes, policy: Policy) -> bytes | None:
     question = dns_question(packet)
     if question is None:
         return None
-    if policy.mode == "public":
+    # The relay's name is answered here in every mode: no resolver beyond the egress
+    # (the outside network's, where another container may carry that name) is asked.
+    if policy.mode == "public" and not is_relay_name(question[1]):
         return forward_dns(packet)
     return dns_reply(packet, question, policy)
 
@@ -232,12 +276,23 @@ def read_head(connection: socket.socket) -> bytes:
     return data
 
 
-def http_host(head: bytes) -> str | None:
+def http_authority(head: bytes) -> tuple[str, int] | None:
+    """The host and port (80 unless named; -1 for a bad one) of a request's Host header."""
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"host":
-            return split_port(value.strip().decode("ascii", "replace"), 80)[0]
+            return split_port(value.strip().decode("ascii", "replace"), 80)
     return None
+
+
+def http_target(head: bytes) -> tuple[str | None, int]:
+    """Where a request on port 80 asks to go: its Host's name, on port 80 whatever port
+    the Host names, but for RELAY_NAME, which names its port (only 80 reaches the relay)."""
+    authority = http_authority(head)
+    if authority is None:
+        return None, 80
+    host, port = authority
+    return host, port if is_relay_name(host) else 80
 
 
 def split_port(authority: str, default: int) -> tuple[str, int]:
@@ -332,20 +387,21 @@ def handle(connection: socket.socket, port: int, policy: Policy) -> None:
     current = policy.current()
     if port == 80:
         head = read_head(connection)
-        host, target_port, reply = http_host(head), 80, b""
+        (host, target_port), reply = http_target(head), b""
     elif port == 443:
         head = read_client_hello(connection)
         host, target_port, reply = tls_server_name(head), 443, b""
     else:  # the proxy port
         head = read_head(connection)
         host, target_port, head, reply = proxy_request(head)
-    if not host or target_port < 0 or not current.allows(host):
+    target = destination(current, host, target_port)
+    if target is None:
         say(f"refused {host or '(no name)'}:{target_port}")
         if port == 3128:
             connection.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
         return
     try:
-        upstream = onward(host, target_port)
+        upstream = onward(*target)
     except OSError as error:
         say(f"cannot reach {host}:{target_port}: {error}")
         if port == 3128:
