@@ -17,7 +17,13 @@ from pytest_harbor.tasks.errors import TaskLoadError
 from pytest_harbor.tasks.task import Task, Turn
 from pytest_harbor.templates import SecretReference
 
-__all__ = ["check_digest", "refuse_at_seed", "refuse_secrets_beside_root", "refuse_unrunnable"]
+__all__ = [
+    "check_digest",
+    "model_route_refusal",
+    "refuse_at_seed",
+    "refuse_secrets_beside_root",
+    "refuse_unrunnable",
+]
 
 
 def refuse_unrunnable(task: Task, capabilities: SandboxCapabilities, provider: str) -> None:
@@ -127,11 +133,13 @@ def refuse_at_seed(
     provider: SandboxProvider,
     *,
     separate_verifier: bool = False,
+    relayed: bool = False,
 ) -> None:
     """Raise EpisodeError (`harbor:task_refused`) for what the settings, the harness or
     the provider cannot give the task (`separate_verifier`: the task verifies in a
-    sandbox of its own)."""
+    sandbox of its own; `relayed`: the harness reaches its model through the relay)."""
     reasons = (
+        model_route_refusal(task, harness, provider, relayed=relayed),
         _continued_sessions(task, settings, harness),
         _artifacts_to_separate(task, settings),
         _verifier_allowlist(task, settings, separate_verifier),
@@ -143,6 +151,29 @@ def refuse_at_seed(
     for reason in reasons:
         if reason is not None:
             raise EpisodeError(FailureKind.TASK_REFUSED, reason)
+
+
+def model_route_refusal(
+    task: Task, harness: Harness, provider: SandboxProvider, *, relayed: bool
+) -> str | None:
+    """Why an agent that calls its model from inside the sandbox cannot reach it here: the
+    provider's sandboxes cannot reach the relay on this machine, or (with no relay) a
+    phase gives the agent no network."""
+    if not getattr(harness, "model_in_sandbox", False):
+        return None
+    if relayed and not provider.capabilities.model_relay:
+        return (
+            f"{harness.name} calls its model from inside the sandbox, through the model "
+            f"relay on this machine, which the {provider.name} sandboxes cannot reach"
+        )
+    offline = [turn.name for turn in task.turns if not turn.agent_network]
+    if not relayed and offline:
+        where = "" if not task.config.is_multi_step else f" (step {offline[0]!r})"
+        return (
+            f"{harness.name} calls its model from inside the sandbox, but the task gives the "
+            f"agent no network{where} and no model relay carries its calls"
+        )
+    return None
 
 
 def _continued_sessions(task: Task, settings: HarborSettings, harness: Harness) -> str | None:

@@ -23,6 +23,7 @@ from pytest_harbor.engine.harness_calls import (
     SandboxWindow,
     call_harness,
 )
+from pytest_harbor.engine.model_access import ModelAccess
 from pytest_harbor.harnesses.base import (
     AGENT_LOGS,
     AgentFailure,
@@ -53,7 +54,12 @@ class AgentPhase:
     """Opens the harness session when a turn needs one, runs turns, closes it."""
 
     def __init__(
-        self, context: EpisodeContext, *, model_gate: ModelGate, logs_dir: Path | None
+        self,
+        context: EpisodeContext,
+        model: ModelAccess,
+        *,
+        model_gate: ModelGate,
+        logs_dir: Path | None,
     ) -> None:
         """The harness is handed the context's task: the settings' overlay merged in (its
         MCP servers among the task's own)."""
@@ -61,7 +67,7 @@ class AgentPhase:
         self.mcp = context.mcp
         self.episode_id = context.id
         self.task = context.task
-        self.model = context.model
+        self.model = model
         self.model_gate = model_gate
         self.redactor = context.redactor
         self._logs_dir = logs_dir
@@ -73,11 +79,13 @@ class AgentPhase:
         self.root_had_sandbox = False
 
     def allowed_hosts(self, hosts: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        """An agent phase's allow-list with the model endpoint's host added (as Harbor
-        adds it): an agent that works in the sandbox must reach its model."""
-        if hosts is None or self.model is None:
+        """An agent phase's allow-list, with the model endpoint's host added (as Harbor
+        adds it) when no relay carries the agent's calls: an agent that works in the
+        sandbox must reach its model. Behind the relay, the relay's route is all it gets."""
+        model = self.model.model
+        if hosts is None or model is None or self.model.relayed:
             return hosts
-        host = urlsplit(self.model.base_url).hostname
+        host = urlsplit(model.base_url).hostname
         return hosts if not host or host in hosts else (*hosts, host.lower())
 
     @property
@@ -267,7 +275,7 @@ class AgentPhase:
             task=self.task,
             workdir=workdir,
             agent_user=agent_user,
-            model=self.model,
+            model=self.model.for_harness(),
             logs=AgentLogs(sandbox_dir=AGENT_LOGS, host_dir=self.host_dir(turn)),
             deadline=deadline,
             cancel=cancel,

@@ -31,6 +31,7 @@ from pytest_harbor.engine.failures import EpisodeError, FailureKind, start_failu
 from pytest_harbor.engine.folders import EpisodeFolders
 from pytest_harbor.engine.harness_calls import HARNESS_GRACE_S, InProcessGate
 from pytest_harbor.engine.launcher import EarlyStart, SandboxLauncher
+from pytest_harbor.engine.model_access import ModelAccess
 from pytest_harbor.engine.processes import (
     end_processes_since,
     end_user_processes,
@@ -57,6 +58,7 @@ from pytest_harbor.harnesses.base import AgentFailure, AgentRun, Harness, ModelG
 from pytest_harbor.harnesses.mcp.access import mcp_access
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.redaction import Redactor, run_redactor
+from pytest_harbor.relay import RelayClient
 from pytest_harbor.sandboxes.base import Sandbox, SandboxError, SandboxProvider, set_phase_network
 from pytest_harbor.sandboxes.compose.tasks import prompted, with_overlay
 from pytest_harbor.settings import HarborSettings
@@ -80,6 +82,8 @@ class Episode:
     `artifacts_dir` (a folder per step below each for a multi-step task); each, when not
     given, a temporary folder removed at cleanup. Values of `redactor` (the run's when not
     given), and MCP header credentials, never reach those files or a failure message.
+    With `relay` (the run's model relay), the harness reaches `model` through it alone,
+    with a token of the episode's (engine/model_access.py).
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class Episode:
         artifacts_dir: Path | None = None,
         redactor: Redactor | None = None,
         name: str | None = None,
+        relay: RelayClient | None = None,
     ) -> None:
         settings = settings or HarborSettings()
         task = with_overlay(task, settings)
@@ -121,10 +126,15 @@ class Episode:
             separate_verifier=verifies_separately(task, settings),
             expected_digest=expected_digest,
         )
-        self.launcher = SandboxLauncher(context, provider)
+        self._model = ModelAccess(
+            model, relay, harness, cassette=f"{taskset}/{context.id}", episode=context.id
+        )
+        self.launcher = SandboxLauncher(
+            context, provider, routes_model=self._model.routes_into_sandbox
+        )
         self._verifier = verifier_mode(context, self.launcher)
         gate = model_gate or InProcessGate(model.max_concurrent_requests if model else 1)
-        self._agent = AgentPhase(context, model_gate=gate, logs_dir=agent_logs_dir)
+        self._agent = AgentPhase(context, self._model, model_gate=gate, logs_dir=agent_logs_dir)
         self._attempt = Attempt(1, SandboxUsers(task))
         self._early = EarlyStart(self.launcher)
         self._turns: list[TurnResult] = []
@@ -203,7 +213,9 @@ class Episode:
             context.harness,
             self.launcher.provider,
             separate_verifier=context.separate_verifier,
+            relayed=self._model.relayed,
         )
+        self._model.begin_attempt()
         if self.launcher.image is None:
             self.prepare()
         image = self.launcher.image
@@ -286,7 +298,8 @@ class Episode:
             )
             turn = prompted(turn, self.context.settings)
             hosts = self._agent.allowed_hosts(turn.agent_hosts)
-            set_phase_network(sandbox, turn.agent_network, hosts)
+            relay = self._model.route(sandbox, filtered=self.launcher.filtered)
+            set_phase_network(sandbox, turn.agent_network, hosts, relay=relay)
             before = self._processes_now(sandbox)
         except SandboxError as error:
             if not self._turns:
@@ -308,6 +321,7 @@ class Episode:
         started = time.monotonic()
         if agent is None:
             agent = self._work(sandbox, turn)
+        agent = self._model.settle(agent)
         agent_s = time.monotonic() - started
         unended: RewardReading | None = None
         if agent.timed_out:
@@ -549,6 +563,7 @@ class Episode:
         before; idempotent. A removal that takes longer than `cleanup_timeout_seconds` is
         left to the end-of-run sweep."""
         attempt = self._attempt
+        self._model.end()
         early = self._early.abandon()
         if attempt.sandbox is None:
             attempt.sandbox = early

@@ -47,6 +47,13 @@ class FailureKind:
     #: and --harbor-resume runs it again once there is room.
     DISK_FULL = "harbor:disk_full"
     BUDGET_REFUSED = "harbor:budget_refused"
+    #: The run's spend reached --harbor-max-cost or --harbor-max-tokens: the episode did
+    #: not start, or a call of its agent was refused. No result; a resume runs it again.
+    BUDGET_SPENT = "harbor:budget_spent"
+    #: --harbor-replay had no recorded answer for a call of the agent's.
+    REPLAY_MISS = "harbor:replay_miss"
+    #: The run's model relay did not answer the engine.
+    RELAY_FAILED = "harbor:relay_failed"
     TASK_REFUSED = "harbor:task_refused"
     MIN_REWARD_MISSED = "harbor:min_reward_missed"
     #: No result, and not the engine's doing: the process running the episode died, the

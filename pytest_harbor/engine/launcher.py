@@ -51,10 +51,19 @@ class SandboxLauncher:
     makes everything there; `release()` gives it back. `provider` is the one everything
     of the episode goes through. Image timings go to `clock.phases` (`build_s`,
     `agent_install_s`, `start_s`).
+
+    With `routes_model`, the model relay's route goes into the agent's sandbox in every
+    agent phase: a sandbox whose agent has no network in some phase starts behind an
+    egress, the route's only way out then.
     """
 
-    def __init__(self, context: EpisodeContext, provider: SandboxProvider) -> None:
+    def __init__(
+        self, context: EpisodeContext, provider: SandboxProvider, *, routes_model: bool = False
+    ) -> None:
         self._context = context
+        self._routes_model = routes_model
+        #: The agent's sandbox was started behind an egress (`filtered`).
+        self.filtered = False
         self.task = context.task
         self.settings = context.settings
         self.provider = provider
@@ -284,7 +293,9 @@ class SandboxLauncher:
             if spec is None
             else SandboxGroup(config=spec.config, built=self._built, episode=self._context.id)
         )
-        if self.task.filtered:
+        offline_agent = any(not turn.agent_network for turn in self.task.turns)
+        self.filtered = self.task.filtered or (self._routes_model and offline_agent)
+        if self.filtered:
             # Behind its egress from the start, in the environment's own policy (a
             # Compose project's every phase, checked at planning).
             hosts = tuple(environment.allowed_hosts or ()) if online else None

@@ -105,7 +105,7 @@ def episode_result(
     strategy = task.config.multi_step_reward_strategy or "mean"
     rolled = roll_up(turns, strategy, stopped_after, stop_reason)
     exit_codes = [turn.agent_exit_code for turn in turns]
-    usages = [*spent, *(turn.usage for turn in turns if turn.usage is not None)]
+    usages = [turn.usage for turn in turns if turn.usage is not None]
     causes = [turn.failure_cause for turn in turns if turn.failure_cause]
     phases = clock.phases
     return EpisodeResult(
@@ -127,6 +127,7 @@ def episode_result(
         ),
         response=last.response,
         usage=sum(usages[1:], usages[0]) if usages else None,
+        retried_usage=sum(spent[1:], spent[0]) if spent else None,
         attempts=attempts,
         stopped_after_turn=stopped_after,
         started_at=clock.started_at,

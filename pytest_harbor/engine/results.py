@@ -110,9 +110,11 @@ class EpisodeResult(_Record):
     #: The steps left out, for a partial row.
     unselected_steps: list[str] = []
     response: str | None = None
-    #: Model tokens and requests over every turn, and over attempts given up for a retry
-    #: (None when the agent used no model).
+    #: Model tokens, requests and cost over every turn of the attempt that was kept (None
+    #: when the agent used no model); counted by the model relay in a run.
     usage: Usage | None = None
+    #: The same over the attempts given up for a retry (None when there were none).
+    retried_usage: Usage | None = None
     #: 1, or more when agent_outcome_policy ran the episode again in a fresh sandbox.
     attempts: int = 1
     #: Wall-clock UTC times (ISO 8601) of the seed's start and the last turn's end.

@@ -149,6 +149,9 @@ class Usage(BaseModel):
     completion_tokens: int = Field(default=0, ge=0)
     requests: int = Field(default=0, ge=0)
     cost_usd: float | None = None
+    #: The part of prompt_tokens read from the endpoint's prompt cache (left out of the row
+    #: while there were none).
+    cached_tokens: int = Field(default=0, ge=0, exclude_if=lambda count: not count)
     #: Calls of MCP tools (left out of the row while there were none).
     tool_calls: int = Field(default=0, ge=0, exclude_if=lambda count: not count)
 
@@ -156,7 +159,9 @@ class Usage(BaseModel):
     #: which sums, formats and JSON writers refuse past Python's integer-string limit.
     MOST: ClassVar[int] = 2**63 - 1
 
-    @field_validator("prompt_tokens", "completion_tokens", "requests", "tool_calls")
+    @field_validator(
+        "prompt_tokens", "completion_tokens", "requests", "tool_calls", "cached_tokens"
+    )
     @classmethod
     def _at_most(cls, count: int) -> int:
         return min(count, cls.MOST)
@@ -168,6 +173,7 @@ class Usage(BaseModel):
             completion_tokens=self.completion_tokens + other.completion_tokens,
             requests=self.requests + other.requests,
             cost_usd=sum(costs) if costs else None,
+            cached_tokens=self.cached_tokens + other.cached_tokens,
             tool_calls=self.tool_calls + other.tool_calls,
         )
 

@@ -4,8 +4,10 @@ turn, talking to the model from inside the sandbox.
 The install runs once per (task image, recipe, version) and is kept as an image (see
 `prepare_image`), before the episode's clock starts. A turn writes the instruction to a file
 in the sandbox, runs the recipe's command with the model's URL and key in the command's
-environment only, keeps the files the recipe names and the command's output, and turns the
-agent's own log into an ATIF trajectory when the recipe has a converter.
+environment only (in a run, the model relay's route into the sandbox and the episode's
+token: never the endpoint's key), keeps the files the recipe names and the command's
+output, and turns the agent's own log into an ATIF trajectory when the recipe has a
+converter.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ from pytest_harbor.sandboxes.base import (
     SandboxStartError,
 )
 from pytest_harbor.sandboxes.copies import AGENT_LOGS_COPY, bounded, members
-from pytest_harbor.tasks.task import Task
 
 __all__ = ["INSTRUCTION_FILE", "CliAgentHarness", "CliAgentOptions"]
 
@@ -83,6 +84,9 @@ class CliAgentHarness(Harness):
     """A recipe's CLI agent, run inside the sandbox (see the module's docstring)."""
 
     needs_model: ClassVar[bool] = True
+    #: The agent calls its model from inside the sandbox: the engine gives it the model
+    #: relay's route there, in every agent phase (engine/model_access.py).
+    model_in_sandbox: ClassVar[bool] = True
 
     def __init__(self, recipe: Recipe, options: Mapping[str, Any] | None = None) -> None:
         self.options = parse_options(CliAgentOptions, recipe.name, options)
@@ -92,16 +96,6 @@ class CliAgentHarness(Harness):
         self.name = recipe.name
         #: The API the agent speaks (the model endpoint's preflight asks it that way).
         self.model_api = recipe.api
-
-    def unavailable_reason(self, task: Task) -> str | None:
-        offline = [turn.name for turn in task.turns if not turn.agent_network]
-        if not offline:
-            return None
-        where = "" if not task.config.is_multi_step else f" (step {offline[0]!r})"
-        return (
-            f"refused: {self.name} runs inside the sandbox and calls its model from there, "
-            f"but the task gives the agent no network{where} (network_mode = no-network)"
-        )
 
     # ------------------------------------------------------------------------ install
 
@@ -160,8 +154,8 @@ class _CliSession:
         values = {
             "instruction_file": INSTRUCTION_FILE,
             "model": model.name,
-            "model_url": model.base_url,
-            "model_url_root": re.sub(r"/v1/?$", "", model.base_url),
+            "model_url": model.url_in_sandbox,
+            "model_url_root": re.sub(r"/v1/?$", "", model.url_in_sandbox),
             "workdir": workdir,
             "logs_dir": AGENT_LOGS,
             "version": recipe.version,

@@ -29,6 +29,14 @@ class ModelConfig(BaseModel):
     api_key: SecretStr | None = Field(default=None, repr=False, exclude=True)
     #: At most this many requests at once, across every process of the run on this host.
     max_concurrent_requests: int = Field(default=16, ge=1)
+    #: The base URL an agent inside the sandbox reaches the same model at (the relay's
+    #: route into the sandbox); None: `base_url`.
+    sandbox_base_url: str | None = Field(default=None, exclude=True)
+
+    @property
+    def url_in_sandbox(self) -> str:
+        """The base URL an agent inside the sandbox is given."""
+        return self.sandbox_base_url or self.base_url
 
     @field_validator("base_url")
     @classmethod

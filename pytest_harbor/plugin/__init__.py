@@ -45,6 +45,7 @@ from pytest_harbor.plugin.scheduling import (
 from pytest_harbor.plugin.summary import TerminalSummary
 from pytest_harbor.plugin.worker_start import WorkerStart
 from pytest_harbor.registry import NameTaken, Registry
+from pytest_harbor.relay import RelayClient
 from pytest_harbor.run.reaper import owner_of_this_process
 from pytest_harbor.sandboxes import PROVIDERS, PlacesEpisodes, ProviderFactory, SandboxError
 from pytest_harbor.tasks import is_task_dir
@@ -223,6 +224,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config.issue_config_time_warning(HarborWarning(text), stacklevel=2)
     config.stash[HARBOR_RUN] = run
     if handed is not None:
+        run.relay = None if handed.relay is None else RelayClient(handed.relay)
         config.stash[SETTLED_TRIALS] = HandedTrials(
             row_digests=handed.row_digests, done_trials=frozenset(handed.done_trials)
         )
@@ -369,6 +371,7 @@ def pytest_configure_node(node: Any) -> None:
         row_digests=dict(planned.row_digests),
         done_trials=tuple(sorted(planned.done_trials)),
         datasets=tuple(run.references.values()),
+        relay=None if run.relay is None else run.relay.address,
     )
     node.workerinput.update(handed.pack())
 

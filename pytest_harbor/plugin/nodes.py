@@ -13,6 +13,7 @@ from xdist import get_xdist_worker_id, is_xdist_worker
 
 from pytest_harbor.display import escape_controls
 from pytest_harbor.engine import Episode, EpisodeResult, TurnResult, decide_outcome
+from pytest_harbor.engine.admission import model_route_refusal
 from pytest_harbor.engine.budget import backstop_seconds
 from pytest_harbor.engine.failures import EpisodeError, disk_full
 from pytest_harbor.engine.outcomes import nop_check_outcome, probe_check_outcome
@@ -176,7 +177,9 @@ class HarborTask(_HarborNode, pytest.Collector):
         for marker in markers:
             self.config.addinivalue_line("markers", f"{marker}: from [metadata] of task folders")
         run = _run(self)
-        skip_reason = run.harness.unavailable_reason(task)
+        skip_reason = run.harness.unavailable_reason(task) or model_route_refusal(
+            task, run.harness, run.provider_for(task), relayed=run.model is not None
+        )
         trials = [
             HarborTrial.from_parent(
                 self, name=f"r{repeat}", task=task, repeat=repeat, skip_reason=skip_reason
@@ -308,6 +311,7 @@ class HarborTrial(_HarborNode, pytest.Collector):
                     self.taskset, run.run_id, self.episode_name
                 ),
                 redactor=run.redactor,
+                relay=run.relay,
             )
         return self.episode
 

@@ -223,6 +223,21 @@ _OPTIONS = {
             "16",
             "N",
         ),
+        _Option("max-cost", "serve no model call once the run spent USD", "value", None, "USD"),
+        _Option(
+            "max-tokens", "serve no model call once the run spent N tokens", "value", None, "N"
+        ),
+        _Option(
+            "prices", "the price table (TOML) model calls are priced by", "value", None, "FILE"
+        ),
+        _Option("record", "keep every model request and answer below DIR", "value", None, "DIR"),
+        _Option(
+            "replay",
+            "answer model calls from what --harbor-record kept in DIR",
+            "value",
+            None,
+            "DIR",
+        ),
     )
 }
 
@@ -239,6 +254,13 @@ class ModelOptions:
     #: Given as `--harbor-model-api-key` (or its ini key): a warning says why not to.
     api_key: str | None = None
     concurrency: int = 16
+    #: The run's budget (the relay serves no call past it), its price table, and where
+    #: model calls are recorded or replayed from (docs/cost-and-replay.md).
+    max_cost_usd: float | None = None
+    max_tokens: int | None = None
+    prices: Path | None = None
+    record: Path | None = None
+    replay: Path | None = None
 
     @property
     def given(self) -> bool:
@@ -374,6 +396,11 @@ def read_options(config: pytest.Config) -> HarborOptions:
             api_key_env=_text(config, "model-api-key-env") or DEFAULT_API_KEY_ENV,
             api_key=_text(config, "model-api-key"),
             concurrency=_number(config, "model-concurrency", int, minimum=1),
+            max_cost_usd=_number(config, "max-cost", float, minimum=0),
+            max_tokens=_number(config, "max-tokens", int, minimum=1),
+            prices=_path(config, invocation_dir, "prices"),
+            record=_path(config, invocation_dir, "record"),
+            replay=_path(config, invocation_dir, "replay"),
         ),
     )
 
@@ -410,6 +437,11 @@ def parse_key_values(values: list[str], name: str) -> dict[str, Any]:
         except ValueError:
             parsed[key.strip()] = value
     return parsed
+
+
+def _path(config: pytest.Config, invocation_dir: Path, name: str) -> Path | None:
+    text = _text(config, name)
+    return None if text is None else _absolute(invocation_dir / text)
 
 
 def _text(config: pytest.Config, name: str) -> str | None:

@@ -17,8 +17,10 @@ from pytest_harbor.harnesses.model import ModelEndpointError, check_endpoint
 from pytest_harbor.plugin.ledger import trial_id
 from pytest_harbor.plugin.nodes import task_warnings
 from pytest_harbor.plugin.recorded import describe_run, recorded_differences
+from pytest_harbor.plugin.relay import check_spend_options, start_relay, stop_relay
 from pytest_harbor.plugin.reporting import RunReport
 from pytest_harbor.plugin.run import Target
+from pytest_harbor.relay import RelayProcess
 from pytest_harbor.run.durations import expected_seconds, read_history
 from pytest_harbor.run.planning import TasksetPlan
 from pytest_harbor.sandboxes import SandboxStartError
@@ -44,6 +46,7 @@ class PreFlight:
         self.run = state.run
         self.planned = state.planned
         self.locks: list[ResultsLock] = []
+        self.relay: RelayProcess | None = None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -77,7 +80,7 @@ class PreFlight:
     def _check_services(self) -> None:
         """The model endpoint answers, and the engine is ready (else a usage error)."""
         run = self.run
-        if run.model is not None:
+        if run.model is not None and run.options.model.replay is None:
             api = run.harness.model_api if isinstance(run.harness, SpeaksModelApi) else None
             try:
                 check_endpoint(run.model, api=api or "chat-completions")
@@ -93,6 +96,8 @@ class PreFlight:
                     provider.check_ready()
                 except SandboxStartError as error:
                     raise pytest.UsageError(f"{where} {provider.name}: {error}") from None
+        check_spend_options(run.options.model)
+        self.relay = start_relay(run)
 
     def _start_taskset(self, config: pytest.Config, target: Target, plan: TasksetPlan) -> None:
         run, state, planned, taskset = self.run, self.state, self.planned, plan.taskset
@@ -162,6 +167,8 @@ class PreFlight:
         self.locks.append(lock)
 
     def pytest_unconfigure(self) -> None:
+        stop_relay(self.relay, self.run)
+        self.relay = None
         for lock in self.locks:
             lock.release()
         self.locks = []

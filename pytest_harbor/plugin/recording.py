@@ -4,6 +4,7 @@ report and the exit status."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +21,7 @@ from pytest_harbor.plugin.nodes import HarborWarning
 from pytest_harbor.plugin.payload import ReportedFailure, ReportPayload
 from pytest_harbor.plugin.preflight import warn_once
 from pytest_harbor.plugin.reporting import RunReport, first_line
+from pytest_harbor.relay import RelayError
 from pytest_harbor.run.durations import record_history
 from pytest_harbor.writers.failures import FailureRecord
 from pytest_harbor.writers.rollouts import REPORT
@@ -172,11 +174,24 @@ class ResultRecorder:
         self.state.interrupted = True
 
     @pytest.hookimpl(tryfirst=True)
+    def _take_spend(self, session: pytest.Session) -> None:
+        """The run's spend as the relay counted it; a run its budget stopped ends with a
+        failing status, whatever else passed."""
+        relay = self.run.relay
+        if relay is None:
+            return
+        with contextlib.suppress(RelayError):
+            self.state.spend = relay.spend()
+        spend = self.state.spend
+        if spend is not None and spend.budget_reached and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         state = self.state
         state.builds.close()
         if session.config.option.collectonly or not state.planned.manifests:
             return
+        self._take_spend(session)
         if state.check is not None:
             self._finish_check(session)
         interrupted = state.interrupted or session.exitstatus == pytest.ExitCode.INTERRUPTED

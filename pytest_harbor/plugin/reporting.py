@@ -11,6 +11,7 @@ from pytest_harbor.plugin.builds import BuildsAhead
 from pytest_harbor.plugin.ledger import EpisodeLedger
 from pytest_harbor.plugin.planned import PlannedRun
 from pytest_harbor.plugin.run import HarborRun
+from pytest_harbor.relay import RunSpend
 from pytest_harbor.writers import RolloutsWriter
 from pytest_harbor.writers.materialized import SkippedLog
 
@@ -55,6 +56,8 @@ class RunReport:
     interrupted: bool = False
     #: Episodes under way or waiting when the run was interrupted.
     cut_short: int = 0
+    #: The run's model spend as the relay last counted it (at the end of the session).
+    spend: RunSpend | None = None
     #: Results that could not be written (a full disk, say), and why the last did not.
     unwritten: int = 0
     unwritten_reason: str = ""

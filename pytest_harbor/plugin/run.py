@@ -35,6 +35,7 @@ from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL, TASK_LABEL, TRIAL_LABEL
 from pytest_harbor.locks import FileLock, Slots
 from pytest_harbor.plugin.options import HarborOptions, ModelOptions
 from pytest_harbor.redaction import run_redactor
+from pytest_harbor.relay import RelayClient
 from pytest_harbor.run.planning import Selection, TasksetPlan, plan_taskset
 from pytest_harbor.run.reaper import reap_orphans
 from pytest_harbor.sandboxes import (
@@ -208,6 +209,9 @@ class HarborRun:
         #: Every value no file or report of the run may show.
         self.redactor = run_redactor(self.settings, self.model)
         self._model_gate: ModelGate | None = None
+        #: The run's model relay, every harness's only way to the model (plugin/relay.py):
+        #: started by the controller's pre-flight, its address handed to each worker.
+        self.relay: RelayClient | None = None
         self.layout = ResultsLayout(
             options.results_dir,
             validation=self.harness.validates,
@@ -480,7 +484,7 @@ def _model_config(options: ModelOptions, agent: str) -> ModelConfig:
     key = options.api_key
     if key is None:
         key = os.environ.get(options.api_key_env)
-        if key is None:
+        if key is None and options.replay is None:  # a replay needs no key
             raise pytest.UsageError(
                 f"--harbor-model-api-key-env: the variable {options.api_key_env} is not set; "
                 "set it to the endpoint's API key (any value, such as EMPTY, for an endpoint "

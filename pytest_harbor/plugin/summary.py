@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from pytest_harbor.display import shown_number
+from pytest_harbor.plugin.relay import spend_line
 from pytest_harbor.plugin.reporting import RunReport, first_line
+from pytest_harbor.relay import RunSpend
 from pytest_harbor.run.metrics import TasksetScore
 from pytest_harbor.sandboxes.base import NamesBuilder
 from pytest_harbor.tasks import TaskLoadError
@@ -106,6 +108,8 @@ class TerminalSummary:
         if state.check is not None:
             self._write_check(write)
         self._write_run_notes(write)
+        if state.spend is not None:
+            self._write_spend(write, state.spend)
 
     def _ran(self) -> bool:
         """Whether any taskset of the run has an episode in the ledger."""
@@ -149,6 +153,22 @@ class TerminalSummary:
             reporter.write_line(shown(line), **markup)
 
         return write
+
+    def _write_spend(self, write: Write, spend: RunSpend) -> None:
+        """The run's model calls as the relay counted them, and the budget's stop."""
+        counts = spend.counts
+        cost = f"{counts.cost_usd:.4f} USD" + (
+            f" (+ {counts.unpriced} call(s) of a model the price table lacks)"
+            if counts.unpriced
+            else ""
+        )
+        write(
+            f"model calls: {counts.requests}, {counts.prompt_tokens} prompt and "
+            f"{counts.completion_tokens} completion tokens, {cost}"
+        )
+        line = spend_line(spend)
+        if line is not None:
+            write(line, red=True)
 
     def _write_run_notes(self, write: Write) -> None:
         """What the run kept, cut short, removed and built, and what it could not do."""

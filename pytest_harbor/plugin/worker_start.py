@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from pytest_harbor.datasets import ResolvedDataset
+from pytest_harbor.relay import RelayAddress
 
 __all__ = ["WorkerStart"]
 
@@ -17,8 +18,8 @@ _KEY = "harbor"
 
 
 class WorkerStart(BaseModel):
-    """The controller's run id, what its pre-flight settled, and its resolutions of the
-    run's dataset references (a worker never resolves one itself)."""
+    """The controller's run id, what its pre-flight settled, its resolutions of the run's
+    dataset references (a worker never resolves one itself), and its model relay."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -29,6 +30,8 @@ class WorkerStart(BaseModel):
     #: The trials a resumed run finished already, sorted.
     done_trials: tuple[str, ...] = ()
     datasets: tuple[ResolvedDataset, ...] = ()
+    #: Where the run's model relay answers (None: the run has none).
+    relay: RelayAddress | None = None
 
     def pack(self) -> dict[str, Any]:
         """What goes into a worker's `workerinput` (plain data, as execnet carries it)."""

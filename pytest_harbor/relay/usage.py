@@ -39,9 +39,11 @@ Cause = Literal["rate_limited", "api_error", "context_length_exceeded"]
 MAX_COUNT = 2**63 - 1
 
 #: The most bytes of one unfinished line of a stream, and of one event's data, held at a
-#: time. Every event that carries usage is far smaller; an endpoint that sends a longer
-#: line loses that line (and its event), not the relay its memory.
-MAX_HELD = 1 << 20
+#: time. The largest event that carries usage is a Responses stream's `response.completed`,
+#: which repeats the whole output (a long answer with its reasoning: a few MiB at most); an
+#: endpoint that sends a longer line loses that line (and its event), not the relay its
+#: memory.
+MAX_HELD = 16 << 20
 
 #: The ends of request paths that are model calls. Only the exact end counts:
 #: `/v1/messages/count_tokens`, `/v1/models` and `/v1/responses/{id}` are not calls.

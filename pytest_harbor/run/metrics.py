@@ -83,11 +83,20 @@ class TasksetScore:
     pass_at_k_per_task: dict[int, dict[str, float]] = field(default_factory=dict)
     #: ... and its mean over those tasks.
     pass_at_k: dict[int, float] = field(default_factory=dict)
-    #: Model tokens and requests over every episode with a row (None: no model was used).
+    #: Model tokens, requests and cost over every episode with a row, retried attempts
+    #: included (None: no model was used) ...
     usage: Usage | None = None
+    #: ... and per task.
+    usage_per_task: dict[str, Usage] = field(default_factory=dict)
 
     def count(self, status: str) -> int:
         return self.statuses.get(status, 0)
+
+
+def _spent(result: EpisodeResult) -> Usage | None:
+    """What an episode's model calls took: its kept attempt's and its retried ones'."""
+    usages = [usage for usage in (result.usage, result.retried_usage) if usage is not None]
+    return sum(usages[1:], usages[0]) if usages else None
 
 
 def score_taskset(
@@ -107,8 +116,11 @@ def score_taskset(
         score.statuses[status] = score.statuses.get(status, 0) + 1
         if failure_kind:
             score.failure_kinds[failure_kind] = score.failure_kinds.get(failure_kind, 0) + 1
-        if result is not None and result.usage is not None:
-            score.usage = result.usage if score.usage is None else score.usage + result.usage
+        spent = None if result is None else _spent(result)
+        if spent is not None:
+            score.usage = spent if score.usage is None else score.usage + spent
+            held = score.usage_per_task.get(task_id)
+            score.usage_per_task[task_id] = spent if held is None else held + spent
         if result is not None and status in ("passed", "failed"):
             rewards.append(result.reward)
             samples.setdefault(task_id, []).append(status == "passed")

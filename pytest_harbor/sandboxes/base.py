@@ -122,6 +122,9 @@ class SandboxCapabilities:
     builds: bool = True
     #: `snapshot()` makes an image a verifier can start from (`verify_from_snapshot`).
     snapshots: bool = True
+    #: An agent inside a sandbox can reach the model relay on this machine, in every
+    #: phase (its sandboxes are ReachesThisMachine, and can go behind an egress).
+    model_relay: bool = False
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,10 @@ def run_summary(
             "mean_reward": score.mean_reward,
         },
         "usage": None if score.usage is None else score.usage.model_dump(mode="json"),
+        "usage_per_task": {
+            task: usage.model_dump(mode="json")
+            for task, usage in sorted(score.usage_per_task.items())
+        },
         "failure_kinds": dict(sorted(score.failure_kinds.items())),
         "pass_at_k": {str(k): value for k, value in score.pass_at_k.items()},
         "pass_at_k_per_task": {
@@ -131,6 +135,9 @@ def _episode(entry: EpisodeEntry, relative: Any) -> dict[str, Any]:
             failure_cause=result.failure_cause,
             partial=result.partial,
             usage=None if result.usage is None else result.usage.model_dump(mode="json"),
+            retried_usage=None
+            if result.retried_usage is None
+            else result.retried_usage.model_dump(mode="json"),
             logs=[_logs(turn, relative) for turn in result.turns],
         )
     elif entry.failure is not None:

@@ -212,9 +212,10 @@ def test_a_rate_limited_agent_runs_again_in_a_fresh_sandbox(
     assert (result.attempts, harness.sessions, len(provider.sandboxes)) == (2, 2, 2)
     first, second = provider.sandboxes
     assert first.stopped
-    # The given-up attempt was never verified; its model usage still counts.
+    # The given-up attempt was never verified; its model usage still counts, apart.
     assert [call.sandbox for call in provider.calls_of("verify")] == [second.id]
-    assert result.usage is not None and result.usage.requests == 4
+    assert result.usage is not None and result.usage.requests == 1
+    assert result.retried_usage is not None and result.retried_usage.requests == 3
     assert (result.reward, result.failure_kind, output.result.failure_cause) == (1.0, None, None)
 
 

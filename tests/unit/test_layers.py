@@ -29,6 +29,7 @@ LAYERS = [
     {"datasets"},
     {"settings"},
     {"redaction"},
+    {"relay"},
     {"sandboxes"},
     {"harnesses"},
     {"engine"},

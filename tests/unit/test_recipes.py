@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_harbor.engine.admission import model_route_refusal
 from pytest_harbor.harnesses import harness_names, make_harness
 from pytest_harbor.harnesses.cli_agent import CliAgentHarness
 from pytest_harbor.harnesses.converters import ConverterInput, convert
@@ -21,7 +22,9 @@ from pytest_harbor.harnesses.recipes import (
     recipe_names,
     render,
 )
+from pytest_harbor.sandboxes.docker import DockerProvider
 from pytest_harbor.tasks import load_task
+from tests.fake_provider import FakeProvider
 
 DATA = Path(__file__).parent / "data"
 
@@ -121,7 +124,10 @@ def test_a_recipe_from_another_package_is_found_by_its_entry_point(
     assert found is not None and found.name == "packaged"
 
 
-def test_a_task_without_network_for_its_agent_is_refused(tmp_path: Path) -> None:
+def test_a_task_without_network_for_its_agent_needs_the_relay(tmp_path: Path) -> None:
+    """An in-sandbox agent reaches its model through the relay alone: a phase without the
+    network runs it when a relay carries its calls (the plugin always starts one), on a
+    provider that can route a sandbox to it; otherwise it is refused, saying why."""
     task = tmp_path / "offline"
     (task / "tests").mkdir(parents=True)
     (task / "instruction.md").write_text("x")
@@ -130,10 +136,16 @@ def test_a_task_without_network_for_its_agent_is_refused(tmp_path: Path) -> None
         '[environment]\ndocker_image = "x"\nnetwork_mode = "no-network"\n'
     )
     harness = make_harness("mini-swe-agent")
-    reason = harness.unavailable_reason(load_task(task))
-    assert reason is not None and "no-network" in reason
-    (task / "task.toml").write_text('[environment]\ndocker_image = "x"\n')
-    assert harness.unavailable_reason(load_task(task)) is None
+    offline = load_task(task)
+    assert harness.unavailable_reason(offline) is None
+    docker, elsewhere = DockerProvider(), FakeProvider()
+    assert model_route_refusal(offline, harness, docker, relayed=True) is None
+    reason = model_route_refusal(offline, harness, docker, relayed=False)
+    assert reason is not None and "no network" in reason and "relay" in reason
+    reason = model_route_refusal(offline, harness, elsewhere, relayed=True)
+    assert reason is not None and "cannot reach" in reason
+    # A harness that calls its model from this machine needs no route.
+    assert model_route_refusal(offline, make_harness("nop"), elsewhere, relayed=True) is None
 
 
 @pytest.mark.parametrize(

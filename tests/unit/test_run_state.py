@@ -42,6 +42,7 @@ REPORT_WRITERS = {
         "check_files",
         "reports",
         "report_errors",
+        "spend",
     },
 }
 

@@ -11,6 +11,7 @@ from typing import Any
 from pytest_harbor.plugin.checks import Problem
 from pytest_harbor.plugin.summary import TerminalSummary
 from pytest_harbor.redaction import Redactor
+from pytest_harbor.relay import Counts, RunSpend
 from pytest_harbor.run.metrics import TasksetScore
 from pytest_harbor.writers.folder import EarlierRun, SetAside
 
@@ -72,6 +73,7 @@ def report_of(scores: dict[str, TasksetScore], begun: set[str], **fields: Any) -
         reaped=0,
         builds=SimpleNamespace(started=False),
         nothing_validatable=False,
+        spend=fields.pop("spend", None),
     )
     assert not fields, f"unknown fields {fields}"
     return state
@@ -124,4 +126,21 @@ def test_each_part_of_the_section_comes_in_its_place() -> None:
         "a: task check (oracle x2, nop and probe per task): 1 task(s), 1 with problems",
         "  task  problem        detail",
         "  t  oracle-failed  the run (r0): reward 0",
+    ]
+
+
+def test_the_runs_spend_ends_the_section_and_its_budget_says_it_stopped_the_run() -> None:
+    counts = Counts(requests=3, prompt_tokens=900, completion_tokens=60, cost_usd=0.0123)
+    spend = RunSpend(counts=counts)
+    lines = section_of(report_of({"a": scored(1)}, begun={"a"}, spend=spend))
+    assert lines[-1] == "model calls: 3, 900 prompt and 60 completion tokens, 0.0123 USD"
+    stopped = RunSpend(
+        counts=Counts(requests=1, unpriced=1), budget_reached="--harbor-max-tokens=5 reached"
+    )
+    lines = section_of(report_of({"a": scored(1)}, begun={"a"}, spend=stopped))
+    assert lines[-2:] == [
+        "model calls: 1, 0 prompt and 0 completion tokens, 0.0000 USD "
+        "(+ 1 call(s) of a model the price table lacks)",
+        "harbor: the run's budget stopped it: --harbor-max-tokens=5 reached; the episodes "
+        "left without a result (harbor:budget_spent) run with --harbor-resume",
     ]

@@ -28,7 +28,6 @@ from pytest_harbor.harnesses.base import (
     Usage,
 )
 from pytest_harbor.sandboxes.base import SandboxProvider
-from pytest_harbor.tasks import Task
 from pytest_harbor.untrusted import load_json
 
 __all__ = ["HarborAgentHarness"]
@@ -72,17 +71,10 @@ class HarborAgentHarness(Harness):
         #: installs it here once per image and version (None: Harbor's own install()
         #: runs in every episode's set-up).
         self._installed = _is_installed_agent(agent_class)
+        #: An installed agent calls its model from inside the sandbox: the engine gives it
+        #: the model relay's route there (engine/model_access.py).
+        self.model_in_sandbox = self._installed
         self._recipe = _recipe_harness(agent, self.options) if self._installed else None
-
-    def unavailable_reason(self, task: Task) -> str | None:
-        if self._installed:
-            offline = [turn.name for turn in task.turns if not turn.agent_network]
-            if offline:
-                return (
-                    f"refused: {self.name} runs inside the sandbox and calls its model from "
-                    "there, so the task's agent needs network access"
-                )
-        return None
 
     def prepare_image(
         self, image: str, provider: SandboxProvider, labels: Mapping[str, str]
@@ -131,13 +123,13 @@ class HarborAgentHarness(Harness):
             model_name = None
             if model is not None:
                 model_name = model.name if "/" in model.name else f"{self._provider}/{model.name}"
-                base_url = model.base_url
+                base_url = model.url_in_sandbox if self._installed else model.base_url
                 if self._provider == "anthropic":
                     base_url = base_url.removesuffix("/v1")  # the Messages API's base
                 if getattr(agent_class, "MODEL_CONNECTION", None) is not None:
                     kwargs.setdefault("base_url", base_url)
                 key = model.api_key.get_secret_value() if model.api_key is not None else ""
-                kwargs.setdefault("extra_env", _model_env(self._provider, key, model.base_url))
+                kwargs.setdefault("extra_env", _model_env(self._provider, key, base_url))
                 for name in ("temperature", "reasoning_effort"):
                     if name in model.params:
                         kwargs.setdefault(name, model.params[name])

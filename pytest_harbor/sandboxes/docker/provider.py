@@ -57,7 +57,7 @@ class DockerProvider:
     #: no TPUs or egress filtering; `--user` takes a group. (On the host network a phase
     #: cannot go without the network.)
     capabilities = SandboxCapabilities(
-        user_groups=True, compose=True, gpus=True, network_allowlists=True
+        user_groups=True, compose=True, gpus=True, network_allowlists=True, model_relay=True
     )
 
     def __init__(
@@ -79,7 +79,7 @@ class DockerProvider:
         self.network = network or DEFAULT_NETWORK
         if self.network == "host":
             self.capabilities = SandboxCapabilities(
-                user_groups=True, compose=True, gpus=True, network_off=False
+                user_groups=True, compose=True, gpus=True, network_off=False, model_relay=True
             )
         #: Its images: made, pulled or copied from a peer once each.
         self.images = EngineImages(endpoint, builder)

@@ -1,0 +1,103 @@
+"""The relay's books: each grant (a token made for one episode's attempt) with what its
+calls took and showed, the run's spend, and the budget that stops it."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+from pytest_harbor.relay.reports import Counts, GrantReport, GrantRequest, RunSpend
+
+__all__ = ["TOKEN_PREFIX", "Budget", "Grant", "Ledger"]
+
+#: Every token begins so, which tells it from a provider's key in a log.
+TOKEN_PREFIX = "hbr-"
+#: What a grant keeps of the causes and refusals it saw (the first ones).
+_MOST_NOTES = 50
+
+
+@dataclass
+class Grant:
+    """One token's episode, the model names it may call, and its books."""
+
+    token: str
+    request: GrantRequest
+    counts: Counts = field(default_factory=Counts)
+    causes: list[tuple[str, str]] = field(default_factory=list)
+    refused_for_budget: int = 0
+    replay_misses: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+    def allows(self, model: str | None) -> bool:
+        """A request naming no model is the endpoint's to judge; one naming a model must
+        name this grant's."""
+        return model is None or model in self.request.models
+
+    def saw(self, cause: str, what: str) -> None:
+        if len(self.causes) < _MOST_NOTES:
+            self.causes.append((cause, what))
+
+    def note(self, notes: list[str], text: str) -> None:
+        if len(notes) < _MOST_NOTES:
+            notes.append(text)
+
+    def report(self) -> GrantReport:
+        return GrantReport(
+            counts=self.counts,
+            causes=tuple(self.causes),
+            refused_for_budget=self.refused_for_budget,
+            replay_misses=tuple(self.replay_misses),
+            refused=tuple(self.refused),
+        )
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The run's caps: dollars and tokens (None: no cap)."""
+
+    max_cost_usd: float | None = None
+    max_tokens: int | None = None
+
+    def reached(self, spent: Counts) -> str | None:
+        """Why no further call may be served, or None."""
+        if self.max_cost_usd is not None and spent.cost_usd >= self.max_cost_usd:
+            return (
+                f"--harbor-max-cost={self.max_cost_usd:g} USD reached "
+                f"(spent {spent.cost_usd:.4f} USD)"
+            )
+        if self.max_tokens is not None and spent.tokens >= self.max_tokens:
+            return f"--harbor-max-tokens={self.max_tokens} reached (spent {spent.tokens} tokens)"
+        return None
+
+
+class Ledger:
+    """Every grant of the run, and the run's spend. Grants that ended still count."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self._grants: dict[str, Grant] = {}
+        self.spent = Counts()
+        self.made = 0
+
+    def grant(self, request: GrantRequest) -> Grant:
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        grant = Grant(token, request)
+        self._grants[token] = grant
+        self.made += 1
+        return grant
+
+    def find(self, token: str | None) -> Grant | None:
+        return None if token is None else self._grants.get(token)
+
+    def end(self, token: str) -> Grant | None:
+        """The token is dead from now on; its books are returned for a last report."""
+        return self._grants.pop(token, None)
+
+    def charge(self, grant: Grant, counts: Counts) -> None:
+        grant.counts = grant.counts + counts
+        self.spent = self.spent + counts
+
+    def state(self) -> RunSpend:
+        return RunSpend(
+            counts=self.spent, budget_reached=self.budget.reached(self.spent), grants=self.made
+        )
