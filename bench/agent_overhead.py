@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pytest_harbor import Episode, load_task, make_harness, make_provider
 from pytest_harbor.harnesses import ModelConfig
+from pytest_harbor.relay import RelayClient
 from pytest_harbor.sandboxes.docker import DockerSandbox
 from tests.model_server import MODEL, ChatRequest, Reply, ScriptedModel, answer, tool_call
 
@@ -54,8 +55,11 @@ def make_task(root: Path) -> Path:
     return task
 
 
-def agent_turn(task: Path, server: ScriptedModel, calls: int) -> float:
-    """Seconds of one turn of `calls` tool calls (the harness's own clock)."""
+def agent_turn(
+    task: Path, server: ScriptedModel, calls: int, relay: RelayClient | None = None
+) -> float:
+    """Seconds of one turn of `calls` tool calls (the harness's own clock); through
+    `relay` when given, as a run makes every call."""
     model = ModelConfig(name=MODEL, base_url=server.url, api_key=SecretStr(server.api_key))
     episode = Episode(
         load_task(task),
@@ -65,6 +69,7 @@ def agent_turn(task: Path, server: ScriptedModel, calls: int) -> float:
         provider=make_provider("docker"),
         labels={"pytest-harbor.run": "bench-agent-overhead"},
         model=model,
+        relay=relay,
     )
     try:
         episode.seed()

@@ -1,6 +1,7 @@
 """One trivial command (`echo ok`), its p50 and p99: by plain exec, through a command
 channel, and end to end as a shell-agent tool call against the scripted Chat Completions
-server of the test suite (127.0.0.1, answering at once).
+server of the test suite (127.0.0.1, answering at once), directly and through the model
+relay (as a run makes every call).
 
 A tool call end to end is the time from one model request of the turn to the next: the
 request, the command, and the agent's own work between them.
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_overhead import IMAGE, agent_turn, make_task
 
+from pytest_harbor.relay import RelayProcess
 from pytest_harbor.sandboxes import SandboxSpec
 from pytest_harbor.sandboxes.docker import DockerProvider
 from tests.model_server import ChatRequest, Reply, ScriptedModel, answer, tool_call
@@ -75,8 +77,9 @@ def script_for(calls: int) -> Callable[[ChatRequest], Reply]:
     return script
 
 
-def through_shell_agent(calls: int) -> None:
-    """The gaps between the turn's successive model requests."""
+def through_shell_agent(calls: int, relayed: bool) -> None:
+    """The gaps between the turn's successive model requests (through a model relay, as
+    a run makes them, with `relayed`)."""
     starts: list[float] = []
     original = httpx.Client.post
 
@@ -87,15 +90,26 @@ def through_shell_agent(calls: int) -> None:
 
     with tempfile.TemporaryDirectory() as scratch, ScriptedModel(script_for(calls)) as server:
         task = make_task(Path(scratch))
-        agent_turn(task, server, 5)  # warm-up: imports, connection pool, image inspect
-        httpx.Client.post = post  # type: ignore[method-assign]
+        relay = None
+        if relayed:
+            relay = RelayProcess.start(
+                {"upstream": server.url, "api_key": server.api_key}, log=Path(scratch) / "log"
+            )
+        client = None if relay is None else relay.client()
         try:
-            agent_turn(task, server, calls)
+            agent_turn(task, server, 5, client)  # warm-up: imports, connections, image
+            httpx.Client.post = post  # type: ignore[method-assign]
+            try:
+                agent_turn(task, server, calls, client)
+            finally:
+                httpx.Client.post = original  # type: ignore[method-assign]
         finally:
-            httpx.Client.post = original  # type: ignore[method-assign]
+            if relay is not None:
+                relay.stop()
     gaps = [after - before for before, after in itertools.pairwise(starts)]
     # The first gap holds the channel's opening (one exec); the rest are tool calls.
-    print(f"{'shell-agent, end to end':>26}: {percentiles(gaps[1:])}")
+    what = "shell-agent, relayed" if relayed else "shell-agent, direct"
+    print(f"{what:>26}: {percentiles(gaps[1:])}")
 
 
 def main() -> None:
@@ -105,7 +119,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"one trivial command (echo ok) in {IMAGE}")
     direct(args.commands)
-    through_shell_agent(args.calls)
+    through_shell_agent(args.calls, relayed=False)
+    through_shell_agent(args.calls, relayed=True)
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ class TerminalSummary:
         if state.check is not None:
             self._write_check(write)
         self._write_run_notes(write)
-        if state.spend is not None:
+        if state.spend is not None and (state.spend.counts.requests or state.spend.budget_reached):
             self._write_spend(write, state.spend)
 
     def _ran(self) -> bool:

@@ -151,7 +151,8 @@ class Relay:
             if reached is not None:
                 grant.refused_for_budget += 1
                 return _send(writer, *_error(402, BUDGET_SPENT, f"the run's budget: {reached}"))
-        key = request_key(head.method, head.target, body)
+        kept = self.start.record is not None or self.start.replay is not None
+        key = request_key(head.method, head.target, body) if kept else ""
         if self.start.replay is not None:
             return self._replay(grant, head, api, key, writer)
         return await self._forward(grant, head, body, api, used, key, writer)

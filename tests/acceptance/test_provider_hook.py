@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import write_task
+from tests.model_server import ScriptedModel, answer
 
 #: A provider whose sandboxes never start: enough to see the run use it, without an engine.
 PROVIDER = """
@@ -139,3 +140,32 @@ def test_a_provider_name_registered_twice_is_a_usage_error(
         ]
     )
     assert not (pytester.path / "made.json").exists()
+
+
+def test_an_agent_inside_a_sandbox_the_relay_cannot_reach_is_skipped_saying_why(
+    pytester: pytest.Pytester, dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CLI agent calls its model from inside the sandbox, through the model relay on
+    this machine: on a provider whose sandboxes cannot reach it, its items are skipped
+    (before any sandbox starts), never run with the key inside."""
+    pytester.makeconftest(
+        PROVIDER + "\n\ndef pytest_harbor_sandbox_providers():\n"
+        '    return {"unstartable": unstartable}\n'
+    )
+    with ScriptedModel(lambda request: answer("unused")) as server:
+        monkeypatch.setenv("HARBOR_MODEL_API_KEY", server.api_key)
+        result = pytester.runpytest(
+            f"--harbor-dataset={dataset}",
+            "--harbor-sandbox=unstartable",
+            "--harbor-agent=mini-swe-agent",
+            f"--harbor-model={server.model}",
+            f"--harbor-model-url={server.url}",
+            "--harbor-results-dir=out",
+            "--harbor-skip-unloadable",
+            "-rs",
+        )
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(
+        ["*mini-swe-agent calls its model from inside the sandbox, through the model relay*"]
+    )
+    assert server.requests == []

@@ -10,7 +10,9 @@ busybox's wget (no install from the network) and runs the command the answer giv
 
 from __future__ import annotations
 
+import base64
 import json
+import secrets
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -35,7 +37,7 @@ RELAY_AGENT = r"""#!/bin/sh
 BB=/.pytest-harbor/busybox
 word=$(head -n 1 "$1")
 ask() {
-  $BB wget -q -O - --header "Authorization: Bearer $API_KEY" \
+  $BB wget -q -Y off -O - --header "Authorization: Bearer $API_KEY" \
     --header "Content-Type: application/json" --post-file "$1" "$BASE_URL/chat/completions"
 }
 if [ "$word" = snoop ]; then
@@ -136,28 +138,29 @@ def pieces(secret: str, size: int = 8) -> list[str]:
 def test_a_cli_agent_holds_a_token_never_the_key(
     pytester: pytest.Pytester,
     dataset: Dataset,
-    model_server: Callable[..., ScriptedModel],
     recipe: Path,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The attack: a root agent reads every process's environment and command line, its
     own environment, and every file written in the sandbox since its install, during its
     turn, and sends all of it to the model. No piece of the key is in it, nor in any file
     of the run or its output; the token it holds works at the relay only."""
     dataset.task("snoop", toml=task_toml(), test_sh=ANSWER_TEST, instruction="snoop\n")
-    server = model_server(solving)
+    key = "sk-" + secrets.token_hex(24)
+    server = ScriptedModel(solving, api_key=key).__enter__()
+    request.addfinalizer(lambda: server.__exit__(None, None, None))
+    monkeypatch.setenv("HARBOR_MODEL_API_KEY", key)
     result = run_harbor(pytester, dataset, *agent_args(server, recipe))
     result.assert_outcomes(passed=1)
-    import base64
-
     snooped = [
-        base64.b64decode(request.messages[0]["content"]).decode(errors="replace")
-        for request in server.requests
-        if len(request.messages[0]["content"]) > 100
+        base64.b64decode(call.messages[0]["content"]).decode(errors="replace")
+        for call in server.requests
+        if len(call.messages[0]["content"]) > 100
     ]
     assert len(snooped) == 1
     assert "hbr-" in snooped[0], "the dump holds the agent's token (so it read its env)"
     assert "API_KEY=hbr-" in snooped[0]
-    key = server.api_key
     for piece in pieces(key):
         assert piece not in snooped[0], f"a piece of the key in the sandbox: {piece}"
         for path in (pytester.path / "out").rglob("*"):
@@ -167,8 +170,8 @@ def test_a_cli_agent_holds_a_token_never_the_key(
     # Every call reached the endpoint with the key, not the token.
     sent = {
         value
-        for request in server.requests
-        for name, value in request.headers.items()
+        for call in server.requests
+        for name, value in call.headers.items()
         if name.lower() == "authorization"
     }
     assert sent == {f"Bearer {key}"}

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_harbor.labels import LABEL_PREFIX
-from pytest_harbor.sandboxes.base import ImageSource, SandboxError, SandboxStartError
+from pytest_harbor.sandboxes.base import RELAY_NAME, ImageSource, SandboxError, SandboxStartError
 from pytest_harbor.sandboxes.docker.engine import ENGINE_ERRORS, Endpoint, engine_for, explain
 from pytest_harbor.sandboxes.docker.images import EngineImages
 from pytest_harbor.sandboxes.docker.networks import NO_HOST_ADDRESS
@@ -74,9 +74,10 @@ class Egress:
 
     def proxy_env(self, beside: Iterable[str] = ()) -> dict[str, str]:
         """The variables that send proxy-aware clients through the egress; the names
-        `beside` (a Compose project's services) are reached directly."""
+        `beside` (a Compose project's services), and the relay's (which the egress answers
+        on port 80 itself), are reached directly."""
         proxy = f"http://{self.address}:{PROXY_PORT}"
-        direct = ",".join(["localhost", "127.0.0.1", *beside])
+        direct = ",".join(["localhost", "127.0.0.1", RELAY_NAME, *beside])
         return {
             name: proxy for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
         } | {"NO_PROXY": direct, "no_proxy": direct}
