@@ -9,6 +9,7 @@ import json
 import random
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -111,13 +112,22 @@ class ChatClient:
         cancel: threading.Event,
         gate: ModelGate,
         meter: UsageMeter,
+        headers: Mapping[str, str] | None = None,
     ) -> ChatReply:
-        """POST the body to `/chat/completions`; retry what may pass; raise ChatError for a
-        failure, OutOfTime when the deadline or `cancel` comes first."""
+        """POST the body to `/chat/completions` (with `headers` over the client's own: a
+        session's key, the token of its episode in a run); retry what may pass; raise
+        ChatError for a failure, OutOfTime when the deadline or `cancel` comes first."""
         payload = json.dumps(body).encode()
         for attempt in range(self.retry.attempts):
             try:
-                return self._once(payload, deadline=deadline, cancel=cancel, gate=gate, meter=meter)
+                return self._once(
+                    payload,
+                    deadline=deadline,
+                    cancel=cancel,
+                    gate=gate,
+                    meter=meter,
+                    headers=headers,
+                )
             except _Retryable as error:
                 last = error
             if attempt == self.retry.attempts - 1:
@@ -145,6 +155,7 @@ class ChatClient:
         cancel: threading.Event,
         gate: ModelGate,
         meter: UsageMeter,
+        headers: Mapping[str, str] | None,
     ) -> ChatReply:
         if cancel.is_set() or deadline.expired:
             raise OutOfTime()
@@ -160,6 +171,7 @@ class ChatClient:
             response = self._http.post(
                 self.model.chat_url,
                 content=payload,
+                headers=headers,
                 timeout=min(self.request_timeout_s, remaining),
             )
         except httpx.TimeoutException as error:

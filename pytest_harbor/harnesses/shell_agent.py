@@ -147,10 +147,11 @@ class ShellAgentHarness(Harness):
     def open_session(self, context: SessionContext) -> HarnessSession:
         if context.model is None:
             raise ValueError("shell-agent needs a model (--harbor-model and --harbor-model-url)")
-        return _ShellSession(self, self._client(context.model))
+        return _ShellSession(self, self._client(context.model), context.model)
 
     def _client(self, model: ModelConfig) -> ChatClient:
-        """One connection pool per model per process, shared by its sessions."""
+        """One connection pool per model per process, shared by its sessions (each sends
+        its own key: in a run, the token of its episode)."""
         key = json.dumps(model.identity(), sort_keys=True)
         with self._lock:
             client = self._clients.get(key)
@@ -171,9 +172,11 @@ class ShellAgentHarness(Harness):
 class _ShellSession:
     """The messages of one session and the loop of each turn."""
 
-    def __init__(self, harness: ShellAgentHarness, client: ChatClient) -> None:
+    def __init__(self, harness: ShellAgentHarness, client: ChatClient, model: ModelConfig) -> None:
         self.options = harness.options
         self.client = client
+        #: The model as the session was given it: its key is the session's own.
+        self.model = model
         self.messages: list[dict[str, Any]] = []
 
     def close(self, context: SessionContext) -> None:
@@ -192,7 +195,7 @@ class _Turn:
         self.session = session
         self.context = context
         self.options = session.options
-        self.model = session.client.model
+        self.model = session.model
         self.meter = UsageMeter()
         self.steps: list[Step] = []
         self.tools: McpTools | None = None
@@ -318,6 +321,7 @@ class _Turn:
             cancel=self.context.cancel,
             gate=self.context.model_gate,
             meter=self.meter,
+            headers=self.model.headers(),
         )
 
     def _tools(self) -> list[dict[str, Any]]:

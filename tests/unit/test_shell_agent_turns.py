@@ -4,6 +4,7 @@ servers that cannot be reached, and a continued session."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -253,3 +254,27 @@ def test_a_continued_session_sends_its_system_prompt_once(
     roles = [m["role"] for m in server.requests[1].messages]
     assert roles == ["system", "user", "assistant", "user"]
     assert server.requests[1].messages[0]["content"] == "Be brief."
+
+
+def test_each_session_sends_its_own_key_over_the_shared_connection_pool(task: Task) -> None:
+    """In a run every episode holds a token of its own for the same model: a process's
+    sessions share one pool, never the first session's key."""
+    with ScriptedModel(lambda r: answer("ok"), api_key=None) as server:
+        sent = _keys_sent(server, task)
+    assert sent == ["Bearer hbr-first-episode", "Bearer hbr-second-episode"]
+
+
+def _keys_sent(server: ScriptedModel, task: Task) -> list[str | None]:
+    harness = ShellAgentHarness({"backoff_base_s": 0, "max_request_attempts": 1})
+    sent: list[str | None] = []
+    for token in ("hbr-first-episode", "hbr-second-episode"):
+        turn = context_for(server, task, CommandSandbox())
+        model = turn.model
+        assert model is not None
+        turn = dataclasses.replace(
+            turn, model=model.model_copy(update={"api_key": SecretStr(token)})
+        )
+        harness.open_session(turn).run_turn(turn)
+        sent.append(server.requests[-1].headers.get("Authorization"))
+    assert len(harness._clients) == 1
+    return sent
