@@ -26,6 +26,7 @@ from pytest_harbor.report.charts import (
     timeline_svg,
 )
 from pytest_harbor.report.results import Episode, TasksetResults, TurnLogs, as_mapping
+from pytest_harbor.report.spend import spend_table
 from pytest_harbor.report.transcripts import Budget, text_tail_html, transcript_html
 
 __all__ = ["render_page"]
@@ -107,8 +108,7 @@ def _taskset(index: int, taskset: TasksetResults, base: Path, budget: Budget) ->
     else:
         parts.append('<p class="empty">No scored episode.</p>')
     parts.append(_pass_at_k(summary))
-    parts.append(_task_table(anchor, taskset, base))
-    parts.append(_timeline(episodes))
+    parts += [_task_table(anchor, taskset, base), spend_table(summary), _timeline(episodes)]
     parts.append(_failures(anchor, taskset, base))
     parts.append(_transcripts(anchor, taskset, base, budget))
     parts.append("</section>")
