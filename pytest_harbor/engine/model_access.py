@@ -144,18 +144,21 @@ class ModelAccess:
     def route(self, sandbox: Sandbox, *, filtered: bool) -> str | None:
         """Open the relay's route into `sandbox` for an agent phase: the relay's address
         for the sandbox's egress (`filtered`), else None (the sandbox reaches it at this
-        machine's address on its network). Raises SandboxError when it has no route."""
+        machine's address on its network). Raises EpisodeError (`harbor:relay_failed`)
+        when the sandbox has no way to this machine, naming why."""
         if self.relay is None or not self.in_sandbox:
             return None
-        if not isinstance(sandbox, ReachesThisMachine):
-            raise SandboxError(
-                f"sandbox {sandbox.id[:12]} cannot reach this machine, where the model relay is"
-            )
-        gateway = sandbox.host_address()
         try:
+            if not isinstance(sandbox, ReachesThisMachine):
+                raise SandboxError(f"sandbox {sandbox.id[:12]} cannot reach this machine")
+            gateway = sandbox.host_address()
             port = self.relay.listen(gateway)
-        except RelayError as error:
-            raise SandboxError(str(error)) from None
+        except (SandboxError, RelayError) as error:
+            raise EpisodeError(
+                FailureKind.RELAY_FAILED,
+                f"the agent calls its model from inside the sandbox, which cannot reach "
+                f"the model relay on this machine: {error}",
+            ) from None
         if filtered:
             self._sandbox_url = f"http://{RELAY_NAME}/v1"
             return f"{gateway}:{port}"
