@@ -334,3 +334,31 @@ def test_a_recorded_run_replays_with_the_endpoint_gone(
     assert "POST /v1/chat/completions" in str(failure["failure_reason"])
     assert missed.ret != 0
     assert json.dumps(failure)
+
+
+@pytest.mark.parametrize("network", ["public", "no-network"])
+def test_a_compose_tasks_cli_agent_reaches_its_model_through_the_relay(
+    pytester: pytest.Pytester,
+    dataset: Dataset,
+    model_server: Callable[..., ScriptedModel],
+    recipe: Path,
+    network: str,
+) -> None:
+    """A Compose task's main service reaches the relay as a lone sandbox does: at this
+    machine's address on the project's network, or by the relay's name behind the
+    project's egress."""
+    mode = "" if network == "public" else 'network_mode = "no-network"\n'
+    task = dataset.task(
+        "composed",
+        toml=task_toml(mode),
+        test_sh=ANSWER_TEST,
+        instruction="solve\n",
+    )
+    (task / "environment").mkdir()
+    (task / "environment" / "docker-compose.yaml").write_text(
+        "services:\n  main: {}\n  side:\n    image: busybox:musl\n"
+        "    command: [/bin/busybox, sleep, '600']\n"
+    )
+    server = model_server(solving)
+    run_harbor(pytester, dataset, *agent_args(server, recipe)).assert_outcomes(passed=1)
+    assert len(server.requests) == 1
