@@ -264,7 +264,10 @@ class ModelOptions:
 
     @property
     def given(self) -> bool:
-        return bool(self.name or self.url or self.params or self.api_key)
+        spend = (self.max_cost_usd, self.max_tokens, self.prices, self.record, self.replay)
+        return bool(self.name or self.url or self.params or self.api_key) or any(
+            value is not None for value in spend
+        )
 
 
 @dataclass(frozen=True)

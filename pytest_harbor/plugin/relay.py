@@ -24,6 +24,13 @@ def check_spend_options(model: ModelOptions) -> None:
         )
     if model.replay is not None and not model.replay.is_dir():
         raise pytest.UsageError(f"--harbor-replay: {model.replay} is not a folder")
+    if model.prices is not None:
+        from pytest_harbor.relay.prices import PriceTableError, load_prices
+
+        try:
+            load_prices(model.prices)
+        except PriceTableError as error:
+            raise pytest.UsageError(f"--harbor-prices: {error}") from None
 
 
 def start_relay(run: HarborRun) -> RelayProcess | None:

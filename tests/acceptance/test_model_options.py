@@ -143,6 +143,48 @@ def test_model_options_for_a_harness_without_a_model_are_warned_about(
     result.stdout.fnmatch_lines(
         ["*the model options are not used: the oracle harness talks to no model*"]
     )
+    # A budget or a recording with no model to spend on is said to be unused too.
+    result = pytester.runpytest(f"--harbor-dataset={dataset}", "--harbor-max-cost=5", "--co")
+    result.stdout.fnmatch_lines(
+        ["*the model options are not used: the oracle harness talks to no model*"]
+    )
+
+
+def test_spend_options_that_contradict_are_usage_errors(
+    pytester: pytest.Pytester, dataset: Path, server: ScriptedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HARBOR_MODEL_API_KEY", server.api_key)
+    both = pytester.runpytest(
+        f"--harbor-dataset={dataset}",
+        *server.options(),
+        "--harbor-record=tapes",
+        "--harbor-replay=tapes",
+    )
+    assert both.ret == pytest.ExitCode.USAGE_ERROR
+    both.stderr.fnmatch_lines(["*--harbor-record with --harbor-replay*"])
+    missing = pytester.runpytest(
+        f"--harbor-dataset={dataset}", *server.options(), "--harbor-replay=no-such-folder"
+    )
+    assert missing.ret == pytest.ExitCode.USAGE_ERROR
+    missing.stderr.fnmatch_lines(["*--harbor-replay: */no-such-folder is not a folder*"])
+    negative = pytester.runpytest(
+        f"--harbor-dataset={dataset}", *server.options(), "--harbor-max-cost=-1"
+    )
+    assert negative.ret == pytest.ExitCode.USAGE_ERROR
+    negative.stderr.fnmatch_lines(["*--harbor-max-cost / harbor_max_cost: must be at least 0*"])
+    bad = pytester.runpytest(
+        f"--harbor-dataset={dataset}", *server.options(), "--harbor-prices=nothing.toml"
+    )
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--harbor-prices: *nothing.toml: cannot read*"])
+    (pytester.path / "prices.toml").write_text(
+        'date = "2026-12-01"\nsource = "ours"\n[models.m]\ninput = -1\noutput = 1\n'
+    )
+    table = pytester.runpytest(
+        f"--harbor-dataset={dataset}", *server.options(), "--harbor-prices=prices.toml"
+    )
+    assert table.ret == pytest.ExitCode.USAGE_ERROR
+    table.stderr.fnmatch_lines(["*--harbor-prices: *prices.toml: models.m.input: *"])
 
 
 def test_the_manifest_names_the_model_but_not_its_key_and_resume_refuses_another(
