@@ -51,6 +51,7 @@ def measure(calls: int, streamed: bool) -> None:
             token = client.grant(
                 GrantRequest(episode="bench", models=(MODEL,), cassette="bench/bench")
             )
+            client.open(token)
             body = {
                 "model": MODEL,
                 "messages": [{"role": "user", "content": "hi " * 200}],

@@ -298,7 +298,7 @@ class Episode:
             )
             turn = prompted(turn, self.context.settings)
             hosts = self._agent.allowed_hosts(turn.agent_hosts)
-            relay = self._model.route(sandbox, filtered=self.launcher.filtered)
+            relay = self._model.open_turn(sandbox, filtered=self.launcher.filtered)
             set_phase_network(sandbox, turn.agent_network, hosts, relay=relay)
             before = self._processes_now(sandbox)
         except SandboxError as error:

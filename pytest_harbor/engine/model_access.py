@@ -141,12 +141,19 @@ class ModelAccess:
 
     # ------------------------------------------------------------------ phases
 
-    def route(self, sandbox: Sandbox, *, filtered: bool) -> str | None:
-        """Open the relay's route into `sandbox` for an agent phase: the relay's address
-        for the sandbox's egress (`filtered`), else None (the sandbox reaches it at this
-        machine's address on its network). Raises EpisodeError (`harbor:relay_failed`)
-        when the sandbox has no way to this machine, naming why."""
-        if self.relay is None or not self.in_sandbox:
+    def open_turn(self, sandbox: Sandbox, *, filtered: bool) -> str | None:
+        """The token serves for the agent's turn (never between turns); for an agent in
+        the sandbox, the relay's route into it: the relay's address for the sandbox's
+        egress (`filtered`), else None (the sandbox reaches it at this machine's address on
+        its network). Raises EpisodeError (`harbor:relay_failed`) when the relay does not
+        answer or the sandbox has no way to this machine, naming why."""
+        if self.relay is None or self._token is None:
+            return None
+        try:
+            self.relay.open(self._token)
+        except RelayError as error:
+            raise EpisodeError(FailureKind.RELAY_FAILED, str(error)) from None
+        if not self.in_sandbox:
             return None
         try:
             if not isinstance(sandbox, ReachesThisMachine):
@@ -190,9 +197,11 @@ class ModelAccess:
         return dataclasses.replace(agent, usage=usage, failure=_cause(agent.failure, calls))
 
     def _turn_calls(self) -> TurnCalls:
+        """The turn's calls, once the token is closed (a call still under way ends, and
+        counts as far as it went)."""
         assert self.relay is not None and self._token is not None
         try:
-            report = self.relay.report(self._token)
+            report = self.relay.close(self._token)
         except RelayError as error:
             raise EpisodeError(FailureKind.RELAY_FAILED, str(error)) from None
         seen, self._seen = self._seen, report

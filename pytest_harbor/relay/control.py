@@ -70,8 +70,17 @@ class RelayClient:
     def report(self, token: str) -> GrantReport:
         return GrantReport.model_validate(self._ask("GET", f"/grants/{token}"))
 
+    def open(self, token: str) -> None:
+        """The token serves from now on (its episode's agent is at work)."""
+        self._ask("POST", f"/grants/{token}/open")
+
+    def close(self, token: str) -> GrantReport:
+        """The token serves no further call until opened again; its calls under way end
+        (each counted as far as it went). Its report."""
+        return GrantReport.model_validate(self._ask("POST", f"/grants/{token}/close"))
+
     def end(self, token: str) -> GrantReport:
-        """The token dies; its last report."""
+        """The token dies (its calls under way end as at `close`); its last report."""
         return GrantReport.model_validate(self._ask("DELETE", f"/grants/{token}"))
 
     def spend(self) -> RunSpend:

@@ -1,24 +1,30 @@
 """The relay's books: each grant (a token made for one episode's attempt) with what its
-calls took and showed, the run's spend, and the budget that stops it."""
+calls took and showed, the run's spend, and the budget that admits each call."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass, field
 
+from pytest_harbor.relay.admission import Expected
 from pytest_harbor.relay.reports import Counts, GrantReport, GrantRequest, RunSpend
 
-__all__ = ["TOKEN_PREFIX", "Budget", "Grant", "Ledger"]
+__all__ = ["MOST_AT_ONCE", "TOKEN_PREFIX", "Budget", "Grant", "Ledger"]
 
 #: Every token begins so, which tells it from a provider's key in a log.
 TOKEN_PREFIX = "hbr-"
 #: What a grant keeps of the causes and refusals it saw (the first ones).
 _MOST_NOTES = 50
+#: The most requests one grant may have under way at once.
+MOST_AT_ONCE = 32
 
 
 @dataclass
 class Grant:
-    """One token's episode, the model names it may call, and its books."""
+    """One token's episode, the model names it may call, and its books. A grant serves
+    only while its episode's agent works (`open`); the requests it has under way are
+    `tasks`, ended when it closes."""
 
     token: str
     request: GrantRequest
@@ -27,11 +33,8 @@ class Grant:
     refused_for_budget: int = 0
     replay_misses: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
-
-    def allows(self, model: str | None) -> bool:
-        """A request naming no model is the endpoint's to judge; one naming a model must
-        name this grant's."""
-        return model is None or model in self.request.models
+    open: bool = False
+    tasks: set[asyncio.Task[object]] = field(default_factory=set)
 
     def saw(self, cause: str, what: str) -> None:
         if len(self.causes) < _MOST_NOTES:
@@ -58,6 +61,10 @@ class Budget:
     max_cost_usd: float | None = None
     max_tokens: int | None = None
 
+    @property
+    def capped(self) -> bool:
+        return self.max_cost_usd is not None or self.max_tokens is not None
+
     def reached(self, spent: Counts) -> str | None:
         """Why no further call may be served, or None."""
         if self.max_cost_usd is not None and spent.cost_usd >= self.max_cost_usd:
@@ -71,13 +78,23 @@ class Budget:
 
 
 class Ledger:
-    """Every grant of the run, and the run's spend. Grants that ended still count."""
+    """Every grant of the run, and the run's spend. Grants that ended still count.
+
+    A call is admitted while the run's spend, with what the calls under way are expected
+    to take, stays under the budget; else it waits for one of them to end, or, with none
+    under way, is refused once the budget is reached. So a run passes its cap by at most
+    what one call takes beyond its expectation, whatever the calls at once."""
 
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
         self._grants: dict[str, Grant] = {}
         self.spent = Counts()
         self.made = 0
+        #: What the calls under way are expected to take, how many they are, and how
+        #: many calls were counted from their answers (the expectation's base).
+        self.reserved = Counts()
+        self.under_way = 0
+        self.counted = 0
 
     def grant(self, request: GrantRequest) -> Grant:
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
@@ -96,6 +113,23 @@ class Ledger:
     def charge(self, grant: Grant, counts: Counts) -> None:
         grant.counts = grant.counts + counts
         self.spent = self.spent + counts
+        if counts.requests and not counts.estimated:
+            self.counted += counts.requests
+
+    def admits(self) -> tuple[bool, Counts] | None:
+        """(admitted now, what to reserve), or (False, ...) to wait for a call under way
+        to end; None when the budget is reached and nothing is under way to wait for."""
+        if not self.budget.capped:
+            return True, Counts()
+        if self.budget.reached(self.spent) is not None:
+            return None if self.under_way == 0 else (False, Counts())
+        expected = Expected.of(self.spent, self.counted).counts
+        if self.under_way == 0:
+            return True, expected or Counts()
+        if expected is None:
+            return False, Counts()
+        projected = self.spent + self.reserved + expected
+        return self.budget.reached(projected) is None, expected
 
     def state(self) -> RunSpend:
         return RunSpend(

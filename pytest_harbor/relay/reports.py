@@ -12,7 +12,9 @@ __all__ = ["Counts", "GrantReport", "GrantRequest", "RelayStart", "RunSpend"]
 class Counts(BaseModel):
     """Model calls and what they took: tokens as the endpoint's answers counted them,
     cost priced by the relay's table. `unpriced` counts calls of a model the table does
-    not price (their cost is not in `cost_usd`)."""
+    not price (their cost is not in `cost_usd`); `estimated` the calls whose answer gave
+    no counts (cut short, or an endpoint that sends none), their tokens reckoned from their
+    bytes (four to a token)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -23,6 +25,7 @@ class Counts(BaseModel):
     cache_write_tokens: int = 0
     cost_usd: float = 0.0
     unpriced: int = 0
+    estimated: int = 0
 
     @property
     def tokens(self) -> int:
@@ -37,6 +40,7 @@ class Counts(BaseModel):
             cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
             cost_usd=self.cost_usd + other.cost_usd,
             unpriced=self.unpriced + other.unpriced,
+            estimated=self.estimated + other.estimated,
         )
 
     def __sub__(self, other: Counts) -> Counts:
@@ -48,6 +52,7 @@ class Counts(BaseModel):
             cache_write_tokens=self.cache_write_tokens - other.cache_write_tokens,
             cost_usd=self.cost_usd - other.cost_usd,
             unpriced=self.unpriced - other.unpriced,
+            estimated=self.estimated - other.estimated,
         )
 
 

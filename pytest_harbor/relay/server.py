@@ -2,10 +2,16 @@
 
 Started by the run (relay/control.py) with its `RelayStart` on its input, it listens on
 127.0.0.1 for harnesses on this machine (and on the addresses the run's engines reach it
-at, as it is asked), and on a Unix socket for the run's processes. A call must carry a
-token the run granted to an episode: the relay puts the real key in its place, counts
-what the answer says it took, prices it, keeps it for a replay, and stops serving once
-the run's budget is spent. It ends when its input closes (the run ended, or died).
+at, as it is asked), and on a Unix socket for the run's processes. A request must carry a
+token the run granted to an episode, while that episode's agent works, and be one the
+relay serves (admission.py); only then is its body read. The relay puts the real key in
+the token's place, counts what the answer says it took, prices it, keeps it for a replay,
+and admits no call past the run's budget (calls.py, ledger.py). It ends when its input
+closes (the run ended, or died).
+
+Every connection is the stranger's: a head must come within `IDLE_S`, a body within
+`BODY_S`, and when connections near the process's file limit the longest idle are closed
+first, so that no harness can hold the relay from the others.
 """
 
 from __future__ import annotations
@@ -14,55 +20,45 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from pytest_harbor.redaction import Redactor
-from pytest_harbor.relay.cassettes import Cassette, Recorded, cassette_path, request_key
-from pytest_harbor.relay.ledger import Budget, Grant, Ledger
+from pytest_harbor.relay.admission import Call, Refusal, read_call, route_of
+from pytest_harbor.relay.calls import Exchanges, refusal_body
+from pytest_harbor.relay.cassettes import request_key
+from pytest_harbor.relay.ledger import MOST_AT_ONCE, Budget, Grant, Ledger
 from pytest_harbor.relay.prices import PriceTable, default_prices, load_prices
 from pytest_harbor.relay.reports import Counts, GrantRequest, RelayStart
-from pytest_harbor.relay.upstream import AUTH_HEADERS, Connection, Upstream
-from pytest_harbor.relay.usage import (
-    Api,
-    CallUsage,
-    StreamUsage,
-    api_of,
-    include_usage_in_stream,
-    model_of_request,
-    usage_of_body,
-    verdict,
-)
+from pytest_harbor.relay.upstream import AUTH_HEADERS, Upstream
 from pytest_harbor.relay.wire import (
     BODY_CAP,
     HEAD_CAP,
     Head,
     WireError,
-    body_chunks,
     read_body,
     read_head,
-    write_chunk,
     write_head,
 )
 
-__all__ = ["Relay", "main"]
+__all__ = ["BUDGET_SPENT", "Relay", "main"]
 
-#: What a refusal of the relay's own says it is (the `type` of its JSON error).
-BUDGET_SPENT = "budget_exhausted"
-REPLAY_MISS = "replay_miss"
-#: The most of an answer kept to count (a whole JSON answer) or to record.
-_ANSWER_CAP = BODY_CAP
+#: What a refusal for the budget says it is (the `type` of its JSON error).
+BUDGET_SPENT = "budget_spent"
+#: How long a connection may wait between requests, and a body take to arrive.
+IDLE_S = 60.0
+BODY_S = 120.0
+#: File descriptors kept free for the endpoint's connections and the run's questions.
+_SPARE_FILES = 128
+#: The longest a grant's close waits for its calls under way to end.
+_CLOSE_S = 10.0
 _JSON = [("content-type", "application/json")]
-
-
-def _error(status: int, kind: str, message: str) -> tuple[int, bytes]:
-    body = {"type": "error", "error": {"type": kind, "message": f"pytest-harbor relay: {message}"}}
-    return status, json.dumps(body).encode()
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class Relay:
@@ -70,12 +66,13 @@ class Relay:
 
     def __init__(self, start: RelayStart, prices: PriceTable) -> None:
         self.start = start
-        self.prices = prices
         self.ledger = Ledger(Budget(start.max_cost_usd, start.max_tokens))
         self.upstream = Upstream(start.upstream, start.api_key)
-        self.redactor = Redactor([start.api_key] if start.api_key else []).adding(start.masked)
-        self._cassettes: dict[str, Cassette] = {}
+        self.exchanges = Exchanges(start, prices, self.ledger, self.upstream)
         self._servers: dict[str, asyncio.base_events.Server] = {}
+        self._room = asyncio.Condition()
+        #: Open connections, oldest first, with whether each is waiting between requests.
+        self._connections: dict[asyncio.StreamWriter, bool] = {}
         self.port = 0
 
     # ------------------------------------------------------------------ listening
@@ -108,210 +105,110 @@ class Relay:
             server.close()
         self.upstream.close()
 
+    def _make_room(self) -> None:
+        """Close the longest-idle connections while the open ones near the file limit."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        most = max(16, soft - _SPARE_FILES)
+        idle = [writer for writer, waiting in self._connections.items() if waiting]
+        for writer in idle[: max(0, len(self._connections) - most + 1)]:
+            writer.close()
+            self._connections.pop(writer, None)
+
     # ------------------------------------------------------------------ model calls
 
     async def _serve_model(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        self._make_room()
+        self._connections[writer] = True
         try:
             while True:
-                head = await read_head(reader, answer=False)
+                self._connections[writer] = True
+                head = await asyncio.wait_for(read_head(reader, answer=False), IDLE_S)
                 if head is None:
                     return
-                body = await read_body(reader, head)
-                kept = await self._answer(head, body, writer)
+                self._connections[writer] = False
+                kept = await self._answer(head, reader, writer)
                 await writer.drain()
                 if not kept or not head.keep_alive:
                     return
         except (WireError, ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             return
         finally:
+            self._connections.pop(writer, None)
             writer.close()
 
-    async def _answer(self, head: Head, body: bytes, writer: asyncio.StreamWriter) -> bool:
-        """Answer one request; False when the connection cannot carry another."""
+    async def _answer(
+        self, head: Head, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        """Answer one request; False when the connection cannot carry another (a refusal
+        before the body was read closes it)."""
         used, token = _token_of(head)
         grant = self.ledger.find(token)
-        if grant is None:
-            return _send(writer, *_error(401, "authentication_error", "unknown or ended token"))
-        api = api_of(head.target)
-        if api is not None:
-            model = model_of_request(body)
-            if not grant.allows(model):
-                grant.note(grant.refused, f"a call of the model {model!r}")
-                return _send(
-                    writer,
-                    *_error(
-                        403,
-                        "permission_error",
-                        f"this token is for the model {grant.request.models[0]!r} only",
-                    ),
-                )
-            reached = self.ledger.budget.reached(self.ledger.spent)
-            if reached is not None:
+        route = route_of(head.method, head.target)
+        refusal = _before_body(head, grant, route)
+        if refusal is not None or grant is None or isinstance(route, Refusal):
+            refused = refusal or Refusal(401, "authentication_error", "unknown or ended token")
+            return _refuse(writer, refused, close=True)
+        if head.expects_continue:
+            writer.write(_CONTINUE)
+        body = await asyncio.wait_for(read_body(reader, head), BODY_S)
+        kind, api = route
+        call = read_call(kind, api, body, grant.request.models)
+        if isinstance(call, Refusal):
+            grant.note(grant.refused, call.message)
+            return _refuse(writer, call, close=False)
+        task = asyncio.current_task()
+        assert task is not None
+        grant.tasks.add(task)
+        try:
+            return await self._serve(grant, head, call, used, writer)
+        finally:
+            grant.tasks.discard(task)
+
+    async def _serve(
+        self, grant: Grant, head: Head, call: Call, used: str | None, writer: asyncio.StreamWriter
+    ) -> bool:
+        reserved = Counts()
+        if call.kind == "call":
+            admitted = await self._admit()
+            if admitted is None:
                 grant.refused_for_budget += 1
-                return _send(writer, *_error(402, BUDGET_SPENT, f"the run's budget: {reached}"))
-        kept = self.start.record is not None or self.start.replay is not None
-        key = request_key(head.method, head.target, body) if kept else ""
-        if self.start.replay is not None:
-            return self._replay(grant, head, api, key, writer)
-        return await self._forward(grant, head, body, api, used, key, writer)
-
-    def _replay(
-        self, grant: Grant, head: Head, api: Api | None, key: str, writer: asyncio.StreamWriter
-    ) -> bool:
-        recorded = self._cassette(grant).answer(key)
-        if recorded is None:
-            what = f"{head.method} {head.target.split('?', 1)[0]} (key {key})"
-            grant.note(grant.replay_misses, what)
-            return _send(writer, *_error(424, REPLAY_MISS, f"no answer was recorded for {what}"))
-        self._settle(grant, api, recorded.status, recorded.content_type, recorded.body)
-        headers = [("content-type", recorded.content_type)]
-        write_head(writer, Head(status=recorded.status, headers=headers), length=len(recorded.body))
-        writer.write(recorded.body)
-        return True
-
-    async def _forward(
-        self,
-        grant: Grant,
-        head: Head,
-        body: bytes,
-        api: Api | None,
-        used: str | None,
-        key: str,
-        writer: asyncio.StreamWriter,
-    ) -> bool:
-        sent = (api and include_usage_in_stream(api, body)) or body
-        headers = [
-            (name, value)
-            for name, value in head.passed_on()
-            if name not in AUTH_HEADERS and name != "accept-encoding"
-        ]
-        headers += [("host", self.upstream.authority), ("accept-encoding", "identity")]
-        headers += self.upstream.auth(used)
-        request = Head(
-            method=head.method, target=self.upstream.target(head.target), headers=headers
-        )
+                reached = self.ledger.budget.reached(self.ledger.spent) or "budget spent"
+                refusal = Refusal(402, BUDGET_SPENT, f"the run's budget: {reached}")
+                return _refuse(writer, refusal, close=False)
+            reserved = admitted
         try:
-            connection, answer = await self._exchange(request, sent)
-        except (OSError, WireError, TimeoutError, asyncio.IncompleteReadError) as error:
-            what = f"the endpoint did not answer: {error or type(error).__name__}"
-            grant.saw("api_error", what)
-            return _send(writer, *_error(502, "api_error", self.redactor.text(what)))
-        return await self._pass_answer(grant, head, api, key, connection, answer, writer)
-
-    async def _exchange(self, request: Head, body: bytes) -> tuple[Connection, Head]:
-        """Send the request; the answer's head. A kept connection the endpoint closed
-        meanwhile is tried once more on a new one."""
-        for attempt in range(2):
-            connection = await self.upstream.connect()
-            try:
-                write_head(connection.writer, request, length=len(body))
-                connection.writer.write(body)
-                await connection.writer.drain()
-                answer = await read_head(connection.reader, answer=True)
-                if answer is None:
-                    raise ConnectionResetError("the endpoint closed the connection")
-                return connection, answer
-            except (OSError, WireError, asyncio.IncompleteReadError):
-                connection.close()
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
-
-    async def _pass_answer(
-        self,
-        grant: Grant,
-        head: Head,
-        api: Api | None,
-        key: str,
-        connection: Connection,
-        answer: Head,
-        writer: asyncio.StreamWriter,
-    ) -> bool:
-        """The answer passed on to the harness as it comes, counted (and recorded) once
-        whole; False when the harness's connection cannot carry another request."""
-        content_type = answer.get("content-type") or ""
-        streamed = content_type.startswith("text/event-stream")
-        has_body = (
-            head.method != "HEAD" and answer.status not in (204, 304) and answer.status >= 200
-        )
-        copy = _AnswerCopy(
-            writer,
-            length=answer.length if has_body else 0,
-            stream=StreamUsage(api) if api is not None and streamed else None,
-        )
-        out = Head(status=answer.status, reason=answer.reason, headers=answer.passed_on())
-        write_head(writer, out, length=copy.length, chunked=copy.length is None)
-        try:
-            if has_body:
-                await copy.run(body_chunks(connection.reader, answer, until_close=True))
-        except (WireError, OSError, asyncio.IncompleteReadError):
-            connection.close()
-            copy.whole, copy.client_gone = False, True
-        else:
-            framed = answer.chunked or answer.length is not None or not has_body
-            if framed and answer.keep_alive and not copy.client_gone:
-                self.upstream.release(connection)
-            else:
-                connection.close()
-        data = b"".join(copy.kept)
-        self._settle(grant, api, answer.status, content_type, data, stream=copy.stream)
-        if self.start.record is not None and copy.whole:
-            recorded = Recorded(answer.status, content_type, self.redactor.bytes(data))
-            self._cassette(grant).keep(key, head.method, head.target.split("?", 1)[0], recorded)
-        return not copy.client_gone
-
-    def _settle(
-        self,
-        grant: Grant,
-        api: Api | None,
-        status: int,
-        content_type: str,
-        body: bytes,
-        *,
-        stream: StreamUsage | None = None,
-    ) -> None:
-        """Count and price one answer of a model call, and note the cause it shows."""
-        if api is None:
-            return
-        if stream is None and content_type.startswith("text/event-stream"):
-            stream = StreamUsage(api)
-            stream.feed(body)
-        cause = verdict(status, body[:65536])
-        if cause is None and stream is not None:
-            cause = stream.error_cause
-        if cause is not None:
-            grant.saw(cause, f"HTTP {status}" if status >= 400 else "an error event in the stream")
-        usage = stream.result() if stream is not None else usage_of_body(api, body)
-        self.ledger.charge(grant, self._counts(usage, grant))
-
-    def _counts(self, usage: CallUsage | None, grant: Grant) -> Counts:
-        if usage is None:
-            return Counts(requests=1)
-        model = usage.model or grant.request.models[0]
-        price = self.prices.price_of(model) or self.prices.price_of(grant.request.models[0])
-        return Counts(
-            requests=1,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens,
-            cache_write_tokens=usage.cache_write_tokens,
-            cost_usd=0.0 if price is None else price.cost(usage),
-            unpriced=0 if price is not None else 1,
-        )
-
-    def _cassette(self, grant: Grant) -> Cassette:
-        name = grant.request.cassette
-        cassette = self._cassettes.get(name)
-        if cassette is None:
+            kept = self.start.record is not None or self.start.replay is not None
+            key = request_key(head.method, head.target, call.body) if kept else ""
             if self.start.replay is not None:
-                cassette = Cassette.read(cassette_path(Path(self.start.replay), name))
-            else:
-                assert self.start.record is not None
-                cassette = Cassette(cassette_path(Path(self.start.record), name))
-            self._cassettes[name] = cassette
-        return cassette
+                self.exchanges.replay(grant, head, call, key, writer)
+                return True
+            return await self.exchanges.forward(grant, head, call, used, key, writer)
+        finally:
+            if call.kind == "call":
+                await self._release(reserved)
+
+    async def _admit(self) -> Counts | None:
+        """Room for one model call under the budget (what it reserves), waiting for calls
+        under way while there is none; None once the budget is spent."""
+        async with self._room:
+            while True:
+                verdict = self.ledger.admits()
+                if verdict is None:
+                    return None
+                admitted, expected = verdict
+                if admitted:
+                    self.ledger.reserved = self.ledger.reserved + expected
+                    self.ledger.under_way += 1
+                    return expected
+                await self._room.wait()
+
+    async def _release(self, reserved: Counts) -> None:
+        async with self._room:
+            self.ledger.reserved = self.ledger.reserved - reserved
+            self.ledger.under_way -= 1
+            self._room.notify_all()
 
     # ------------------------------------------------------------------ the run's asks
 
@@ -340,12 +237,8 @@ class Relay:
             if (method, target) == ("POST", "/grants"):
                 grant = ledger.grant(GrantRequest.model_validate_json(body))
                 return 200, {"token": grant.token}
-            if target.startswith("/grants/") and method in ("GET", "DELETE"):
-                token = target.removeprefix("/grants/")
-                found = ledger.find(token) if method == "GET" else ledger.end(token)
-                if found is None:
-                    return 404, {"error": "no such grant"}
-                return 200, found.report().model_dump(mode="json")
+            if target.startswith("/grants/"):
+                return await self._grant_ask(method, target.removeprefix("/grants/"))
             if (method, target) == ("GET", "/spend"):
                 return 200, ledger.state().model_dump(mode="json")
             if (method, target) == ("POST", "/listen"):
@@ -355,47 +248,54 @@ class Relay:
             return 400, {"error": str(error)}
         return 404, {"error": f"no {method} {target}"}
 
+    async def _grant_ask(self, method: str, path: str) -> tuple[int, Any]:
+        """A grant's report (GET), opened (`/open`) or closed (`/close`: its calls under
+        way ended and counted as far as they went), or ended for good (DELETE)."""
+        token, _, action = path.partition("/")
+        grant = self.ledger.find(token)
+        if grant is None:
+            return 404, {"error": "no such grant"}
+        if (method, action) == ("POST", "open"):
+            grant.open = True
+        elif (method, action) in (("POST", "close"), ("DELETE", "")):
+            grant.open = False
+            await _end_calls(grant)
+            if method == "DELETE":
+                self.ledger.end(token)
+        elif (method, action) != ("GET", ""):
+            return 404, {"error": f"no {method} {action!r} of a grant"}
+        return 200, grant.report().model_dump(mode="json")
 
-class _AnswerCopy:
-    """An answer's body on its way to the harness: re-framed (by its length, or chunked),
-    fed to the usage reader, and kept up to a cap for counting and recording. A harness
-    that went away stops the copy to it, not the reading (the answer is still counted)."""
 
-    def __init__(
-        self, writer: asyncio.StreamWriter, *, length: int | None, stream: StreamUsage | None
-    ) -> None:
-        self.writer = writer
-        self.length = length
-        self.stream = stream
-        self.kept: list[bytes] = []
-        self.size = 0
-        self.whole = True
-        self.client_gone = False
+async def _end_calls(grant: Grant) -> None:
+    """End the calls a grant has under way (each counts what it got) and wait for them."""
+    tasks = list(grant.tasks)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=_CLOSE_S)
 
-    async def run(self, chunks: AsyncIterator[bytes]) -> None:
-        async for chunk in chunks:
-            if self.stream is not None:
-                self.stream.feed(chunk)
-            self.size += len(chunk)
-            if self.size <= _ANSWER_CAP:
-                self.kept.append(chunk)
-            else:
-                self.whole = False
-            await self._send(chunk)
-        if self.length is None:
-            await self._send(b"")
 
-    async def _send(self, chunk: bytes) -> None:
-        if self.client_gone:
-            return
-        try:
-            if self.length is None:
-                write_chunk(self.writer, chunk)
-            elif chunk:
-                self.writer.write(chunk)
-            await self.writer.drain()
-        except ConnectionError:
-            self.client_gone = True
+def _before_body(head: Head, grant: Grant | None, route: object) -> Refusal | None:
+    """What refuses a request from its head alone, before its body is read."""
+    if grant is None:
+        return Refusal(401, "authentication_error", "unknown or ended token")
+    if isinstance(route, Refusal):
+        return route
+    if not grant.open:
+        return Refusal(401, "authentication_error", "the token's episode is not in an agent turn")
+    coding = (head.get("content-encoding") or "identity").lower().strip()
+    if coding != "identity":
+        return Refusal(415, "invalid_request_error", "the relay reads bodies as they are sent")
+    try:
+        length = head.length
+    except WireError:
+        return Refusal(400, "invalid_request_error", "a bad Content-Length")
+    if length is not None and length > BODY_CAP:
+        return Refusal(413, "invalid_request_error", f"a body over {BODY_CAP} bytes")
+    if len(grant.tasks) >= MOST_AT_ONCE:
+        return Refusal(429, "too_many_calls", f"more than {MOST_AT_ONCE} calls at once")
+    return None
 
 
 def _token_of(head: Head) -> tuple[str | None, str | None]:
@@ -412,10 +312,11 @@ def _token_of(head: Head) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _send(writer: asyncio.StreamWriter, status: int, body: bytes) -> bool:
-    write_head(writer, Head(status=status, headers=_JSON), length=len(body))
+def _refuse(writer: asyncio.StreamWriter, refusal: Refusal, *, close: bool) -> bool:
+    body = refusal_body(refusal.kind, refusal.message)
+    write_head(writer, Head(status=refusal.status, headers=_JSON), length=len(body), close=close)
     writer.write(body)
-    return True
+    return not close
 
 
 # ---------------------------------------------------------------------- the process
@@ -430,6 +331,13 @@ def _die_with_parent() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
         libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _more_files() -> None:
+    """The soft limit on open files raised to the hard one: connections are files."""
+    with contextlib.suppress(ValueError, OSError):
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 async def _run(start: RelayStart, prices: PriceTable, say: Callable[[str], None]) -> None:
@@ -455,6 +363,7 @@ def main() -> None:
     """`python -m pytest_harbor.relay.server`: one line of `RelayStart` JSON on the input,
     then `{"port": N}` on the output once it serves; it ends when its input closes."""
     _die_with_parent()
+    _more_files()
     line = sys.stdin.buffer.readline()
     try:
         start = RelayStart.model_validate_json(line)

@@ -9,6 +9,7 @@ head, a body, one chunk) and total: bytes that are not HTTP end that connection 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -42,8 +43,16 @@ HOP_HEADERS = frozenset(
         "upgrade",
         "content-length",
         "host",
+        "expect",
     }
 )
+#: A header's name (RFC 9110's token) and what its value may hold: visible characters,
+#: spaces and tabs, never a line end or another control character.
+_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+_METHOD = re.compile(r"[A-Z]{1,16}")
+_TARGET = re.compile(r"[\x21-\x7e]+")
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -71,6 +80,8 @@ class Head:
 
     method: str = ""
     target: str = ""
+    #: `HTTP/1.1`, or `HTTP/1.0` (whose connection closes unless it asks otherwise).
+    version: str = "HTTP/1.1"
     status: int = 0
     reason: str = ""
     headers: list[tuple[str, str]] = field(default_factory=list)
@@ -99,7 +110,14 @@ class Head:
 
     @property
     def keep_alive(self) -> bool:
-        return (self.get("connection") or "").lower().strip() != "close"
+        connection = (self.get("connection") or "").lower().strip()
+        if self.version == "HTTP/1.0":
+            return connection == "keep-alive"
+        return connection != "close"
+
+    @property
+    def expects_continue(self) -> bool:
+        return (self.get("expect") or "").lower().strip() == "100-continue"
 
     def passed_on(self) -> list[tuple[str, str]]:
         """The end-to-end headers: those of one hop left out."""
@@ -120,23 +138,33 @@ async def read_head(reader: asyncio.StreamReader, *, answer: bool) -> Head | Non
         raise WireError(f"a head over {HEAD_CAP} bytes")
     lines = data.decode("latin-1").split("\r\n")
     head = _first_line(lines[0], answer=answer)
-    for line in lines[1:]:
-        if not line:
-            continue
+    for line in lines[1:-2]:
         name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip() or " " in name:
+        # Strictly: a bare line end, a control character or a folded line in a header
+        # would let the next hop read a header, or a request, that the relay did not.
+        if not colon or not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
             raise WireError(f"a bad header line {line[:40]!r}")
-        head.headers.append((name.lower(), value.strip()))
+        head.headers.append((name.lower(), value.strip(" \t")))
     return head
 
 
 def _first_line(line: str, *, answer: bool) -> Head:
     parts = line.split(" ", 2)
     if answer:
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        if (
+            len(parts) < 2
+            or parts[0] not in ("HTTP/1.1", "HTTP/1.0")
+            or not (parts[1].isdigit() and len(parts[1]) == 3)
+        ):
             raise WireError(f"not an HTTP/1.1 status line: {line[:60]!r}")
-        return Head(status=int(parts[1]), reason=parts[2] if len(parts) > 2 else "")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        reason = parts[2] if len(parts) > 2 else ""
+        return Head(version=parts[0], status=int(parts[1]), reason=reason)
+    if (
+        len(parts) != 3
+        or parts[2] not in ("HTTP/1.1", "HTTP/1.0")
+        or not _METHOD.fullmatch(parts[0])
+        or not _TARGET.fullmatch(parts[1])
+    ):
         raise WireError(f"not an HTTP/1.1 request line: {line[:60]!r}")
     target = parts[1]
     if target.startswith(("http://", "https://")):
@@ -145,7 +173,7 @@ def _first_line(line: str, *, answer: bool) -> Head:
         target = "/" + target.split("://", 1)[1].partition("/")[2]
     if not target.startswith("/"):
         raise WireError(f"not an HTTP/1.1 request line: {line[:60]!r}")
-    return Head(method=parts[0], target=target)
+    return Head(method=parts[0], target=target, version=parts[2])
 
 
 async def body_chunks(
@@ -178,11 +206,10 @@ async def _chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             raise WireError("a bad chunk size line") from None
         size_text = line.split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise WireError(f"a bad chunk size {size_text[:20]!r}") from None
-        if size < 0 or size > BODY_CAP:
+        if not _CHUNK_SIZE.fullmatch(size_text):
+            raise WireError(f"a bad chunk size {size_text[:20]!r}")
+        size = int(size_text, 16)
+        if size > BODY_CAP:
             raise WireError(f"a chunk of {size} bytes")
         if size == 0:
             # Trailers, if any, up to the empty line.

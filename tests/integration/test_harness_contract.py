@@ -322,8 +322,9 @@ def test_policy_retry_runs_the_episode_again_in_a_fresh_sandbox(
     result.assert_outcomes(passed=1)
     (row,) = dataset.rows(pytester.path / "out", validation=False)
     assert (row["reward"], row["attempts"], row["failure_kind"]) == (1.0, 3, None)
-    # What the two attempts given up cost still counts.
-    assert row["usage"] == {
+    # What the two attempts given up cost still counts, apart from the kept one's.
+    assert row["usage"] is None
+    assert row["retried_usage"] == {
         "prompt_tokens": 14,
         "completion_tokens": 0,
         "requests": 2,

@@ -102,5 +102,10 @@ def test_an_offline_agent_gets_no_call_past_the_relay_s_model_check_books_and_bu
     usage = row.get("usage") or {}
     assert set(served) <= {server.model}, f"the endpoint served {served}; the row: {usage}"
     assert len(served) <= 1, f"{len(served)} calls served under a 1000-token cap: {usage}"
+    if not row:
+        # A call refused for the budget leaves the episode without a result.
+        (failure,) = dataset.failures(pytester.path / "out", validation=False)
+        assert failure["failure_kind"] == "harbor:budget_spent", failure
+        return
     counted = int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
     assert counted == 1100 * len(served), f"served {served}, the row counted {usage}"

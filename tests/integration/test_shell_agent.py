@@ -101,10 +101,12 @@ def test_shell_agent_solves_every_quickstart_task(
     summary = Dataset(folder).summary(pytester.path / "out", validation=False)
     assert summary["model"]["name"] == "scripted-model"
     assert summary["usage"]["requests"] == 8
-    # Every request offered exactly the one tool and carried the key as a bearer token.
+    # Every request offered exactly the one tool and reached the endpoint with the key
+    # as a bearer token (the model relay's; the agent held a token of its episode).
     for request in server.requests:
         assert [tool["function"]["name"] for tool in request.body["tools"]] == ["bash"]
-        assert request.headers["Authorization"] == f"Bearer {server.api_key}"
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        assert headers["authorization"] == f"Bearer {server.api_key}"
 
 
 def test_an_agent_that_does_nothing_scores_zero(

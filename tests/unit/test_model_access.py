@@ -30,6 +30,7 @@ class BooksRelay:
     spend_of: RunSpend = field(default_factory=RunSpend)
     granted: list[GrantRequest] = field(default_factory=list)
     ended: list[str] = field(default_factory=list)
+    opened: list[str] = field(default_factory=list)
     host_url: str = "http://127.0.0.1:4000/v1"
 
     def grant(self, request: GrantRequest) -> str:
@@ -41,6 +42,12 @@ class BooksRelay:
 
     def end(self, token: str) -> GrantReport:
         self.ended.append(token)
+        return self.report_of
+
+    def open(self, token: str) -> None:
+        self.opened.append(token)
+
+    def close(self, token: str) -> GrantReport:
         return self.report_of
 
     def spend(self) -> RunSpend:
@@ -138,6 +145,8 @@ def test_a_refused_call_for_the_budget_or_a_replay_miss_ends_the_episode() -> No
 def test_a_sandbox_with_no_way_to_this_machine_ends_the_episode_saying_so() -> None:
     model = access(BooksRelay())
     with pytest.raises(EpisodeError) as failed:
-        model.route(cast(Any, type("Elsewhere", (), {"id": "abc123456789xyz"})()), filtered=True)
+        model.open_turn(
+            cast(Any, type("Elsewhere", (), {"id": "abc123456789xyz"})()), filtered=True
+        )
     assert failed.value.failure_kind == FailureKind.RELAY_FAILED
     assert "cannot reach the model relay" in str(failed.value)

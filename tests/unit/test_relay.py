@@ -48,7 +48,10 @@ def relay(tmp_path: Path) -> Iterator[Start]:
 
 
 def grant(client: RelayClient, cassette: str = "set/task__r0", model: str = MODEL) -> str:
-    return client.grant(GrantRequest(episode="task__r0", models=(model,), cassette=cassette))
+    """A token for an episode whose agent is at work (the relay serves it until closed)."""
+    token = client.grant(GrantRequest(episode="task__r0", models=(model,), cassette=cassette))
+    client.open(token)
+    return token
 
 
 def chat(client: RelayClient, token: str, **body: Any) -> httpx.Response:
@@ -104,7 +107,9 @@ def test_a_token_calls_its_own_model_only(relay: Start) -> None:
         refused = chat(client, token, model="gpt-5-expensive")
         assert refused.status_code == 403
         assert server.requests == []
-        assert client.report(token).refused == ("a call of the model 'gpt-5-expensive'",)
+        assert client.report(token).refused == (
+            "this token calls 'scripted-model' only, not 'gpt-5-expensive'",
+        )
 
 
 def test_a_streamed_chat_answer_is_counted_the_relay_asking_for_its_usage(relay: Start) -> None:

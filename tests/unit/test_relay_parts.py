@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_harbor.relay.admission import Call, Refusal, read_call, route_of
 from pytest_harbor.relay.cassettes import Cassette, Recorded, cassette_path, request_key
 from pytest_harbor.relay.ledger import TOKEN_PREFIX, Budget, Ledger
 from pytest_harbor.relay.reports import Counts, GrantRequest
@@ -39,7 +40,6 @@ def test_the_books_count_every_grant_and_forget_a_token_once_it_ended() -> None:
     # What an ended grant spent still counts for the run.
     assert ledger.state().counts == Counts(requests=3, prompt_tokens=5, cost_usd=0.5)
     assert ledger.state().grants == 2
-    assert first.allows(None) and first.allows("m") and not first.allows("other")
 
 
 def test_a_requests_key_leaves_out_what_clients_set_anew_each_run() -> None:
@@ -115,3 +115,61 @@ def test_a_relayed_path_goes_below_the_endpoints_base_or_its_root() -> None:
     assert openai.auth("x-api-key") == [("x-api-key", "sk")]
     assert openai.auth(None) == [("authorization", "Bearer sk")]
     assert (openai.host, openai.port, openai.authority) == ("api.openai.com", 443, "api.openai.com")
+
+
+def test_a_call_is_served_only_when_its_body_is_read_as_the_endpoint_reads_it() -> None:
+    models = ("m",)
+    fine = read_call("call", "chat-completions", b'{"model": "m", "stream": true}', models)
+    assert isinstance(fine, Call) and fine.stream
+    assert json.loads(fine.body)["stream_options"] == {"include_usage": True}
+    asked = b'{"model": "m", "stream": true, "stream_options": {"include_usage": false}}'
+    again = read_call("call", "chat-completions", asked, models)
+    assert isinstance(again, Call)
+    assert json.loads(again.body)["stream_options"] == {"include_usage": True}
+    # A body goes on as it came (a key inside given twice is the endpoint's to read).
+    nested = b' { "model" : "m" , "messages": [{"a": 1, "a": 2}] } '
+    assert read_call("call", "chat-completions", nested, models) == Call(
+        "call", "chat-completions", "m", False, nested
+    )
+    for body, status in (
+        (b'{"model": "other"}', 403),
+        (b'{"model": "other", "model": "m"}', 400),
+        (b'{"model": "m", "stream": true, "stream": false}', 400),
+        (b'{"model": "m"} trailing', 400),
+        (b'{"model": "m",}', 400),
+        (b'{"model": "m" "x": 1}', 400),
+        (b'{"model": "m", "deep": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400),
+        (b'{"model": "\xff"}', 400),
+        (b'{"model": ["m"]}', 400),
+        (b'{"model": "m", "stream": 1}', 400),
+        (b'["m"]', 400),
+        (b"not json", 400),
+    ):
+        refused = read_call("call", "chat-completions", body, models)
+        assert isinstance(refused, Refusal) and refused.status == status, body
+    assert isinstance(read_call("models", None, b"", models), Call)
+    assert isinstance(read_call("models", None, b"{}", models), Refusal)
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "served"),
+    [
+        ("POST", "/v1/chat/completions", True),
+        ("POST", "/v1/messages?beta=true", True),
+        ("POST", "/v1/messages/count_tokens", True),
+        ("GET", "/v1/models", True),
+        ("GET", "/v1/models/claude-sonnet-4-5", True),
+        ("POST", "/v1/chat/completions/", False),
+        ("POST", "/v1/chat/%63ompletions", False),
+        ("POST", "/v1/chat/completions#x", False),
+        ("POST", "/v1/completions", False),
+        ("POST", "/v1/embeddings", False),
+        ("POST", "/v1/messages/batches", False),
+        ("GET", "/v1/models/../admin", False),
+        ("GET", "/admin/status", False),
+        ("DELETE", "/v1/models", False),
+        ("GET", "/v1/chat/completions", False),
+    ],
+)
+def test_the_relay_serves_the_model_api_alone(method: str, target: str, served: bool) -> None:
+    assert (not isinstance(route_of(method, target), Refusal)) == served
