@@ -69,35 +69,40 @@ sh -c "$command"
 """
 
 
-def relay_recipe(folder: Path, name: str = "relay-agent") -> Path:
+def script_recipe(folder: Path, name: str, script: str, *, causes: str = "") -> Path:
+    """A recipe whose agent is `script` (POSIX sh, installed as /usr/local/bin/NAME and run
+    with the instruction file), given the relay's URL, the token and the model in its
+    environment; `causes`, a `[causes]` table's lines."""
     path = folder / f"{name}.toml"
     install = (
-        "cat > /usr/local/bin/relay-agent <<'AGENT'\n"
-        + RELAY_AGENT
-        + "AGENT\nchmod 755 /usr/local/bin/relay-agent\n"
+        f"cat > /usr/local/bin/{name} <<'AGENT'\n"
+        + script
+        + f"AGENT\nchmod 755 /usr/local/bin/{name}\n"
     )
-    path.write_text(
-        "\n".join(
-            [
-                f'name = "{name}"',
-                'api = "chat-completions"',
-                'version = "1.0"',
-                "[install]",
-                f"script = '''\n{install}'''",
-                "timeout_sec = 120",
-                "[run]",
-                "command = 'relay-agent {{ instruction_file }}'",
-                "[run.env]",
-                'BASE_URL = "{{ model_url }}"',
-                'API_KEY = "{{ api_key }}"',
-                'MODEL = "{{ model }}"',
-                "[causes]",
-                'rate_limited = ["the model call failed"]',
-            ]
-        )
-        + "\n"
-    )
+    lines = [
+        f'name = "{name}"',
+        'api = "chat-completions"',
+        'version = "1.0"',
+        "[install]",
+        f"script = '''\n{install}'''",
+        "timeout_sec = 120",
+        "[run]",
+        f"command = '{name} {{{{ instruction_file }}}}'",
+        "[run.env]",
+        'BASE_URL = "{{ model_url }}"',
+        'API_KEY = "{{ api_key }}"',
+        'MODEL = "{{ model }}"',
+    ]
+    if causes:
+        lines += ["[causes]", causes]
+    path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def relay_recipe(folder: Path, name: str = "relay-agent") -> Path:
+    return script_recipe(
+        folder, name, RELAY_AGENT, causes='rate_limited = ["the model call failed"]'
+    )
 
 
 def task_toml(extra: str = "") -> str:

@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import Dataset, run_harbor
-from tests.integration.test_model_relay import ANSWER_TEST, agent_args, rows, task_toml
+from tests.integration.test_model_relay import (
+    ANSWER_TEST,
+    agent_args,
+    rows,
+    script_recipe,
+    task_toml,
+)
 from tests.model_server import ScriptedModel, answer
 
 pytestmark = pytest.mark.docker
@@ -51,32 +57,7 @@ sh -c "$command"
 
 
 def hostile_recipe(folder: Path) -> Path:
-    path = folder / "hostile-agent.toml"
-    install = (
-        "cat > /usr/local/bin/hostile-agent <<'AGENT'\n"
-        + HOSTILE_AGENT
-        + "AGENT\nchmod 755 /usr/local/bin/hostile-agent\n"
-    )
-    path.write_text(
-        "\n".join(
-            [
-                'name = "hostile-agent"',
-                'api = "chat-completions"',
-                'version = "1.0"',
-                "[install]",
-                f"script = '''\n{install}'''",
-                "timeout_sec = 120",
-                "[run]",
-                "command = 'hostile-agent {{ instruction_file }}'",
-                "[run.env]",
-                'BASE_URL = "{{ model_url }}"',
-                'API_KEY = "{{ api_key }}"',
-                'MODEL = "{{ model }}"',
-            ]
-        )
-        + "\n"
-    )
-    return path
+    return script_recipe(folder, "hostile-agent", HOSTILE_AGENT)
 
 
 OFFLINE = task_toml().replace("[environment]\n", '[environment]\nnetwork_mode = "no-network"\n')

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.model_server import Script, ScriptedModel
+from tests.relay_fixture import Start, started_relays
 
 
 @pytest.fixture
@@ -22,3 +24,9 @@ def serve() -> Iterator[Callable[[Script], ScriptedModel]]:
     yield start
     for server in servers:
         server.__exit__(None, None, None)
+
+
+@pytest.fixture
+def relay(tmp_path: Path) -> Iterator[Start]:
+    """Start a model relay in front of an endpoint; each is stopped after the test."""
+    yield from started_relays(tmp_path)

@@ -11,47 +11,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from pytest_harbor.relay import GrantRequest, RelayClient, RelayProcess
+from pytest_harbor.relay import RelayClient
 from tests.anthropic_server import MessagesRequest, ScriptedMessages, text
 from tests.model_server import ChatRequest, Reply, ScriptedModel, answer, error
+from tests.relay_fixture import KEY, MODEL, Start, grant
 from tests.responses_server import ResponsesRequest, ScriptedResponses, message
-
-KEY = "sk-real-endpoint-key-0123456789"
-MODEL = "scripted-model"
-
-Start = Callable[..., tuple[RelayProcess, RelayClient]]
-
-
-@pytest.fixture
-def relay(tmp_path: Path) -> Iterator[Start]:
-    """Start a relay in front of `upstream` (its key, and any other start values)."""
-    started: list[RelayProcess] = []
-
-    def start(upstream: str, **values: Any) -> tuple[RelayProcess, RelayClient]:
-        values.setdefault("api_key", KEY)
-        process = RelayProcess.start(
-            {"upstream": upstream, **values}, log=tmp_path / f"relay-{len(started)}.log"
-        )
-        started.append(process)
-        return process, process.client()
-
-    yield start
-    for process in started:
-        process.stop()
-
-
-def grant(client: RelayClient, cassette: str = "set/task__r0", model: str = MODEL) -> str:
-    """A token for an episode whose agent is at work (the relay serves it until closed)."""
-    token = client.grant(GrantRequest(episode="task__r0", models=(model,), cassette=cassette))
-    client.open(token)
-    return token
 
 
 def chat(client: RelayClient, token: str, **body: Any) -> httpx.Response:

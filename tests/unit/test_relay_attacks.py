@@ -15,7 +15,6 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -23,38 +22,11 @@ from typing import Any
 import httpx
 import pytest
 
-from pytest_harbor.relay import GrantRequest, RelayClient, RelayProcess
 from tests.local_server import LocalServer, QuietHandler
 from tests.model_server import ChatRequest, Reply, ScriptedModel, answer
+from tests.relay_fixture import KEY, MODEL, Start, grant
 
-KEY = "sk-real-endpoint-key-0123456789"
-MODEL = "scripted-model"
 OTHER = "gpt-5-expensive"
-
-Start = Callable[..., tuple[RelayProcess, RelayClient]]
-
-
-@pytest.fixture
-def relay(tmp_path: Path) -> Iterator[Start]:
-    started: list[RelayProcess] = []
-
-    def start(upstream: str, **values: Any) -> tuple[RelayProcess, RelayClient]:
-        values.setdefault("api_key", KEY)
-        process = RelayProcess.start(
-            {"upstream": upstream, **values}, log=tmp_path / f"relay-{len(started)}.log"
-        )
-        started.append(process)
-        return process, process.client()
-
-    yield start
-    for process in started:
-        process.stop()
-
-
-def grant(client: RelayClient, cassette: str = "set/task__r0", model: str = MODEL) -> str:
-    token = client.grant(GrantRequest(episode=cassette, models=(model,), cassette=cassette))
-    client.open(token)
-    return token
 
 
 def chat_body(model: str = MODEL, **extra: Any) -> dict[str, Any]:
