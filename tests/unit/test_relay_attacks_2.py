@@ -6,14 +6,17 @@ lenient endpoint otherwise, a reader that stops reading, connections held in a b
 from __future__ import annotations
 
 import json
+import re
 import resource
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.local_server import LocalServer, QuietHandler
 from tests.model_server import ChatRequest, Reply, ScriptedModel, answer
@@ -88,6 +91,42 @@ class FoldingModel(LocalServer):
                 message = {"role": "assistant", "content": "served"}
                 choice = {"index": 0, "message": message, "finish_reason": "stop"}
                 reply = {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
+                self.send_payload(200, json.dumps(reply).encode())
+
+        return Handler
+
+
+class BackgroundResponses(LocalServer):
+    """OpenAI's Responses API as it serves `background: true`: the call is answered at once
+    (`status: queued`, no usage yet) and the model works on at the endpoint, billed when it
+    ends (a later call's `previous_response_id` reads its output). Every response takes
+    600 input and 500 output tokens; `billed` sums what the endpoint charged the key."""
+
+    def __init__(self) -> None:
+        self.billed = 0
+        super().__init__()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(QuietHandler):
+            def do_POST(self) -> None:
+                data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.headers.get("Authorization") != f"Bearer {KEY}":
+                    self.send_payload(401, b'{"error":{"type":"invalid_api_key"}}')
+                    return
+                body = json.loads(data)
+                server.billed += 1100
+                usage = {"input_tokens": 600, "output_tokens": 500, "total_tokens": 1100}
+                reply: dict[str, Any] = {
+                    "id": f"resp_{server.billed}",
+                    "object": "response",
+                    "model": body.get("model"),
+                }
+                if body.get("background") is True:
+                    reply |= {"status": "queued", "background": True, "output": [], "usage": None}
+                else:
+                    reply |= {"status": "completed", "output": [], "usage": usage}
                 self.send_payload(200, json.dumps(reply).encode())
 
         return Handler
@@ -274,3 +313,75 @@ def test_connections_held_inside_a_body_do_not_starve_other_episodes(relay: Star
             for sock in held:
                 sock.close()
     assert status == 200, f"another episode's call failed: {status}"
+
+
+def test_a_background_response_is_not_a_call_the_budget_never_sees(relay: Start) -> None:
+    """`background: true` has the Responses API answer at once with no usage and bill the
+    work when it ends, at the endpoint: the relay counts each such call from the few
+    bytes of its answer, and an agent runs as many as it likes past the cap."""
+    with BackgroundResponses() as server:
+        _, client = relay(server.url, max_tokens=5000)
+        token = grant(client)
+        body = {"model": MODEL, "input": "write a long essay", "background": True}
+        with httpx.Client(timeout=30) as http:
+            statuses = [
+                http.post(
+                    f"{client.host_url}/responses",
+                    json=body,
+                    headers={"Authorization": f"Bearer {token}"},
+                ).status_code
+                for _ in range(20)
+            ]
+        counted = client.spend().counts
+        billed = server.billed
+    assert billed <= 5000 + 1100, (
+        f"the endpoint billed {billed} tokens under a 5000-token cap; the relay counted "
+        f"{counted.tokens} ({counted.estimated} estimated calls); answers {set(statuses)}"
+    )
+
+
+def _many_objects(size: int) -> bytes:
+    """A call's body of `size` bytes, most of them a list of empty objects."""
+    start = b'{"model":"%s","messages":[{"role":"user","content":"hi"}],"x":[' % MODEL.encode()
+    return start + b"{}," * ((size - len(start)) // 3) + b"{}]}"
+
+
+def _one_byte_chunks(size: int) -> bytes:
+    """A call's body of about `size` bytes sent in chunks of one byte."""
+    body = json.dumps(chat_body(x=" " * size)).encode()
+    return b"".join(b"1\r\n%c\r\n" % byte for byte in body) + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("size", "framing"),
+    [(16 << 20, "length"), (512 << 10, "chunks")],
+    ids=["json-of-empty-objects", "one-byte-chunks"],
+)
+def test_a_body_costs_the_relay_about_its_size_in_memory(
+    relay: Start, size: int, framing: str
+) -> None:
+    """The relay caps a body at 64 MiB, but what it holds for one is not its size: every
+    chunk of a chunked body is kept as an object of its own (a byte of body costs some 80
+    in the relay), and a body is parsed whole into Python objects to find its members (an
+    empty object, three bytes, costs some 70). One agent's request takes the relay's
+    memory by gigabytes, the memory every episode's calls share."""
+    with ScriptedModel(lambda request: answer("ok"), api_key=KEY) as server:
+        process, client = relay(server.url)
+        token = grant(client)
+        pid = process.process.pid
+
+        def peak_mib() -> int:
+            status = Path(f"/proc/{pid}/status").read_text()
+            return int(re.search(r"VmHWM:\s+(\d+) kB", status)[1]) // 1024  # type: ignore[index]
+
+        before = peak_mib()
+        if framing == "length":
+            data = request("POST", "/v1/chat/completions", token, _many_objects(size))
+        else:
+            data = request(
+                "POST", "/v1/chat/completions", token, headers=("Transfer-Encoding: chunked",)
+            ).replace(b"Content-Length: 0\r\n", b"") + _one_byte_chunks(size)
+        got = raw(client.address.port, data, read_for=8.0, until=b"}}")
+        grown = peak_mib() - before
+    assert got.startswith(b"HTTP/1.1 200"), got[:100]
+    assert grown <= 4 * size / 2**20 + 16, f"the relay grew by {grown} MiB for {size >> 10} KiB"
