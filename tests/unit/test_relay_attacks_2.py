@@ -385,3 +385,41 @@ def test_a_body_costs_the_relay_about_its_size_in_memory(
         grown = peak_mib() - before
     assert got.startswith(b"HTTP/1.1 200"), got[:100]
     assert grown <= 4 * size / 2**20 + 16, f"the relay grew by {grown} MiB for {size >> 10} KiB"
+
+
+def test_an_agent_cannot_make_the_relay_record_an_endpoint_error(relay: Start) -> None:
+    """A call the relay could not send on is recorded as `api_error`, the endpoint's
+    failure (an episode the engine retries, not the agent's crash). The agent makes the
+    relay unable to: connections held inside a body take the relay's files, and its own
+    call, begun first, then finds none for the endpoint's connection."""
+    with ScriptedModel(lambda request: answer("ok"), api_key=KEY) as server:
+        process, client = relay(server.url)
+        resource.prlimit(process.process.pid, resource.RLIMIT_NOFILE, (1024, 1024))
+        token = grant(client)
+        body = json.dumps(chat_body()).encode()
+        call = socket.create_connection(("127.0.0.1", client.address.port))
+        call.sendall(request("POST", "/v1/chat/completions", token, body)[:-1])
+        head = request("POST", "/v1/chat/completions", token).replace(
+            b"Content-Length: 0", b"Content-Length: 100"
+        )
+        held: list[socket.socket] = [call]
+        try:
+            for _ in range(1200):
+                try:
+                    sock = socket.create_connection(("127.0.0.1", client.address.port), 1)
+                    sock.sendall(head + b"{")
+                    held.append(sock)
+                except OSError:
+                    break
+                time.sleep(0.002)
+            call.settimeout(5)
+            call.sendall(body[-1:])
+            got = call.recv(65536)
+        finally:
+            for sock in held:
+                sock.close()
+        report = client.report(token)
+        served = len(server.requests)
+    assert report.causes == (), (
+        f"recorded {report.causes} with the endpoint asked {served} times: {got[:12]!r}"
+    )
