@@ -1,7 +1,9 @@
-"""The model relay attacked again at the wire by the agent it serves (see
-test_relay_attacks.py for the harness): a request begun while the token served and
-finished after, the budget's expectation driven down before a burst, a body read by a
-lenient endpoint otherwise, a reader that stops reading, connections held in a body."""
+"""The model relay attacked again at the wire by the agent it serves (the harness is
+test_relay_attacks.py's): a request begun while its token served and finished after, the
+budget's expectation driven down before a burst, members a Go or ASP.NET endpoint reads in
+another case, background responses, a reader that stops reading, connections held inside
+a body, bodies that cost the relay many times their size, an endpoint error the relay
+records for a call it never sent."""
 
 from __future__ import annotations
 
@@ -236,7 +238,7 @@ def test_a_stream_named_in_another_case_still_carries_usage(relay: Start) -> Non
         got = raw(
             client.address.port,
             request("POST", "/v1/chat/completions", token, body),
-            until=b"0\r\n\r\n",
+            until=b"[DONE]\n\n",
         )
         counts = client.report(token).counts
         calls = list(server.calls)
@@ -423,3 +425,32 @@ def test_an_agent_cannot_make_the_relay_record_an_endpoint_error(relay: Start) -
     assert report.causes == (), (
         f"recorded {report.causes} with the endpoint asked {served} times: {got[:12]!r}"
     )
+
+
+# ====================================================================== guarantees that held
+
+
+def test_calls_pipelined_on_one_connection_are_each_checked_and_counted(relay: Start) -> None:
+    """Several requests in one write, framed by length and by chunks, a HEAD among them:
+    each call is read on its own, the other model's refused, the rest counted."""
+    with ScriptedModel(lambda request: answer("ok", usage=(600, 500)), api_key=KEY) as server:
+        _, client = relay(server.url)
+        token = grant(client)
+        body = json.dumps(chat_body()).encode()
+        chunked = request(
+            "POST", "/v1/chat/completions", token, headers=("Transfer-Encoding: chunked",)
+        ).replace(b"Content-Length: 0\r\n", b"")
+        data = (
+            request("POST", "/v1/chat/completions", token, body)
+            + chunked
+            + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+            + request("POST", "/v1/chat/completions", token, json.dumps(chat_body(OTHER)).encode())
+            + request("HEAD", "/v1/chat/completions", token, body)
+        )
+        got = raw(client.address.port, data, read_for=5.0)
+        counts = client.report(token).counts
+        served = [request.body["model"] for request in server.requests]
+    assert served == [MODEL, MODEL]
+    assert (counts.requests, counts.tokens) == (2, 2200), counts
+    statuses = re.findall(rb"HTTP/1.1 (\d+)", got)
+    assert statuses == [b"200", b"200", b"403", b"403"], statuses
