@@ -96,7 +96,7 @@ class PreFlight:
                     provider.check_ready()
                 except SandboxStartError as error:
                     raise pytest.UsageError(f"{where} {provider.name}: {error}") from None
-        check_spend_options(run.options.model)
+        check_spend_options(run.options.model, None if run.model is None else run.model.name)
         self.relay = start_relay(run)
 
     def _start_taskset(self, config: pytest.Config, target: Target, plan: TasksetPlan) -> None:

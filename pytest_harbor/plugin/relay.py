@@ -15,8 +15,10 @@ from pytest_harbor.relay import RelayError, RelayProcess, RunSpend
 __all__ = ["check_spend_options", "spend_line", "start_relay", "stop_relay"]
 
 
-def check_spend_options(model: ModelOptions) -> None:
-    """Options about model calls that cannot go together, as usage errors."""
+def check_spend_options(model: ModelOptions, name: str | None) -> None:
+    """Options about the calls of the model `name` that cannot go together, as usage
+    errors: a cost cap on a model the price table does not price among them (its calls
+    would cost the budget nothing)."""
     if model.record is not None and model.replay is not None:
         raise pytest.UsageError(
             "--harbor-record with --harbor-replay: a replay answers from a recording; "
@@ -24,13 +26,18 @@ def check_spend_options(model: ModelOptions) -> None:
         )
     if model.replay is not None and not model.replay.is_dir():
         raise pytest.UsageError(f"--harbor-replay: {model.replay} is not a folder")
-    if model.prices is not None:
-        from pytest_harbor.relay.prices import PriceTableError, load_prices
+    from pytest_harbor.relay.prices import PriceTableError, default_prices, load_prices
 
-        try:
-            load_prices(model.prices)
-        except PriceTableError as error:
-            raise pytest.UsageError(f"--harbor-prices: {error}") from None
+    try:
+        table = default_prices() if model.prices is None else load_prices(model.prices)
+    except PriceTableError as error:
+        raise pytest.UsageError(f"--harbor-prices: {error}") from None
+    if model.max_cost_usd is not None and name is not None and table.price_of(name) is None:
+        raise pytest.UsageError(
+            f"--harbor-max-cost: the price table has no price for {name!r}, so its calls "
+            "would cost the budget nothing; give a table that prices it (--harbor-prices) "
+            "or cap tokens instead (--harbor-max-tokens)"
+        )
 
 
 def start_relay(run: HarborRun) -> RelayProcess | None:

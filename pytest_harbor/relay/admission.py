@@ -5,9 +5,12 @@ The relay serves the model API and nothing else of the endpoint's host: the thre
 (`POST /v1/chat/completions`, `/v1/responses`, `/v1/messages`), Anthropic's token count,
 and the model list. A path is compared as written (no percent escapes, no fragment, no
 trailing slash), so that what the relay judges is what the endpoint routes. A call's body
-must be one JSON object (UTF-8) with no member given twice, naming the token's model as a
+must be one JSON object (UTF-8) whose top-level names are ASCII and distinct even
+ignoring case (Go's and .NET's readers match names so), naming the token's model as a
 string, with `stream` a boolean when given: an endpoint more lenient than that would read
-a model or a stream the relay did not check. The body goes on as it came, but for a
+a model or a stream the relay did not check. A Responses call in the background (billed
+after its answer) is refused, as is a body of more than `MOST_CONTAINERS` objects and
+arrays (each costs the relay memory to read). The body goes on as it came, but for a
 streamed Chat Completions call's `stream_options.include_usage`, which the relay sets.
 """
 
@@ -18,10 +21,17 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pytest_harbor.relay.reports import Counts
 from pytest_harbor.relay.usage import Api
 
-__all__ = ["CALLS", "Call", "Expected", "Refusal", "read_call", "route_of"]
+__all__ = [
+    "CALLS",
+    "MOST_CONTAINERS",
+    "Call",
+    "Refusal",
+    "expected_tokens",
+    "read_call",
+    "route_of",
+]
 
 #: The model calls, counted and held to the budget.
 CALLS: dict[str, Api] = {
@@ -34,6 +44,16 @@ _COUNTS_TOKENS = "/v1/messages/count_tokens"
 _MODELS = "/v1/models"
 _MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
 _QUERY = re.compile(r"[A-Za-z0-9_.=&-]{0,200}")
+_NAME = re.compile(r"[\x20-\x7e]{1,200}")
+#: The most objects and arrays a body may hold (its `{` and `[`, strings' included): a
+#: conversation of a million-token context holds far fewer; each costs memory to read.
+MOST_CONTAINERS = 1_000_000
+#: The parameters that bound a call's completion, by API.
+_COMPLETION_BOUNDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+#: The completion a call is expected to take when it names no bound and the run has
+#: counted no longer one: a long answer's worth.
+_COMPLETION_FLOOR = 4096
+_BYTES_PER_TOKEN = 4
 
 Kind = Literal["call", "count", "models"]
 
@@ -58,6 +78,8 @@ class Call:
     stream: bool = False
     #: The body as it goes on (a streamed Chat Completions call asks for its usage).
     body: bytes = b""
+    #: The most completion tokens the call asks for, when it names a bound.
+    completion_bound: int | None = None
 
 
 def route_of(method: str, target: str) -> tuple[Kind, Api | None] | Refusal:
@@ -87,12 +109,13 @@ def read_call(kind: Kind, api: Api | None, body: bytes, models: tuple[str, ...])
         if body:
             return Refusal(400, "invalid_request_error", "a model list request has no body")
         return Call(kind)
-    members = _members(body)
-    if members is None:
-        return Refusal(400, "invalid_request_error", "the body is not one JSON object")
-    fields = dict(members)
-    if len(fields) != len(members):
-        return Refusal(400, "invalid_request_error", "the body gives a member twice")
+    fields = _fields(body)
+    if isinstance(fields, Refusal):
+        return fields
+    if api == "responses" and fields.get("background") not in (None, False):
+        return Refusal(
+            400, "invalid_request_error", "a background response is billed after its answer"
+        )
     model, stream = fields.get("model"), fields.get("stream", False)
     if not isinstance(model, str):
         return Refusal(400, "invalid_request_error", "the body names no model (a string)")
@@ -105,7 +128,46 @@ def read_call(kind: Kind, api: Api | None, body: bytes, models: tuple[str, ...])
     sent = body
     if kind == "call" and api == "chat-completions" and stream:
         sent = _with_stream_usage(body, fields)
-    return Call(kind, api, model, stream, sent)
+    return Call(kind, api, model, stream, sent, _completion_bound(fields))
+
+
+def _fields(body: bytes) -> dict[str, Any] | Refusal:
+    """The top-level members of a call's body, when it is one JSON object of plain,
+    distinct names (ignoring case) and not too many objects and arrays to read."""
+    if body.count(b"{") + body.count(b"[") > MOST_CONTAINERS:
+        return Refusal(
+            413, "invalid_request_error", f"more than {MOST_CONTAINERS} objects and arrays"
+        )
+    members = _members(body)
+    if members is None:
+        return Refusal(400, "invalid_request_error", "the body is not one JSON object")
+    names = [name for name, _ in members]
+    if not all(_NAME.fullmatch(name) for name in names):
+        return Refusal(400, "invalid_request_error", "a member's name is not plain ASCII")
+    if len({name.lower() for name in names}) != len(names):
+        return Refusal(400, "invalid_request_error", "the body gives a member twice")
+    return dict(members)
+
+
+def _completion_bound(fields: dict[str, Any]) -> int | None:
+    """The fewest completion tokens a call's bounds allow, when it names any."""
+    bounds = [
+        value
+        for name in _COMPLETION_BOUNDS
+        if isinstance(value := fields.get(name), int) and not isinstance(value, bool) and value > 0
+    ]
+    return min(bounds) if bounds else None
+
+
+def expected_tokens(call: Call, longest_completion: int) -> tuple[int, int]:
+    """(prompt, completion) tokens a call is expected to take before its answer says: its
+    body's size for the prompt, its own bound for the completion, else the longest the run
+    counted (at least a long answer's worth). An agent cannot lower what its next call is
+    expected to take by the calls it made before."""
+    prompt = len(call.body) // _BYTES_PER_TOKEN
+    if call.completion_bound is not None:
+        return prompt, call.completion_bound
+    return prompt, max(_COMPLETION_FLOOR, longest_completion)
 
 
 _SPACE = re.compile(r"[ \t\n\r]*")
@@ -159,24 +221,3 @@ def _with_stream_usage(body: bytes, fields: dict[str, Any]) -> bytes:
     options = dict(options) if isinstance(options, dict) else {}
     options["include_usage"] = True
     return json.dumps({**fields, "stream_options": options}).encode()
-
-
-@dataclass(frozen=True)
-class Expected:
-    """What a call is expected to take before its answer says: the mean of the run's
-    calls so far, or, before any was counted, everything the budget has left (so that the
-    run's first calls go one at a time)."""
-
-    counts: Counts | None
-
-    @classmethod
-    def of(cls, spent: Counts, counted: int) -> Expected:
-        if counted == 0:
-            return cls(None)
-        return cls(
-            Counts(
-                prompt_tokens=spent.prompt_tokens // counted,
-                completion_tokens=spent.completion_tokens // counted,
-                cost_usd=spent.cost_usd / counted,
-            )
-        )

@@ -5,6 +5,7 @@ short (the harness gone, its grant closed) counted as far as it went."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from pytest_harbor.relay.cassettes import Cassette, Recorded, cassette_path
 from pytest_harbor.relay.ledger import Grant, Ledger
 from pytest_harbor.relay.prices import PriceTable
 from pytest_harbor.relay.reports import Counts, RelayStart
-from pytest_harbor.relay.upstream import AUTH_HEADERS, Connection, Upstream
+from pytest_harbor.relay.upstream import Connection, Upstream
 from pytest_harbor.relay.usage import Api, CallUsage, StreamUsage, usage_of_body, verdict
 from pytest_harbor.relay.wire import (
     BODY_CAP,
@@ -30,6 +31,16 @@ from pytest_harbor.relay.wire import (
 __all__ = ["REPLAY_MISS", "Exchanges", "refusal_body"]
 
 REPLAY_MISS = "replay_miss"
+#: The request headers passed on to the endpoint: what the APIs read of a call. Others
+#: (an organization or project to bill, cookies, an SDK's own) stay with the relay.
+PASSED_ON = frozenset(
+    {"content-type", "accept", "user-agent", "anthropic-version", "anthropic-beta", "openai-beta"}
+)
+#: How long the harness may take to read each piece of its answer before it is left.
+SEND_S = 30.0
+#: A failure to reach the endpoint that is this machine's own (out of files, of memory),
+#: not the endpoint's: answered without being taken for the endpoint's error.
+_LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 #: Bytes to a token, when an answer gave no counts and they are reckoned from its size.
 _BYTES_PER_TOKEN = 4
 _EXCHANGE_ERRORS = (OSError, WireError, TimeoutError, asyncio.IncompleteReadError)
@@ -86,11 +97,7 @@ class Exchanges:
     ) -> bool:
         """The call sent on with the key in the header the harness used; its answer passed
         back. False when the harness's connection cannot carry another request."""
-        headers = [
-            (name, value)
-            for name, value in head.passed_on()
-            if name not in AUTH_HEADERS and name not in ("accept-encoding", "content-encoding")
-        ]
+        headers = [(name, value) for name, value in head.passed_on() if name in PASSED_ON]
         headers += [("host", self.upstream.authority), ("accept-encoding", "identity")]
         headers += self.upstream.auth(used)
         request = Head(
@@ -100,6 +107,12 @@ class Exchanges:
         try:
             connection, answer = await self._exchange(request, body)
         except _EXCHANGE_ERRORS as error:
+            if isinstance(error, OSError) and error.errno in _LOCAL_ERRNOS:
+                # The relay's own shortage: not the endpoint's error, and no call was made.
+                refusal = refusal_body("overloaded_error", f"the relay cannot call now: {error}")
+                write_head(writer, Head(status=503, headers=_JSON), length=len(refusal))
+                writer.write(refusal)
+                return False
             what = f"the endpoint did not answer: {error or type(error).__name__}"
             grant.saw("api_error", what)
             self._cut_short(grant, call, b"")
@@ -114,8 +127,9 @@ class Exchanges:
 
     async def _exchange(self, request: Head, body: bytes) -> tuple[Connection, Head]:
         """Send the request; the answer's head (interim 1xx heads skipped). A kept
-        connection the endpoint closed meanwhile is tried once more on a new one."""
-        for attempt in range(2):
+        connection the endpoint closed before answering anything is tried once more on a
+        new one; nothing else is sent twice."""
+        while True:
             connection = await self.upstream.connect()
             try:
                 write_head(connection.writer, request, length=len(body))
@@ -127,14 +141,13 @@ class Exchanges:
                 if answer is None:
                     raise ConnectionResetError("the endpoint closed the connection")
                 return connection, answer
-            except _EXCHANGE_ERRORS:
+            except (ConnectionError, asyncio.IncompleteReadError):
                 connection.close()
-                if attempt:
+                if not connection.reused:
                     raise
-            except asyncio.CancelledError:
+            except BaseException:
                 connection.close()
                 raise
-        raise AssertionError("unreachable")
 
     async def _pass_answer(
         self,
@@ -151,9 +164,15 @@ class Exchanges:
         content_type = answer.get("content-type") or ""
         streamed = content_type.startswith("text/event-stream")
         has_body = head.method != "HEAD" and answer.status not in (204, 304)
+        try:
+            length = answer.length if has_body else 0
+        except WireError:
+            connection.close()
+            self._cut_short(grant, call, b"")
+            raise
         copy = _AnswerCopy(
             writer,
-            length=answer.length if has_body else 0,
+            length=length,
             stream=StreamUsage(call.api) if call.api is not None and streamed else None,
         )
         out = Head(status=answer.status, reason=answer.reason, headers=answer.passed_on())
@@ -290,6 +309,9 @@ class _AnswerCopy:
                 write_chunk(self.writer, chunk)
             elif chunk:
                 self.writer.write(chunk)
-            await self.writer.drain()
-        except ConnectionError:
+            await asyncio.wait_for(self.writer.drain(), SEND_S)
+        except (ConnectionError, TimeoutError):
+            # A harness that went away, or reads nothing, is left; the answer is still
+            # read to its end and counted.
             self.client_gone = True
+            self.writer.close()

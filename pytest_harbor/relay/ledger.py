@@ -7,7 +7,6 @@ import asyncio
 import secrets
 from dataclasses import dataclass, field
 
-from pytest_harbor.relay.admission import Expected
 from pytest_harbor.relay.reports import Counts, GrantReport, GrantRequest, RunSpend
 
 __all__ = ["MOST_AT_ONCE", "TOKEN_PREFIX", "Budget", "Grant", "Ledger"]
@@ -80,21 +79,22 @@ class Budget:
 class Ledger:
     """Every grant of the run, and the run's spend. Grants that ended still count.
 
-    A call is admitted while the run's spend, with what the calls under way are expected
-    to take, stays under the budget; else it waits for one of them to end, or, with none
-    under way, is refused once the budget is reached. So a run passes its cap by at most
-    what one call takes beyond its expectation, whatever the calls at once."""
+    A call is admitted while the run's spend, with what it and the calls under way are
+    expected to take (admission.expected_tokens), stays under the budget; else it waits for
+    one of them to end. With none under way a call is admitted until the budget is reached.
+    So the calls under way pass the cap only by what they take beyond their expectation."""
 
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
         self._grants: dict[str, Grant] = {}
         self.spent = Counts()
         self.made = 0
-        #: What the calls under way are expected to take, how many they are, and how
-        #: many calls were counted from their answers (the expectation's base).
+        #: What the calls under way are expected to take, and how many they are.
         self.reserved = Counts()
         self.under_way = 0
-        self.counted = 0
+        #: The longest completion counted from an answer (the expectation of a call that
+        #: names no bound of its own).
+        self.longest_completion = 0
 
     def grant(self, request: GrantRequest) -> Grant:
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
@@ -113,23 +113,27 @@ class Ledger:
     def charge(self, grant: Grant, counts: Counts) -> None:
         grant.counts = grant.counts + counts
         self.spent = self.spent + counts
-        if counts.requests and not counts.estimated:
-            self.counted += counts.requests
+        self.longest_completion = max(self.longest_completion, counts.completion_tokens)
 
-    def admits(self) -> tuple[bool, Counts] | None:
-        """(admitted now, what to reserve), or (False, ...) to wait for a call under way
-        to end; None when the budget is reached and nothing is under way to wait for."""
+    def admits(self, expected: Counts) -> bool | None:
+        """Whether a call `expected` to take so much is admitted now (False: it waits for a
+        call under way to end); None when the budget is reached and nothing is under way
+        to wait for."""
         if not self.budget.capped:
-            return True, Counts()
+            return True
         if self.budget.reached(self.spent) is not None:
-            return None if self.under_way == 0 else (False, Counts())
-        expected = Expected.of(self.spent, self.counted).counts
+            return None if self.under_way == 0 else False
         if self.under_way == 0:
-            return True, expected or Counts()
-        if expected is None:
-            return False, Counts()
-        projected = self.spent + self.reserved + expected
-        return self.budget.reached(projected) is None, expected
+            return True
+        return self.budget.reached(self.spent + self.reserved + expected) is None
+
+    def reserve(self, expected: Counts) -> None:
+        self.reserved = self.reserved + expected
+        self.under_way += 1
+
+    def release(self, expected: Counts) -> None:
+        self.reserved = self.reserved - expected
+        self.under_way -= 1
 
     def state(self) -> RunSpend:
         return RunSpend(

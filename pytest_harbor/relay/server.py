@@ -29,13 +29,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pytest_harbor.relay.admission import Call, Refusal, read_call, route_of
+from pytest_harbor.relay.admission import Call, Refusal, expected_tokens, read_call, route_of
 from pytest_harbor.relay.calls import Exchanges, refusal_body
 from pytest_harbor.relay.cassettes import request_key
 from pytest_harbor.relay.ledger import MOST_AT_ONCE, Budget, Grant, Ledger
 from pytest_harbor.relay.prices import PriceTable, default_prices, load_prices
 from pytest_harbor.relay.reports import Counts, GrantRequest, RelayStart
 from pytest_harbor.relay.upstream import AUTH_HEADERS, Upstream
+from pytest_harbor.relay.usage import CallUsage
 from pytest_harbor.relay.wire import (
     BODY_CAP,
     HEAD_CAP,
@@ -69,8 +70,10 @@ class Relay:
         self.ledger = Ledger(Budget(start.max_cost_usd, start.max_tokens))
         self.upstream = Upstream(start.upstream, start.api_key)
         self.exchanges = Exchanges(start, prices, self.ledger, self.upstream)
+        self.prices = prices
         self._servers: dict[str, asyncio.base_events.Server] = {}
-        self._room = asyncio.Condition()
+        #: Set whenever a call under way ends: the calls waiting for room look again.
+        self._ended = asyncio.Event()
         #: Open connections, oldest first, with whether each is waiting between requests.
         self._connections: dict[asyncio.StreamWriter, bool] = {}
         self.port = 0
@@ -150,18 +153,22 @@ class Relay:
         if refusal is not None or grant is None or isinstance(route, Refusal):
             refused = refusal or Refusal(401, "authentication_error", "unknown or ended token")
             return _refuse(writer, refused, close=True)
-        if head.expects_continue:
-            writer.write(_CONTINUE)
-        body = await asyncio.wait_for(read_body(reader, head), BODY_S)
-        kind, api = route
-        call = read_call(kind, api, body, grant.request.models)
-        if isinstance(call, Refusal):
-            grant.note(grant.refused, call.message)
-            return _refuse(writer, call, close=False)
+        # Under way from its head on: closing the grant ends it even while its body comes.
         task = asyncio.current_task()
         assert task is not None
         grant.tasks.add(task)
         try:
+            if head.expects_continue:
+                writer.write(_CONTINUE)
+            body = await asyncio.wait_for(read_body(reader, head), BODY_S)
+            if not grant.open or self.ledger.find(token) is not grant:
+                refusal = Refusal(401, "authentication_error", "the token closed meanwhile")
+                return _refuse(writer, refusal, close=True)
+            kind, api = route
+            call = read_call(kind, api, body, grant.request.models)
+            if isinstance(call, Refusal):
+                grant.note(grant.refused, call.message)
+                return _refuse(writer, call, close=False)
             return await self._serve(grant, head, call, used, writer)
         finally:
             grant.tasks.discard(task)
@@ -171,13 +178,12 @@ class Relay:
     ) -> bool:
         reserved = Counts()
         if call.kind == "call":
-            admitted = await self._admit()
-            if admitted is None:
+            reserved = self._expected(call)
+            if not await self._admit(reserved):
                 grant.refused_for_budget += 1
                 reached = self.ledger.budget.reached(self.ledger.spent) or "budget spent"
                 refusal = Refusal(402, BUDGET_SPENT, f"the run's budget: {reached}")
                 return _refuse(writer, refusal, close=False)
-            reserved = admitted
         try:
             kept = self.start.record is not None or self.start.replay is not None
             key = request_key(head.method, head.target, call.body) if kept else ""
@@ -187,28 +193,30 @@ class Relay:
             return await self.exchanges.forward(grant, head, call, used, key, writer)
         finally:
             if call.kind == "call":
-                await self._release(reserved)
+                # At once, with no await: a second cancel cannot skip it.
+                self.ledger.release(reserved)
+                self._ended.set()
 
-    async def _admit(self) -> Counts | None:
-        """Room for one model call under the budget (what it reserves), waiting for calls
-        under way while there is none; None once the budget is spent."""
-        async with self._room:
-            while True:
-                verdict = self.ledger.admits()
-                if verdict is None:
-                    return None
-                admitted, expected = verdict
-                if admitted:
-                    self.ledger.reserved = self.ledger.reserved + expected
-                    self.ledger.under_way += 1
-                    return expected
-                await self._room.wait()
+    def _expected(self, call: Call) -> Counts:
+        """What a call is expected to take, in tokens and, priced, in dollars."""
+        prompt, completion = expected_tokens(call, self.ledger.longest_completion)
+        price = self.prices.price_of(call.model or "")
+        usage = CallUsage(prompt_tokens=prompt, completion_tokens=completion)
+        cost = 0.0 if price is None else price.cost(usage)
+        return Counts(prompt_tokens=prompt, completion_tokens=completion, cost_usd=cost)
 
-    async def _release(self, reserved: Counts) -> None:
-        async with self._room:
-            self.ledger.reserved = self.ledger.reserved - reserved
-            self.ledger.under_way -= 1
-            self._room.notify_all()
+    async def _admit(self, expected: Counts) -> bool:
+        """Room for one model call under the budget (reserved), waiting for calls under
+        way while there is none; False once the budget is spent."""
+        while True:
+            admitted = self.ledger.admits(expected)
+            if admitted is None:
+                return False
+            if admitted:
+                self.ledger.reserve(expected)
+                return True
+            self._ended.clear()
+            await self._ended.wait()
 
     # ------------------------------------------------------------------ the run's asks
 

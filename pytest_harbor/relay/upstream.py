@@ -25,6 +25,8 @@ _CONNECT_S = 30.0
 class Connection:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    #: Kept from an earlier call (the endpoint may have closed it meanwhile).
+    reused: bool = False
 
     def usable(self) -> bool:
         return not self.reader.at_eof() and not self.writer.is_closing()
@@ -74,6 +76,7 @@ class Upstream:
         while self._idle:
             connection = self._idle.pop()
             if connection.usable():
+                connection.reused = True
                 return connection
             connection.close()
         reader, writer = await asyncio.wait_for(

@@ -231,14 +231,12 @@ async def _chunks(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
 
 async def read_body(reader: asyncio.StreamReader, head: Head, *, cap: int = BODY_CAP) -> bytes:
     """A request's whole body (a request without length or chunks has none)."""
-    parts: list[bytes] = []
-    size = 0
+    body = bytearray()  # one buffer, however small the pieces it comes in
     async for chunk in body_chunks(reader, head, until_close=False):
-        size += len(chunk)
-        if size > cap:
+        if len(body) + len(chunk) > cap:
             raise WireError(f"a body over {cap} bytes")
-        parts.append(chunk)
-    return b"".join(parts)
+        body += chunk
+    return bytes(body)
 
 
 def write_head(

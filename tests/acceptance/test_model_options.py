@@ -185,6 +185,13 @@ def test_spend_options_that_contradict_are_usage_errors(
     )
     assert table.ret == pytest.ExitCode.USAGE_ERROR
     table.stderr.fnmatch_lines(["*--harbor-prices: *prices.toml: models.m.input: *"])
+    unpriced = pytester.runpytest(
+        f"--harbor-dataset={dataset}", *server.options(), "--harbor-max-cost=5"
+    )
+    assert unpriced.ret == pytest.ExitCode.USAGE_ERROR
+    unpriced.stderr.fnmatch_lines(
+        ["*--harbor-max-cost: the price table has no price for 'scripted-model'*"]
+    )
 
 
 def test_the_manifest_names_the_model_but_not_its_key_and_resume_refuses_another(

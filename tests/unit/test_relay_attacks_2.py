@@ -22,7 +22,6 @@ import pytest
 
 from tests.local_server import LocalServer, QuietHandler
 from tests.model_server import ChatRequest, Reply, ScriptedModel, answer
-from tests.unit import test_relay_attacks
 from tests.unit.test_relay_attacks import (
     KEY,
     MODEL,
@@ -33,8 +32,6 @@ from tests.unit.test_relay_attacks import (
     raw,
     request,
 )
-
-relay = test_relay_attacks.relay
 
 
 def _post(url: str, token: str, body: dict[str, Any], timeout: float = 30) -> httpx.Response:
@@ -242,6 +239,10 @@ def test_a_stream_named_in_another_case_still_carries_usage(relay: Start) -> Non
         )
         counts = client.report(token).counts
         calls = list(server.calls)
+    if got.startswith(b"HTTP/1.1 400"):
+        # Names equal but for their case are refused before any endpoint reads them.
+        assert calls == [] and b"a member twice" in got
+        return
     assert b"data: " not in got or counts.estimated == 0, (
         f"streamed ({calls}) with no usage asked: counted {counts}"
     )
@@ -385,7 +386,9 @@ def test_a_body_costs_the_relay_about_its_size_in_memory(
             ).replace(b"Content-Length: 0\r\n", b"") + _one_byte_chunks(size)
         got = raw(client.address.port, data, read_for=8.0, until=b"}}")
         grown = peak_mib() - before
-    assert got.startswith(b"HTTP/1.1 200"), got[:100]
+    # Served, or refused for holding more objects and arrays than a call may (before
+    # the relay parsed it); either way the relay held about the body's size.
+    assert got.startswith((b"HTTP/1.1 200", b"HTTP/1.1 413")), got[:100]
     assert grown <= 4 * size / 2**20 + 16, f"the relay grew by {grown} MiB for {size >> 10} KiB"
 
 
