@@ -7,9 +7,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from pytest_harbor.relay import GrantRequest, RelayClient, RelayProcess
 
-__all__ = ["KEY", "MODEL", "Start", "grant", "started_relays"]
+__all__ = ["KEY", "MODEL", "Start", "another_call", "grant", "started_relays"]
 
 #: The endpoint's key: the relay holds it, no harness ever does.
 KEY = "sk-real-endpoint-key-0123456789"
@@ -43,3 +45,18 @@ def grant(client: RelayClient, cassette: str = "set/task__r0", model: str = MODE
     token = client.grant(GrantRequest(episode=cassette, models=(model,), cassette=cassette))
     client.open(token)
     return token
+
+
+def another_call(client: RelayClient, token: str, timeout: float) -> int | str:
+    """The status of another episode's ordinary call, or the name of its failure: what
+    an attack must leave working."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        return httpx.post(
+            f"{client.host_url}/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+        ).status_code
+    except httpx.HTTPError as error:
+        return type(error).__name__

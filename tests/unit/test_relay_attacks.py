@@ -24,7 +24,7 @@ import pytest
 
 from tests.local_server import LocalServer, QuietHandler
 from tests.model_server import ChatRequest, Reply, ScriptedModel, answer
-from tests.relay_fixture import KEY, MODEL, Start, grant
+from tests.relay_fixture import KEY, MODEL, Start, another_call, grant
 
 OTHER = "gpt-5-expensive"
 
@@ -350,16 +350,7 @@ def test_one_agent_s_idle_connections_do_not_starve_other_episodes(relay: Start)
                 except OSError:
                     break
             time.sleep(0.5)
-            try:
-                reply = httpx.post(
-                    f"{client.host_url}/chat/completions",
-                    json=chat_body(),
-                    headers={"Authorization": f"Bearer {other}"},
-                    timeout=10,
-                )
-                status: int | str = reply.status_code
-            except httpx.HTTPError as error:
-                status = type(error).__name__
+            status = another_call(client, other, 10)
         finally:
             for sock in held:
                 sock.close()

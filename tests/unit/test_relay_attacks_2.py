@@ -22,6 +22,7 @@ import pytest
 
 from tests.local_server import LocalServer, QuietHandler
 from tests.model_server import ChatRequest, Reply, ScriptedModel, answer
+from tests.relay_fixture import another_call
 from tests.unit.test_relay_attacks import (
     KEY,
     MODEL,
@@ -276,10 +277,7 @@ def test_an_agent_that_stops_reading_its_answer_does_not_stall_other_episodes(
             sock.sendall(request("POST", "/v1/chat/completions", agent, body))
             time.sleep(1.0)
             started = time.monotonic()
-            try:
-                status: int | str = _post(client.host_url, other, chat_body(), 5).status_code
-            except httpx.HTTPError as error:
-                status = type(error).__name__
+            status = another_call(client, other, 5)
             took = time.monotonic() - started
         finally:
             sock.close()
@@ -308,10 +306,7 @@ def test_connections_held_inside_a_body_do_not_starve_other_episodes(relay: Star
                 except OSError:
                     break
                 time.sleep(0.002)  # its head read before the next comes
-            try:
-                status: int | str = _post(client.host_url, other, chat_body(), 5).status_code
-            except httpx.HTTPError as error:
-                status = type(error).__name__
+            status = another_call(client, other, 5)
         finally:
             for sock in held:
                 sock.close()
