@@ -1,14 +1,16 @@
-"""JSON from a sandbox (or from a file a sandbox wrote into): read whatever it holds, a
-value or the reason there is none, never an exception."""
+"""JSON from a sandbox (or from a file a sandbox wrote into), and TOML from a task or a
+dataset (a stranger's files): read whatever they hold, a value or the reason there is
+none, never an exception."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+import tomllib
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["MAX_DEPTH", "Parsed", "load_json"]
+__all__ = ["MAX_DEPTH", "MOST_TOML_BYTES", "Parsed", "load_json", "load_toml"]
 
 #: The deepest nesting of arrays and objects read. json.loads recurses once per level, and
 #: so does every walk over what it returns (strict_json.finite, the redactor, pydantic):
@@ -21,6 +23,17 @@ MAX_DEPTH = 100
 _STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
 _NOT_BRACKETS = re.compile(r"[^\[\]{}]++")
 _SURROGATES = re.compile("[\ud800-\udfff]")
+#: What TOML holds that is not structure: its four kinds of string and its comments.
+_TOML_TEXT = re.compile(
+    r'"""(?:[^"\\]++|\\.|"(?!""))*+"""'
+    r"|'''.*?'''"
+    r'|"(?:[^"\\\n]++|\\.)*+"'
+    r"|'[^'\n]*+'"
+    r"|#[^\n]*+",
+    re.DOTALL,
+)
+#: The largest TOML file read (a task.toml, a dataset.toml): none comes near it.
+MOST_TOML_BYTES = 1024 * 1024
 _ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
@@ -62,6 +75,24 @@ def load_json(
     if _SURROGATES.search(text) or _ESCAPED_SURROGATE.search(text):
         value = _without_surrogates(value)
     return Parsed(value)
+
+
+def load_toml(data: bytes, *, max_depth: int = MAX_DEPTH) -> Parsed:
+    """The TOML document `data` holds (a dict), or a short reason it has none. Never
+    raises: a file over MOST_TOML_BYTES, text that is not UTF-8, arrays and inline tables
+    nested deeper than `max_depth` (tomllib recurses once per level) are refused before
+    tomllib reads anything."""
+    if len(data) > MOST_TOML_BYTES:
+        return Parsed(None, f"is larger than {MOST_TOML_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+        if _depth(_TOML_TEXT.sub("", text), max_depth) > max_depth:
+            return Parsed(None, f"nests arrays or tables deeper than {max_depth} levels")
+        return Parsed(tomllib.loads(text))
+    except UnicodeDecodeError as error:
+        return Parsed(None, f"is not UTF-8: {_short(error)}")
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError, MemoryError) as error:
+        return Parsed(None, f"is not valid TOML: {_short(error)}")
 
 
 def _decoded(data: bytes | str) -> str:

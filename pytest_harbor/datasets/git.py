@@ -18,6 +18,7 @@ from typing import IO, Any
 from pytest_harbor.atomic import write_atomically
 from pytest_harbor.datasets.references import is_full_commit
 from pytest_harbor.locks import held
+from pytest_harbor.untrusted import load_json
 
 __all__ = ["GitError", "GitStore"]
 
@@ -152,8 +153,8 @@ class GitStore:
 
     def _kept_refs(self) -> dict[str, dict[str, dict[str, str]]]:
         try:
-            data = json.loads((self.root / "refs.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            data = load_json((self.root / "refs.json").read_bytes()).value
+        except OSError:
             return {}
         return data if isinstance(data, dict) else {}
 

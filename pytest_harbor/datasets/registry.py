@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from pytest_harbor.atomic import write_atomically
 from pytest_harbor.datasets.references import DEFAULT_REGISTRY, RegistryReference
+from pytest_harbor.untrusted import load_json
 
 __all__ = [
     "DEFAULT_REGISTRY",
@@ -87,10 +87,10 @@ def read_registry(
 
 
 def _parse(text: str, where: str) -> list[RegistryDataset]:
-    try:
-        data = json.loads(text)
-    except ValueError as error:
-        raise RegistryError(f"the registry {where} is not JSON: {error}") from None
+    parsed = load_json(text)  # depth bounded before json reads it
+    if parsed.error is not None:
+        raise RegistryError(f"the registry {where} {parsed.error}")
+    data = parsed.value
     try:
         return _DATASETS.validate_python(data)
     except ValidationError as error:

@@ -27,6 +27,7 @@ from pytest_harbor.datasets.registry import (
     read_registry,
 )
 from pytest_harbor.locks import held
+from pytest_harbor.untrusted import load_json
 
 __all__ = ["DatasetCache"]
 
@@ -237,7 +238,7 @@ def _task_problem(task: RegistryTask) -> str | None:
 
 def _read_json(path: Path) -> dict[str, str] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = load_json(path.read_bytes()).value
+    except OSError:
         return None
     return data if isinstance(data, dict) else None

@@ -116,6 +116,12 @@ class HarborTaskset(_HarborNode, pytest.Collector):
         try:
             plan = run.plan(self.target)
         except TaskLoadError as error:
+            if run.options.skip_unloadable:
+                # The taskset is left out as its tasks would be; the run goes on.
+                warnings.warn(
+                    HarborWarning(f"left out: {escape_controls(str(error))}"), stacklevel=1
+                )
+                return
             raise self.CollectError(escape_controls(str(error))) from None
         entries: list[tuple[Path, Task | None, TaskLoadError | None]] = [
             (task.path, task, None) for task in plan.tasks

@@ -22,7 +22,7 @@ from pytest_harbor.tasks import (
     read_dataset_config,
 )
 from pytest_harbor.tasks.dataset import DATASET_FILE, DatasetFiles
-from pytest_harbor.tasks.loader import MAX_TASK_DEPTH, refuse_unusable_name
+from pytest_harbor.tasks.loader import MAX_TASK_DEPTH, TASK_FILE, refuse_unusable_name
 from pytest_harbor.templates import TemplateSources
 
 __all__ = ["Selection", "TasksetPlan", "plan_taskset"]
@@ -124,6 +124,10 @@ def plan_taskset(
                 check(task)
         except TaskLoadError as error:
             plan.failures[task_dir] = error
+        except Exception as error:  # reading a stranger's task never ends the run
+            plan.failures[task_dir] = TaskLoadError(
+                task_dir / TASK_FILE, f"could not be loaded: {type(error).__name__}: {error}"
+            )
         else:
             plan.tasks.append(task)
     return plan

@@ -4,7 +4,6 @@ the files a dataset's root shares with its tasks."""
 from __future__ import annotations
 
 import hashlib
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pytest_harbor.tasks.config import EnvironmentConfig, TaskConfig
 from pytest_harbor.tasks.errors import TaskLoadError, describe_validation_error, key_path
+from pytest_harbor.untrusted import load_toml
 
 __all__ = [
     "DATASET_FILE",
@@ -185,9 +185,12 @@ def read_dataset_config(folder: Path) -> DatasetConfig:
     if not path.is_file():
         return DatasetConfig()
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as error:
-        raise TaskLoadError(path, f"not valid TOML: {error}") from None
+        parsed = load_toml(path.read_bytes())
+    except OSError as error:
+        raise TaskLoadError(path, f"cannot be read: {error}") from None
+    if parsed.error is not None:
+        raise TaskLoadError(path, parsed.error.removeprefix("is "))
+    data = parsed.value
     gym = data.get("gym", {})
     try:
         return DatasetConfig.model_validate(gym)

@@ -4,7 +4,6 @@ and the task's own fields (`task_data.json`) a Python verifier is given."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 from pytest_harbor.tasks.dataset import DatasetFiles
 from pytest_harbor.tasks.errors import TaskLoadError
 from pytest_harbor.tasks.task import PythonVerifier
+from pytest_harbor.untrusted import load_json
 
 __all__ = ["SHARED_MODULE", "TASK_DATA", "graded", "python_verifier", "read_task_data"]
 
@@ -57,9 +57,13 @@ def read_task_data(task_dir: Path) -> dict[str, Any] | None:
     if len(data) > _TASK_DATA_CAP:
         raise TaskLoadError(path, f"is larger than {_TASK_DATA_CAP} bytes")
     try:
-        fields = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
         raise TaskLoadError(path, f"not valid JSON: {error}") from None
+    parsed = load_json(text)  # depth bounded before json reads it
+    if parsed.error is not None:
+        raise TaskLoadError(path, parsed.error.removeprefix("is "))
+    fields = parsed.value
     if not isinstance(fields, dict):
         raise TaskLoadError(path, f"must hold a JSON object, not {type(fields).__name__}")
     return fields

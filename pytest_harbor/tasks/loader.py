@@ -5,7 +5,6 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,6 +29,7 @@ from pytest_harbor.tasks.graders import graded, python_verifier, read_task_data
 from pytest_harbor.tasks.task import COMPOSE_FILES, SINGLE_STEP_TURN, Task, Turn
 from pytest_harbor.tasks.typos import key_line, near_miss
 from pytest_harbor.templates import SecretReference, TemplateSources, fill, whole_template
+from pytest_harbor.untrusted import load_toml
 
 __all__ = [
     "MAX_TASK_DEPTH",
@@ -238,12 +238,16 @@ def _text(task_file: Path) -> str:
 
 
 def _read_toml(task_file: Path) -> dict[str, Any]:
+    """The file as TOML, bounded in size and depth before it is parsed."""
     try:
-        return tomllib.loads(task_file.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as error:
-        raise TaskLoadError(task_file, f"not valid TOML: {error}") from None
-    except (OSError, UnicodeDecodeError) as error:
+        data = task_file.read_bytes()
+    except OSError as error:
         raise TaskLoadError(task_file, f"cannot be read: {error}") from None
+    parsed = load_toml(data)
+    if parsed.error is not None:
+        raise TaskLoadError(task_file, parsed.error.removeprefix("is "))
+    value: dict[str, Any] = parsed.value
+    return value
 
 
 def _merged(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

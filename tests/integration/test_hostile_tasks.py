@@ -183,3 +183,38 @@ def test_a_network_named_like_the_isolated_one_that_pytest_harbor_did_not_make_i
         assert networks.IsolatedNetwork(None).name() == made  # found, not made again
     finally:
         docker_client.networks.get(made).remove()
+
+
+def test_files_nested_past_a_parsers_depth_leave_every_other_tasks_row_written(
+    pytester: pytest.Pytester, harbor_dataset: Dataset
+) -> None:
+    """A task.toml nested 20,000 deep and a task_data.json nested 100,000 deep beside a
+    canary task, and a second dataset whose dataset.toml nests 20,000 deep: with
+    --harbor-skip-unloadable the run ends normally, the canary's row is written, and each
+    hostile file is named."""
+    harbor_dataset.task("canary")
+    harbor_dataset.task(
+        "deep-toml",
+        toml=f'[environment]\ndocker_image = "{BASE_IMAGE}"\n[metadata]\nx = '
+        + "[" * 20_000
+        + "]" * 20_000
+        + "\n",
+    )
+    harbor_dataset.task("deep-data", extra_files={"task_data.json": "[" * 100_000 + "]" * 100_000})
+    other = Dataset(pytester.path / f"ds-deep-{uuid.uuid4().hex[:6]}")
+    other.path.mkdir()
+    other.task("other-canary")
+    (other.path / "dataset.toml").write_text("[gym]\nx = " + "[" * 20_000 + "]" * 20_000)
+    result = run_harbor(
+        pytester, harbor_dataset, f"--harbor-dataset={other.path}", "--harbor-skip-unloadable"
+    )
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(passed=1)
+    rows = harbor_dataset.rows(pytester.path / "out")
+    assert [row["task_id"] for row in rows] == ["canary"]
+    skipped = json.loads(
+        (harbor_dataset.results_folder(pytester.path / "out") / "skipped.json").read_text()
+    )
+    assert "nests arrays or tables deeper than 100 levels" in json.dumps(skipped)
+    assert "nests arrays or objects deeper than 100 levels" in json.dumps(skipped)
+    result.stdout.fnmatch_lines(["*left out: *dataset.toml: nests arrays or tables deeper*"])
