@@ -91,3 +91,12 @@ def test_the_package_is_found_in_both(package_files: list[str]) -> None:
     # The comparison above means something only if there is a package to compare.
     assert f"{PACKAGE}/__init__.py" in package_files
     assert len(package_files) > 10
+
+
+def test_the_package_holds_no_leftover_of_an_edit(package_files: list[str]) -> None:
+    """Everything under the package folder ships (MANIFEST.in takes it whole), so a
+    patch's backup or an editor's copy committed there would ship too."""
+    leftovers = [
+        name for name in package_files if name.endswith((".orig", ".rej", "~", ".bak", ".swp"))
+    ]
+    assert leftovers == []
