@@ -130,6 +130,9 @@ class HarborSettings(BaseModel):
     #: (in any env table); no other reaches a task, and a secret's value never reaches
     #: a table but a verifier's.
     host_env: list[str] = []
+    #: pytest-harbor's own: a task's Dockerfile may `ADD` a URL or a git repository, which
+    #: the engine fetches itself from this machine's network (refused by default).
+    allow_remote_add: bool = False
     task_mcp_grants: Literal["off", "optional", "required"] = "off"
     turn_sessions: Literal["fresh", "continue"] = "fresh"
     compose_variables: dict[str, str] = {}

@@ -297,6 +297,7 @@ class HarborRun:
             repeats=self.options.repeats,
             admit_any_harness=self.options.allow_unsupported_pairing,
             check=self._check_task,
+            allow_remote_add=self.settings.allow_remote_add,
         )
 
     def _check_task(self, task: Task) -> None:

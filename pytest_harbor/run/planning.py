@@ -71,6 +71,7 @@ def plan_taskset(
     repeats: int | None = None,
     admit_any_harness: bool = False,
     check: Callable[[Task], None] | None = None,
+    allow_remote_add: bool = False,
 ) -> TasksetPlan:
     """Plan the taskset rooted at `root` (a task folder or a dataset folder).
 
@@ -78,7 +79,8 @@ def plan_taskset(
     it does not admit, an override naming no task, two tasks with one id, no tasks at all.
     `check` may refuse a task (TaskLoadError) for what only the run knows (its settings).
     `variables` are what the tasks' `${NAME}` may read (none by default): the run's
-    settings' `template_sources()`.
+    settings' `template_sources()`. `allow_remote_add` (the settings' own) lets a
+    Dockerfile's `ADD` fetch a URL.
     `gpu_provider` (capabilities and name) is where tasks that ask for GPUs run, when the
     run names one.
     """
@@ -115,7 +117,13 @@ def plan_taskset(
         if not selection.admits(task_dir.name):
             continue
         try:
-            task = load_task(task_dir, variables=variables, dataset=dataset, dataset_files=files)
+            task = load_task(
+                task_dir,
+                variables=variables,
+                dataset=dataset,
+                dataset_files=files,
+                allow_remote_add=allow_remote_add,
+            )
             if gpu_provider is not None and task.config.environment.gpus:
                 refuse_unrunnable(task, *gpu_provider)
             else:

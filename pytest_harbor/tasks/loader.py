@@ -26,6 +26,7 @@ from pytest_harbor.tasks.digest import TaskFolderError, task_digest
 from pytest_harbor.tasks.dockerfiles import check_dockerfile
 from pytest_harbor.tasks.errors import TaskLoadError, describe_validation_error, error_key
 from pytest_harbor.tasks.graders import graded, python_verifier, read_task_data
+from pytest_harbor.tasks.registries import check_task_images
 from pytest_harbor.tasks.task import COMPOSE_FILES, SINGLE_STEP_TURN, Task, Turn
 from pytest_harbor.tasks.typos import key_line, near_miss
 from pytest_harbor.templates import SecretReference, TemplateSources, fill, whole_template
@@ -156,6 +157,7 @@ def load_task(
     variables: TemplateSources | None = None,
     dataset: DatasetConfig | None = None,
     dataset_files: DatasetFiles | None = None,
+    allow_remote_add: bool = False,
 ) -> Task:
     """Load and validate one task folder; raise TaskLoadError naming the file and key.
 
@@ -165,6 +167,7 @@ def load_task(
     settings' `template_sources()`): in verifier env tables a secret, kept in the Task as
     a reference by name, else a host variable. A table the agent's sandbox gets reads host
     variables alone, and one that holds a secret's text is refused there.
+    `allow_remote_add` lets a Dockerfile's `ADD` fetch a URL (the run's setting).
     """
     variables = TemplateSources() if variables is None else variables
     task_file = path / TASK_FILE
@@ -182,7 +185,7 @@ def load_task(
         if dataset is not None:
             config = dataset.defaults.scale(config)
         shared = dataset_files or DatasetFiles()
-        _check_layout(path, config, shared)
+        _check_layout(path, config, shared, allow_remote_add)
         task_data = read_task_data(path)
         config, references = _fill_env_templates(task_file, config, variables)
     except TaskLoadError as error:
@@ -269,8 +272,9 @@ def _validate(task_file: Path, raw: dict[str, Any], *, from_dataset: bool) -> Ta
         ) from None
 
 
-def _check_layout(path: Path, config: TaskConfig, shared: DatasetFiles) -> None:
-    """Harbor's file rules (§1.3) and the per-step features Gym's loader refuses."""
+def _check_layout(path: Path, config: TaskConfig, shared: DatasetFiles, remote: bool) -> None:
+    """Harbor's file rules (§1.3), the per-step features Gym's loader refuses, and what
+    the engine would fetch for the task (`remote`: ADD may fetch a URL)."""
     task_file = path / TASK_FILE
     environment = path / "environment"
     if config.environment.docker_image is None and not any(
@@ -282,12 +286,13 @@ def _check_layout(path: Path, config: TaskConfig, shared: DatasetFiles) -> None:
             "(or a Compose file)",
             key="environment.docker_image",
         )
+    check_task_images(task_file, config)
     built = [path / "tests" / "Dockerfile"]
     if config.environment.docker_image is None:
         built.append(environment / "Dockerfile")
     for dockerfile in built:
         if dockerfile.is_file():
-            check_dockerfile(dockerfile)
+            check_dockerfile(dockerfile, allow_remote_add=remote)
     bundled = _bundles_tests(path, config)
     if not config.is_multi_step:
         if not (path / "instruction.md").is_file():

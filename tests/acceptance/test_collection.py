@@ -110,6 +110,30 @@ def test_broken_task_toml_is_a_collection_error_naming_file_key_and_expectation(
     going_on.stdout.fnmatch_lines(["tasks/alpha::r0::episode", "tasks/beta::r0::episode"])
 
 
+def test_a_dockerfile_adding_a_url_is_refused_unless_the_settings_allow_it(
+    pytester: pytest.Pytester,
+) -> None:
+    """The engine would fetch it from this machine's own network: a collection error
+    naming the Dockerfile and line; `allow_remote_add` lets it through."""
+    dataset = make_dataset(pytester.path, tasks=("alpha",))
+    dockerfile = "FROM debian:bookworm-slim\nADD http://127.0.0.1:1/x /x\n"
+    write_task(dataset, "remote-add", toml="", dockerfile=dockerfile)
+    result = pytester.runpytest(f"--harbor-dataset={dataset}", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR collecting tasks/remote-add*",
+            f"{dataset / 'remote-add' / 'environment' / 'Dockerfile'}: line 2: "
+            "ADD http://127.0.0.1:1/x: the engine fetches a URL*allow_remote_add*",
+        ]
+    )
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    allowed = pytester.runpytest(
+        f"--harbor-dataset={dataset}", "--collect-only", "-q", "--harbor-set=allow_remote_add=true"
+    )
+    allowed.stdout.fnmatch_lines(["tasks/alpha::r0::episode", "tasks/remote-add::r0::episode"])
+    assert allowed.ret == pytest.ExitCode.OK
+
+
 def test_duplicate_task_ids_are_refused(pytester: pytest.Pytester) -> None:
     dataset = make_dataset(pytester.path, tasks=())
     write_task(dataset / "one", "same")

