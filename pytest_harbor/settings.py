@@ -8,10 +8,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pytest_harbor.agent_outcomes import AgentOutcomePolicy
 from pytest_harbor.labels import LABEL_PREFIX
+from pytest_harbor.reach import check_reach
 from pytest_harbor.tasks.config import MCPServerConfig
 from pytest_harbor.templates import TemplateSources
 
@@ -133,6 +142,11 @@ class HarborSettings(BaseModel):
     #: pytest-harbor's own: a task's Dockerfile may `ADD` a URL or a git repository, which
     #: the engine fetches itself from this machine's network (refused by default).
     allow_remote_add: bool = False
+    #: pytest-harbor's own: what a sandbox (a Compose service, a build step) may reach
+    #: beyond the internet, each `HOST:PORT` (an address, `[IPv6]`, a name, or
+    #: `host-gateway` for this machine), by TCP and UDP; nothing else on this machine,
+    #: link-local, private or shared addresses opens.
+    reach: list[str] = []
     task_mcp_grants: Literal["off", "optional", "required"] = "off"
     turn_sessions: Literal["fresh", "continue"] = "fresh"
     compose_variables: dict[str, str] = {}
@@ -142,6 +156,12 @@ class HarborSettings(BaseModel):
     agent_server: Any = None
     tasksets: Any = None
     sandbox_provider: Any = None
+
+    @field_validator("reach")
+    @classmethod
+    def _reach_entries(cls, entries: list[str]) -> list[str]:
+        check_reach(entries)
+        return entries
 
     @model_validator(mode="after")
     def _cap_needs_queue_timeout(self) -> HarborSettings:

@@ -34,6 +34,7 @@ from pytest_harbor.harnesses.probe import ProbeHarness
 from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL, TASK_LABEL, TRIAL_LABEL
 from pytest_harbor.locks import FileLock, Slots
 from pytest_harbor.plugin.options import HarborOptions, ModelOptions
+from pytest_harbor.reach import reach_openings
 from pytest_harbor.redaction import run_redactor
 from pytest_harbor.relay import RelayClient
 from pytest_harbor.run.planning import Selection, TasksetPlan, plan_taskset
@@ -48,7 +49,7 @@ from pytest_harbor.sandboxes import (
     UnknownProvider,
     make_provider,
 )
-from pytest_harbor.sandboxes.base import ChecksGpus, WatchesOver
+from pytest_harbor.sandboxes.base import ChecksGpus, GuardsBorder, Opening, WatchesOver
 from pytest_harbor.sandboxes.compose.tasks import compose_spec, refuse_compose
 from pytest_harbor.tasks import Task, TaskLoadError, is_dataset_dir, is_task_dir
 from pytest_harbor.writers import ResultsLayout
@@ -435,7 +436,10 @@ class HarborRun:
         if self._watched:
             return
         self._watched = True
+        openings = self._openings()
         for provider in self.providers:
+            if isinstance(provider, GuardsBorder):
+                provider.open_to(openings)
             if not isinstance(provider, WatchesOver):
                 continue
             try:
@@ -447,6 +451,20 @@ class HarborRun:
                     provider.name,
                     error,
                 )
+
+    def _openings(self) -> list[Opening]:
+        """What the border opens for this process's sandboxes: the model relay's port on
+        this machine, and what the `reach` setting names (a name as it resolves now; one
+        that does not is left out, with a warning)."""
+        openings = []
+        if self.relay is not None:
+            openings.append(Opening(None, self.relay.address.port))
+        for entry in self.settings.reach:
+            try:
+                openings += reach_openings([entry])
+            except ValueError as error:
+                log.warning("%s; it stays closed", error)
+        return openings
 
     def unwatch(self) -> None:
         """This process is done with its providers: their watchdogs go."""

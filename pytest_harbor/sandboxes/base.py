@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from pytest_harbor.labels import RUN_LABEL
-from pytest_harbor.sandboxes.routes import RELAY_NAME, FiltersEgress, ReachesThisMachine
+from pytest_harbor.sandboxes.routes import (
+    RELAY_NAME,
+    FiltersEgress,
+    GuardsBorder,
+    Opening,
+    ReachesThisMachine,
+)
 from pytest_harbor.settings import DEFAULT_PIDS_LIMIT
 from pytest_harbor.tasks.config import RESERVED_ID
 
@@ -28,10 +34,12 @@ __all__ = [
     "EngineUnreachable",
     "ExecResult",
     "FiltersEgress",
+    "GuardsBorder",
     "ImageConfig",
     "ImageLayer",
     "ImageSource",
     "NamesBuilder",
+    "Opening",
     "Placement",
     "PlacesEpisodes",
     "ProviderContext",

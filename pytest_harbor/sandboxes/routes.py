@@ -1,17 +1,56 @@
 """What a sandbox reaches beyond itself, phase by phase: the capabilities a provider's
-sandboxes may have for it (an allow-list's egress, this machine's address) and the name
-the model relay is reached by. `base.py` gives them with the rest of the contract."""
+sandboxes may have for it (an allow-list's egress, this machine's address), the name
+the model relay is reached by, and the openings in the border that keeps a sandbox with
+the network to the internet alone. `base.py` gives them with the rest of the contract."""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["RELAY_NAME", "FiltersEgress", "ReachesThisMachine"]
+from pytest_harbor.reach import Opening
+
+__all__ = [
+    "BRIDGE_NAME_OPTION",
+    "BRIDGE_PREFIX",
+    "RELAY_NAME",
+    "FiltersEgress",
+    "GuardsBorder",
+    "Opening",
+    "ReachesThisMachine",
+    "bridge_name",
+]
 
 #: The name a sandbox reaches the model relay (an HTTP server of the engine's, on this
 #: machine) by, in any phase given the relay: `http://model.pytest-harbor.internal/`, on
 #: port 80, plain HTTP. Under `.internal`, which no public name can take.
 RELAY_NAME = "model.pytest-harbor.internal"
+#: Every bridge the docker provider makes on an engine (the sandboxes' network, an
+#: egress's, a Compose project's) is named with it; the engine host's border judges what
+#: comes in on one (sandboxes/docker/egress/border.py).
+BRIDGE_PREFIX = "phb"
+#: The bridge driver's option that names its interface on the engine's machine.
+BRIDGE_NAME_OPTION = "com.docker.network.bridge.name"
+
+
+def bridge_name(kind: str, key: str) -> str:
+    """The interface name of a bridge pytest-harbor makes: the prefix, one letter for its
+    `kind` (`i` the sandboxes' network, `e` an egress's, `c` a Compose project's), and 11
+    hex digits of `key` (the engine's ID, the network's name), 15 characters in all, the
+    most an interface name may have."""
+    return f"{BRIDGE_PREFIX}{kind[:1]}{hashlib.sha256(key.encode()).hexdigest()[:11]}"
+
+
+@runtime_checkable
+class GuardsBorder(Protocol):
+    """A provider whose sandboxes with the network reach the internet alone (never this
+    machine, link-local, private or shared addresses) but for what it is told to open."""
+
+    def open_to(self, openings: Sequence[Opening]) -> None:
+        """From the next sandbox on, these destinations open too (for this process's
+        sandboxes); called before the first sandbox starts."""
+        ...
 
 
 @runtime_checkable

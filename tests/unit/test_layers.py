@@ -24,6 +24,7 @@ LAYERS = [
         "agent_outcomes",
         "display",
         "templates",
+        "reach",
     },
     {"tasks"},
     {"datasets"},

@@ -27,6 +27,7 @@ from pytest_harbor.sandboxes.compose.model import (
 )
 from pytest_harbor.sandboxes.compose.source import check_source
 from pytest_harbor.sandboxes.images import image_tag_for
+from pytest_harbor.sandboxes.routes import BRIDGE_NAME_OPTION, bridge_name
 from pytest_harbor.tasks.registries import registry_problem
 
 __all__ = [
@@ -229,9 +230,11 @@ def episode_project(
     isolated = internal or egress is not None
     for key, network in _own(networks):
         _name_own(network, f"{name}_{key}", labels)
+        # The border knows the project's bridges by their names.
+        network["driver_opts"] = {BRIDGE_NAME_OPTION: bridge_name("c", f"{name}_{key}")}
         if isolated:
             network["internal"] = True
-            network["driver_opts"] = {NO_HOST_ADDRESS: "true"}
+            network["driver_opts"][NO_HOST_ADDRESS] = "true"
     if egress is not None:
         _join_egress(services, networks, egress)
     for key, volume in _own(config.get("volumes") or {}):

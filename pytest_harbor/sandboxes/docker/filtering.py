@@ -41,19 +41,19 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from pytest_harbor.labels import LABEL_PREFIX
 from pytest_harbor.sandboxes.base import RELAY_NAME, ImageSource, SandboxError, SandboxStartError
 from pytest_harbor.sandboxes.docker.engine import ENGINE_ERRORS, Endpoint, engine_for, explain
-from pytest_harbor.sandboxes.docker.images import EngineImages
+from pytest_harbor.sandboxes.docker.images import HELPER_CONTEXT, EngineImages
 from pytest_harbor.sandboxes.docker.networks import NO_HOST_ADDRESS
 from pytest_harbor.sandboxes.docker.projects import remove_container
+from pytest_harbor.sandboxes.routes import BRIDGE_NAME_OPTION, bridge_name
 
 __all__ = ["EGRESS_CONTEXT", "EGRESS_ROLE", "PROXY_PORT", "Egress", "check_relay", "start_egress"]
 
 #: The egress image's build context (its Dockerfile and egress.py).
-EGRESS_CONTEXT = Path(__file__).parent / "egress"
+EGRESS_CONTEXT = HELPER_CONTEXT
 #: The label that tells an egress container from a sandbox.
 EGRESS_ROLE = LABEL_PREFIX + "role"
 PROXY_PORT = 3128
@@ -156,7 +156,7 @@ def start_egress(
             name,
             driver="bridge",
             internal=True,
-            options={NO_HOST_ADDRESS: "true"},
+            options={NO_HOST_ADDRESS: "true", BRIDGE_NAME_OPTION: bridge_name("e", name)},
             labels=dict(labels),
             check_duplicate=True,
         )

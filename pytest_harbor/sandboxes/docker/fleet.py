@@ -21,6 +21,7 @@ from pytest_harbor.sandboxes.base import (
     ImageConfig,
     ImageLayer,
     ImageSource,
+    Opening,
     ProviderContext,
     Sandbox,
     SandboxCapabilities,
@@ -272,6 +273,11 @@ class DockerFleet:
     def unwatch(self) -> None:
         for engine in self.engines:
             engine.provider.unwatch()
+
+    def open_to(self, openings: Sequence[Opening]) -> None:
+        """The same openings in every engine's border."""
+        for engine in self.engines:
+            engine.provider.open_to(openings)
 
     def check_ready(self) -> None:
         """At least one engine answers, or SandboxStartError naming every one tried."""

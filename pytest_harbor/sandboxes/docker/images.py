@@ -5,13 +5,13 @@ builder) and install layers, each made once."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
-import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import docker
@@ -67,6 +67,9 @@ TOOLS_IMAGE = os.environ.get("PYTEST_HARBOR_TOOLS_IMAGE", "busybox:musl")
 _INSTALL_SCRIPT = "/tmp/pytest-harbor-install.sh"
 #: First pause between image pulls; it doubles each try.
 _PULL_BACKOFF_S = 0.5
+#: The engine's helper image's build context (the egress, the watchdog and the border):
+#: the one build the border does not confine, as it makes what holds the border.
+HELPER_CONTEXT = Path(__file__).parent / "egress"
 
 
 class EngineImages:
@@ -85,6 +88,10 @@ class EngineImages:
         self._tools_volume: str | None = None
         self._tools_lock = threading.Lock()
         self._tools_binary: bytes | None = None
+        #: The network a task's build steps join once the border holds on the engine (the
+        #: provider's; it raises SandboxStartError when the border cannot be held); None:
+        #: builds are not confined (this engine's images are not a provider's).
+        self.guard: Callable[[], str] | None = None
 
     def tools_volume(self) -> str:
         """The volume holding the trusted busybox, made once per tools image and engine
@@ -385,23 +392,11 @@ class EngineImages:
 
     @property
     def builder(self) -> str:
-        """`buildkit` (through the buildx CLI plugin, when it answers) or `classic` (the
-        engine's API); the provider option `builder` may name one."""
+        """`classic` (the engine's API; `auto` picks it: its steps can join a network the
+        border holds) or `buildkit` (through the buildx CLI plugin, its steps offline), as
+        the provider option `builder` names."""
         if self._builder is None:
-            if self._builder_option != "auto":
-                self._builder = self._builder_option
-            else:
-                try:
-                    found = subprocess.run(
-                        ["docker", "buildx", "version"],
-                        capture_output=True,
-                        timeout=30,
-                        check=False,
-                        stdin=subprocess.DEVNULL,
-                    )
-                    self._builder = "buildkit" if found.returncode == 0 else "classic"
-                except (OSError, subprocess.TimeoutExpired):
-                    self._builder = "classic"
+            self._builder = "classic" if self._builder_option == "auto" else self._builder_option
         return self._builder
 
     def _run_build(
@@ -417,7 +412,7 @@ class EngineImages:
         options: BuildOptions | None = None,
         dockerfile: Path | None = None,
     ) -> None:
-        options = options or BuildOptions()
+        options = self._confined(context, options or BuildOptions())
         if self.builder == "buildkit":
             buildkit_build(
                 context,
@@ -456,6 +451,17 @@ class EngineImages:
         if build.error is not None:
             build.remove_steps()
             raise SandboxStartError(f"{what} failed: {build.error}\n{tail_lines(build.log)}")
+
+    def _confined(self, context: Path, options: BuildOptions) -> BuildOptions:
+        """A task's build (anything but the engine's helper image) reaches what a sandbox
+        does: the classic builder's steps join the network the border holds (`guard()`,
+        which holds it first), BuildKit's steps go offline (on the engine's own driver they
+        run on its default bridge, which no border holds); a build that asks for no network
+        keeps none."""
+        if self.guard is None or context == HELPER_CONTEXT or options.network == "none":
+            return options
+        network = "none" if self.builder == "buildkit" else self.guard()
+        return dataclasses.replace(options, network=network)
 
     def remove_image(self, image: str) -> None:
         try:

@@ -22,6 +22,7 @@ from pytest_harbor.labels import CACHE_LABEL
 from pytest_harbor.sandboxes.base import SandboxError, SandboxStartError
 from pytest_harbor.sandboxes.docker.engine import ENGINE_ERRORS, Endpoint, engine_for, explain
 from pytest_harbor.sandboxes.images import build_lock
+from pytest_harbor.sandboxes.routes import BRIDGE_NAME_OPTION, BRIDGE_PREFIX, bridge_name
 
 __all__ = ["ISOLATED_NETWORK", "NO_HOST_ADDRESS", "IsolatedNetwork", "gateway", "host_address"]
 
@@ -131,14 +132,42 @@ class IsolatedNetwork:
                 f"(no label {CACHE_LABEL}={_ROLE}, or its containers reach each other); "
                 f"remove it (docker network rm {ISOLATED_NETWORK})"
             )
+        if not str(options.get(BRIDGE_NAME_OPTION, "")).startswith(BRIDGE_PREFIX):
+            return self._replace_unnamed(api, network)
         return True
 
-    def _make(self) -> None:
+    def _replace_unnamed(self, api: docker.APIClient, network: Mapping[str, Any]) -> bool:
+        """The network as an earlier version made it, its bridge not named for the border:
+        removed when nothing is on it (then made anew), else SandboxStartError."""
+        if network.get("Containers"):
+            raise SandboxStartError(
+                f"the network {ISOLATED_NETWORK} on this engine was made by an earlier "
+                "pytest-harbor, whose bridge the border does not know, and containers are "
+                f"still on it; once they are gone, remove it (docker network rm "
+                f"{ISOLATED_NETWORK}) and it is made anew"
+            )
         try:
-            engine_for(self._endpoint).api.create_network(
+            api.remove_network(ISOLATED_NETWORK)
+        except docker.errors.NotFound:
+            pass
+        except ENGINE_ERRORS as error:
+            raise SandboxStartError(
+                f"cannot replace the sandboxes' network: {explain(error)}"
+            ) from None
+        return False
+
+    def _make(self) -> None:
+        api = engine_for(self._endpoint).api
+        try:
+            info = api.info()
+            # One name per engine: two engines may share a host, and may share an ID too
+            # (started with the same configuration folder), never a data root.
+            engine = f"{info.get('ID') or ''}:{info.get('DockerRootDir') or ''}"
+            api.create_network(
                 ISOLATED_NETWORK,
                 driver="bridge",
-                options={_ICC: "false"},
+                # Named for the border.
+                options={_ICC: "false", BRIDGE_NAME_OPTION: bridge_name("i", engine)},
                 labels={CACHE_LABEL: _ROLE},
                 check_duplicate=True,
             )

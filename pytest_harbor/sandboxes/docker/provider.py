@@ -7,7 +7,7 @@ import contextlib
 import os
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import docker
@@ -21,6 +21,7 @@ from pytest_harbor.sandboxes.base import (
     ImageConfig,
     ImageLayer,
     ImageSource,
+    Opening,
     SandboxCapabilities,
     SandboxError,
     SandboxGroup,
@@ -87,6 +88,9 @@ class DockerProvider:
         self._isolated = IsolatedNetwork(endpoint)
         self._gpu_problem: tuple[str | None] | None = None
         self._watchdog: Watchdog | None = None
+        #: What the border lets this process's sandboxes reach beyond the internet.
+        self._openings: tuple[Opening, ...] = ()
+        self.images.guard = self._guarded_network
 
     def gpu_problem(self) -> str | None:
         """None when the engine has a GPU runtime (`nvidia` among the runtimes it lists),
@@ -109,16 +113,51 @@ class DockerProvider:
     def _network_of(self, spec: SandboxSpec) -> str:
         """The network a sandbox with network access joins: the one the provider option
         names, else the engine's isolated one (the engine's default bridge lets every
-        container reach every other, so one episode could reach another's services)."""
+        container reach every other, so one episode could reach another's services), once
+        the border holds there."""
         if self.network != DEFAULT_NETWORK:
             return self.network
-        return self._isolated.name()
+        return self._guarded_network()
+
+    def open_to(self, openings: Sequence[Opening]) -> None:
+        self._openings = tuple(openings)
+        if self._watchdog is not None:
+            self._watchdog.openings = self._openings
 
     def watch(self, labels: Mapping[str, str]) -> None:
+        self._keeper().arm(labels)
+
+    def _keeper(self) -> Watchdog:
+        """This process's watchdog on the engine, which also holds the border."""
         if self._watchdog is None:
             socket_path = self.engine_socket or engine_socket(self.endpoint, os.environ)
-            self._watchdog = Watchdog(self.images, self.endpoint, socket_path)
-        self._watchdog.arm(labels)
+            self._watchdog = Watchdog(self.images, self.endpoint, socket_path, self._openings)
+        return self._watchdog
+
+    def _guard(self) -> None:
+        """The border holds on the engine (egress/border.py) before anything of a task's
+        reaches beyond its own network: this process's watchdog is armed (with no labels
+        yet when watch() was not called: it then sweeps nothing). Raises
+        SandboxStartError."""
+        keeper = self._keeper()
+        if keeper.armed:
+            return
+        try:
+            keeper.arm({})
+        except SandboxError as error:
+            raise SandboxStartError(
+                f"the border of the sandboxes on the Docker engine at "
+                f"{describe_endpoint(self.endpoint)} cannot be held ({error}); it keeps a "
+                "sandbox's network to the internet, and needs a container on the engine's "
+                "host network with CAP_NET_ADMIN. A network of your own "
+                "(sandbox_provider_options.network) is used without it"
+            ) from None
+
+    def _guarded_network(self) -> str:
+        """The sandboxes' network, once the border holds (a build's steps join it)."""
+        network = self._isolated.name()
+        self._guard()
+        return network
 
     def unwatch(self) -> None:
         if self._watchdog is not None:
@@ -265,6 +304,8 @@ class DockerProvider:
         as their depends_on conditions and health checks say (`up --wait`)."""
         from pytest_harbor.sandboxes.compose.model import TOOLS_KEY
 
+        # The project's own networks are bridges the border judges, whatever the option.
+        self._guard()
         entrypoint, command = keep_alive(spec)
         main: dict[str, Any] = {
             # Compose reads `$` as its own variables': `$$` is a `$` for the shell.

@@ -35,6 +35,7 @@ from pytest_harbor.sandboxes.docker.engine import (
 )
 from pytest_harbor.sandboxes.docker.filtering import EGRESS_CONTEXT, EGRESS_ROLE
 from pytest_harbor.sandboxes.docker.images import EngineImages
+from pytest_harbor.sandboxes.routes import Opening
 
 __all__ = ["WATCHDOG_LABEL", "Watchdog", "engine_socket", "prepare_helper_image"]
 
@@ -65,13 +66,22 @@ def prepare_helper_image(endpoint: Endpoint | None = None) -> str:
 class Watchdog:
     """One process's watchdog on one engine; `arm` starts it, `disarm` lets it go."""
 
-    def __init__(self, images: EngineImages, endpoint: Endpoint | None, socket_path: str) -> None:
+    def __init__(
+        self,
+        images: EngineImages,
+        endpoint: Endpoint | None,
+        socket_path: str,
+        openings: tuple[Opening, ...] = (),
+    ) -> None:
         self._images = images
         self._endpoint = endpoint
         self._socket_path = socket_path
         self._container: str | None = None
         self._connection: Any = None
         self._labels: dict[str, str] = {}
+        #: What the border lets this process's sandboxes reach beyond the internet.
+        self.openings = openings
+        self._armed_with: tuple[dict[str, str], tuple[Opening, ...]] | None = None
         #: Lost, and not started again yet (the engine did not answer then).
         self._lost = False
         #: One change at a time: a watchdog whose input is let go sweeps everything of the
@@ -88,21 +98,39 @@ class Watchdog:
         """Start the watchdog of what carries every one of `labels`; raises SandboxError
         (nothing left behind) when it cannot be started."""
         with self._lock:
-            if not self.armed:
+            wanted = (dict(labels), self.openings)
+            if self.armed and self._armed_with == wanted:
+                return
+            # Armed with other labels or openings (the border held before the process's
+            # labels were known): a new one first, then the old one retires (it lets its
+            # openings go and sweeps nothing).
+            previous = self._connection
+            self._connection, self._container = None, None
+            try:
                 self._arm(labels)
+            except SandboxError:
+                self._connection = previous
+                raise
+            self._armed_with = wanted
+            if previous is not None:
+                _let_go(previous, retire=True)
 
     def _arm(self, labels: Mapping[str, str]) -> None:
         self._labels = dict(labels)
         image = self._images.prepare_image(_HELPER)
         api = engine_for(self._endpoint).api
         watched = [f"{key}={value}" for key, value in sorted(labels.items())]
+        holder = uuid.uuid4().hex[:12]
+        border = ["--border", holder]
+        for opening in self.openings:
+            border += ["--open", opening.spec()]
         try:
             engine_id = str(api.info().get("ID") or "")
             created = api.create_container(
                 image,
                 entrypoint=["python3", "-u", "/watchdog.py"],
-                command=["/engine.sock", engine_id, *watched],
-                name=f"pytest-harbor-watchdog-{uuid.uuid4().hex[:12]}",
+                command=["/engine.sock", engine_id, *border, *watched],
+                name=f"pytest-harbor-watchdog-{holder}",
                 labels={WATCHDOG_LABEL: ",".join(watched), EGRESS_ROLE: "watchdog"},
                 # Not detached: the engine attaches the input and closes it when the one
                 # client attached goes (StdinOnce).
@@ -110,7 +138,10 @@ class Watchdog:
                 detach=False,
                 host_config=api.create_host_config(
                     auto_remove=True,
-                    network_mode="none",
+                    # The border is the engine host's own firewall (egress/border.py).
+                    network_mode="host",
+                    cap_drop=["ALL"],
+                    cap_add=["NET_ADMIN"],
                     binds={self._socket_path: {"bind": "/engine.sock", "mode": "rw"}},
                     mem_limit="64m",
                     pids_limit=64,
@@ -170,14 +201,7 @@ class Watchdog:
     def _disarm(self) -> None:
         connection, self._connection = self._connection, None
         if connection is not None:
-            raw = _socket_of(connection)
-            with contextlib.suppress(OSError):
-                # Shut down, not only closed: a socket closes only once every file made
-                # from it is closed too, and the engine must see this one end now.
-                raw.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                connection.close()
-                raw.close()
+            _let_go(connection, retire=False)
         self._container = None
 
     def _wait_ready(self, api: Any) -> None:
@@ -200,6 +224,22 @@ class Watchdog:
             with contextlib.suppress(*ENGINE_ERRORS):
                 api.remove_container(self._container, force=True)
         self._container = None
+
+
+def _let_go(connection: Any, *, retire: bool) -> None:
+    """End a watchdog's input: it lets its openings go, then sweeps what carries its
+    labels, or (`retire`: a line written first) sweeps nothing."""
+    raw = _socket_of(connection)
+    if retire:
+        with contextlib.suppress(OSError):
+            raw.sendall(b"retire\n")
+    with contextlib.suppress(OSError):
+        # Shut down, not only closed: a socket closes only once every file made from it
+        # is closed too, and the engine must see this one end now.
+        raw.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        connection.close()
+        raw.close()
 
 
 def _socket_of(connection: Any) -> Any:

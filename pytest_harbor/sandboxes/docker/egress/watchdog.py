@@ -1,15 +1,22 @@
 """The watchdog of one pytest-harbor process (pytest-harbor).
 
-It runs in a container of its own on the engine, with the engine's socket and no network.
-The process that started it holds the container's input open through the engine (an
-attach), and never writes to it. When that connection drops, whatever the cause (the
-process ended, was killed with SIGKILL, or its machine went away), the engine closes the
-input; the watchdog then removes everything on the engine that carries both labels it
-was given (the run's and the process's): containers, then networks, volumes and snapshot
-images. What is kept as a cache (labelled `pytest-harbor.cache`) and built images are
-left alone. Standard library only.
+It runs in a container of its own on the engine, with the engine's socket, in the engine
+host's network namespace with CAP_NET_ADMIN alone (it holds the border, border.py). The
+process that started it holds the container's input open through the engine (an attach),
+and writes nothing to it. When that connection drops, whatever the cause (the process
+ended, was killed with SIGKILL, or its machine went away), the engine closes the input;
+the watchdog lets its openings in the border go, then removes everything on the engine
+that carries both labels it was given (the run's and the process's): containers, then
+networks, volumes and snapshot images. What is kept as a cache (labelled
+`pytest-harbor.cache`) and built images are left alone. A process that wrote a line to
+its input first has a new watchdog: this one retires, sweeping nothing. Standard library
+only.
 
-    python3 watchdog.py SOCKET ENGINE_ID LABEL=VALUE [LABEL=VALUE ...]
+    python3 watchdog.py SOCKET ENGINE_ID [--border HOLDER [--open OPENING]...] [LABEL=VALUE ...]
+
+With `--border`, it first makes the engine host's border (border.py) and holds the
+OPENINGs under HOLDER (12 hex digits) until its input ends. With no LABEL it sweeps
+nothing.
 
 ENGINE_ID is the engine's ID as the process sees it: a socket that leads to another engine
 (a remote engine's default socket path on a machine that runs two) is refused at start.
@@ -23,6 +30,8 @@ import socket
 import sys
 import time
 import urllib.parse
+
+import border  # type: ignore[import-not-found]  # beside it in the image
 
 CACHE_LABEL = "pytest-harbor.cache"
 SNAPSHOT_REPOSITORY = "pytest-harbor-snapshot"
@@ -107,11 +116,44 @@ def _cached(item: dict[str, object]) -> bool:
     return isinstance(labels, dict) and CACHE_LABEL in labels
 
 
+def parse(arguments: list[str]) -> tuple[str, str, str | None, list[str], list[str]] | None:
+    """(socket, engine id, border holder or None, openings, labels), or None when the
+    arguments do not say all of it."""
+    if len(arguments) < 2:
+        return None
+    path, expected, rest = arguments[0], arguments[1], arguments[2:]
+    holder: str | None = None
+    openings: list[str] = []
+    labels: list[str] = []
+    while rest:
+        word, rest = rest[0], rest[1:]
+        if word in ("--border", "--open"):
+            if not rest:
+                return None
+            value, rest = rest[0], rest[1:]
+            if word == "--border":
+                holder = value
+            else:
+                openings.append(value)
+        elif "=" in word:
+            labels.append(word)
+        else:
+            return None
+    if openings and holder is None:
+        return None
+    return path, expected, holder, openings, labels
+
+
 def main(arguments: list[str]) -> int:
-    if len(arguments) < 3 or not all("=" in label for label in arguments[2:]):
-        say("usage: watchdog.py SOCKET ENGINE_ID LABEL=VALUE [LABEL=VALUE ...]")
+    parsed = parse(arguments)
+    if parsed is None:
+        say(
+            "usage: watchdog.py SOCKET ENGINE_ID [--border HOLDER [--open OPENING]...] "
+            "[LABEL=VALUE ...]"
+        )
         return 2
-    engine, expected, labels = Engine(arguments[0]), arguments[1], arguments[2:]
+    path, expected, holder, openings, labels = parsed
+    engine = Engine(path)
     try:
         info = engine.call("GET", "/info")
     except (OSError, ValueError) as error:
@@ -121,9 +163,27 @@ def main(arguments: list[str]) -> int:
     if found != expected:
         say(f"the socket at {engine.path} leads to another engine ({found}, not {expected})")
         return 1
+    guard: border.Border | None = None
+    if holder is not None:
+        try:
+            guard = border.Border(holder)
+            guard.install(openings, border.resolvers())
+        except border.BorderError as error:
+            say(f"cannot hold the border: {error}")
+            return 1
     say("ready")
+    retired = False
     while sys.stdin.buffer.read(4096):
-        pass  # nothing is ever sent: only the end of the input counts
+        # Anything sent: the process has a new watchdog, and this one retires.
+        retired = True
+    if guard is not None:
+        try:
+            guard.release()
+        except border.BorderError as error:
+            say(f"openings not released (the next watchdog deletes them): {error}")
+    if retired or not labels:
+        say("retired" if retired else "done")
+        return 0
     time.sleep(GRACE_S)
     removed = 0
     for _ in range(PASSES):
