@@ -77,3 +77,35 @@ def test_a_watchdog_that_is_not_lost_is_left_as_it_is(monkeypatch: pytest.Monkey
     assert watchdog.rearm_if_lost()
     assert not watchdog.rearm_if_lost()
     assert recorded.armed == ["watchdog-0", "watchdog-1"]
+
+
+def test_a_watchdog_armed_for_the_border_alone_retires_when_the_labels_come(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A build made ahead of the first item holds the border with no labels; the labels
+    # come at the first item: a new watchdog first, then the old one retires (sweeping
+    # nothing), never the other way round, which would leave a moment without a border.
+    watchdog = Watchdog(images=None, endpoint=None, socket_path="/engine.sock")  # type: ignore[arg-type]
+    events: list[str] = []
+
+    def arm(self: Watchdog, labels: Any) -> None:
+        number = len([event for event in events if event.startswith("armed")])
+        events.append(f"armed {number} {sorted(labels)}")
+        self._container, self._connection = f"watchdog-{number}", f"input-{number}"
+
+    def let_go(connection: Any, *, retire: bool) -> None:
+        events.append(f"let go {connection} retire={retire}")
+
+    monkeypatch.setattr(Watchdog, "_arm", arm)
+    monkeypatch.setattr("pytest_harbor.sandboxes.docker.watchdog._let_go", let_go)
+    watchdog.arm({})
+    watchdog.arm({})
+    watchdog.arm({"pytest-harbor.run": "r"})
+    watchdog.arm({"pytest-harbor.run": "r"})
+    assert events == [
+        "armed 0 []",
+        "armed 1 ['pytest-harbor.run']",
+        "let go input-0 retire=True",
+    ]
+    watchdog.disarm()
+    assert events[-1] == "let go input-1 retire=False"

@@ -104,12 +104,12 @@ class Watchdog:
             # Armed with other labels or openings (the border held before the process's
             # labels were known): a new one first, then the old one retires (it lets its
             # openings go and sweeps nothing).
-            previous = self._connection
+            previous, previous_container = self._connection, self._container
             self._connection, self._container = None, None
             try:
                 self._arm(labels)
             except SandboxError:
-                self._connection = previous
+                self._connection, self._container = previous, previous_container
                 raise
             self._armed_with = wanted
             if previous is not None:
