@@ -36,7 +36,9 @@ BRIDGE_NAME_OPTION = "com.docker.network.bridge.name"
 
 def bridge_name(kind: str, key: str) -> str:
     """The interface name of a bridge pytest-harbor makes: the prefix, one letter for its
-    `kind` (`i` the sandboxes' network, `e` an egress's, `c` a Compose project's), and 11
+    `kind` (`i` the sandboxes' network; `c` a Compose project's; `e` an enclosed one, with
+    no route out and no address on the engine's machine: an egress's, a Compose project's
+    behind an egress or without the network), and 11
     hex digits of `key` (the engine's ID, the network's name), 15 characters in all, the
     most an interface name may have."""
     return f"{BRIDGE_PREFIX}{kind[:1]}{hashlib.sha256(key.encode()).hexdigest()[:11]}"

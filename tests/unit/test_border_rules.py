@@ -175,3 +175,41 @@ def test_a_reach_entry_that_is_not_host_and_port_is_refused_naming_it(entry: str
 def test_a_name_that_does_not_resolve_is_said() -> None:
     with pytest.raises(ValueError, match="does not resolve"):
         reach_openings(["no-such-host.invalid:80"])
+
+
+def test_a_reply_passes_only_for_a_connection_begun_off_the_bridges() -> None:
+    # A sandbox sharing a bridge with another can forge a packet "from this machine":
+    # the connection it makes is marked as begun on a bridge, and no reply to it passes.
+    rules = border.base_rules([])
+    for chain in ("input", "forward"):
+        mark = f'{chain} iifname "phb*" ct state new ct mark set ct mark or 0x08000000'
+        reply = (
+            f'{chain} iifname "phb*" ct state established,related '
+            "ct mark and 0x08000000 == 0 accept"
+        )
+        assert rules.index(mark) < rules.index(reply)
+    assert "ct state established,related accept" not in rules
+
+
+def test_this_machines_neighbours_are_its_routes_without_a_gateway(tmp_path: Path) -> None:
+    routes = tmp_path / "route"
+    routes.write_text(
+        "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n"
+        "eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"  # default
+        "eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"  # 192.0.2.0/24
+        "phbi0123\t0000A8C0\t00000000\t0001\t0\t0\t0\t00F0FFFF\t0\t0\t0\n"  # its own
+        "eth1\t0000000A\t0101000A\t0003\t0\t0\t0\t000000FF\t0\t0\t0\n"  # via a gateway
+    )
+    routes6 = tmp_path / "ipv6_route"
+    routes6.write_text(
+        "fd000000000000000000000000000000 40 00000000000000000000000000000000 00 "
+        "00000000000000000000000000000000 00000100 00000001 00000000 00000001 eth0\n"
+        "fe800000000000000000000000000000 40 00000000000000000000000000000000 00 "
+        "00000000000000000000000000000000 00000100 00000001 00000000 00000001 eth0\n"
+        "00000000000000000000000000000000 00 00000000000000000000000000000000 00 "
+        "fd000000000000000000000000000001 00000400 00000001 00000000 00000003 eth0\n"
+    )
+    assert border.neighbours(str(routes), str(routes6)) == ["192.0.2.0/24", "fd00::/64"]
+    rules = border.base_rules([], ["192.0.2.0/24", "192.0.2.0/25", "fd00::/64"])
+    assert "add element inet pytest_harbor neighbours4 { 192.0.2.0/24 }" in rules
+    assert 'forward iifname "phb*" ip daddr @neighbours4 reject' in rules

@@ -230,8 +230,10 @@ def episode_project(
     isolated = internal or egress is not None
     for key, network in _own(networks):
         _name_own(network, f"{name}_{key}", labels)
-        # The border knows the project's bridges by their names.
-        network["driver_opts"] = {BRIDGE_NAME_OPTION: bridge_name("c", f"{name}_{key}")}
+        # The border knows the project's bridges by their names; one with no route out
+        # and no address here is enclosed (`e`), as an egress's network is.
+        kind = "e" if isolated else "c"
+        network["driver_opts"] = {BRIDGE_NAME_OPTION: bridge_name(kind, f"{name}_{key}")}
         if isolated:
             network["internal"] = True
             network["driver_opts"][NO_HOST_ADDRESS] = "true"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -159,15 +160,14 @@ class IsolatedNetwork:
     def _make(self) -> None:
         api = engine_for(self._endpoint).api
         try:
-            info = api.info()
-            # One name per engine: two engines may share a host, and may share an ID too
-            # (started with the same configuration folder), never a data root.
-            engine = f"{info.get('ID') or ''}:{info.get('DockerRootDir') or ''}"
+            # Named for the border, and apart from every other: engines may share a host
+            # (and an ID, started with the same configuration folder), and an attempt
+            # that failed half-way may leave its name taken.
+            bridge = bridge_name("i", uuid.uuid4().hex)
             api.create_network(
                 ISOLATED_NETWORK,
                 driver="bridge",
-                # Named for the border.
-                options={_ICC: "false", BRIDGE_NAME_OPTION: bridge_name("i", engine)},
+                options={_ICC: "false", BRIDGE_NAME_OPTION: bridge},
                 labels={CACHE_LABEL: _ROLE},
                 check_duplicate=True,
             )

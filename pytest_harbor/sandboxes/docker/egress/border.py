@@ -61,40 +61,90 @@ BLOCKED_V6 = (
     "fc00::/7",  # unique local (the cloud's IPv6 metadata address is one)
     "fe80::/10",  # link-local
     "ff00::/8",  # multicast
+    "2001:db8::/32",  # documentation
+    # The refused IPv4 ranges, as NAT64 (64:ff9b::/96) and 6to4 (2002::/16) embed them.
+    "64:ff9b::a00:0/104",
+    "64:ff9b::6440:0/106",
+    "64:ff9b::7f00:0/104",
+    "64:ff9b::a9fe:0/112",
+    "64:ff9b::ac10:0/108",
+    "64:ff9b::c0a8:0/112",
+    "2002:a00::/24",
+    "2002:6440::/26",
+    "2002:7f00::/24",
+    "2002:a9fe::/32",
+    "2002:ac10::/28",
+    "2002:c0a8::/32",
 )
+#: The bit of a connection's mark that says its first packet came in on a pytest-harbor
+#: bridge: what comes in later on one is a reply the border lets through only when the
+#: connection began elsewhere (a sandbox on a bridge it shares with another can forge a
+#: packet that seems to come from this machine, and so a connection "this machine began").
+BEGUN_ON_BRIDGE = "0x08000000"
 _PROTOCOLS = ("tcp", "udp")
+
+
+#: The version of the base rules: a watchdog leaves the table's rules to those of a later
+#: version (another pytest-harbor may run on the same engine), and brings an earlier
+#: version's up to its own. Raised with every change to base_rules().
+RULES_VERSION = 2
 
 
 class BorderError(Exception):
     """nft refused a change, or an opening is not understood."""
 
 
-def base_rules(resolvers: list[str]) -> str:
+def _sets(resolvers: list[str], neighbours: list[str]) -> list[str]:
+    """The script's lines that make the table's sets and fill them anew."""
+    lines = [
+        f"add set {TABLE} resolvers4 {{ type ipv4_addr; }}",
+        f"add set {TABLE} resolvers6 {{ type ipv6_addr; }}",
+        f"add set {TABLE} neighbours4 {{ type ipv4_addr; flags interval; }}",
+        f"add set {TABLE} neighbours6 {{ type ipv6_addr; flags interval; }}",
+    ]
+    for version in (4, 6):
+        addresses = {ipaddress.ip_address(item) for item in resolvers}
+        found = sorted(str(item) for item in addresses if item.version == version)
+        lines.append(f"flush set {TABLE} resolvers{version}")
+        if found:
+            lines.append(f"add element {TABLE} resolvers{version} {{ {', '.join(found)} }}")
+        networks = [ipaddress.ip_network(item) for item in neighbours]
+        # An interval set takes no two that overlap.
+        collapsed: list[object] = list(
+            ipaddress.collapse_addresses(  # type: ignore[type-var]
+                [item for item in networks if item.version == version]
+            )
+        )
+        found = [str(item) for item in collapsed]
+        lines.append(f"flush set {TABLE} neighbours{version}")
+        if found:
+            lines.append(f"add element {TABLE} neighbours{version} {{ {', '.join(found)} }}")
+    return lines
+
+
+def base_rules(resolvers: list[str], neighbours: list[str] | None = None) -> str:
     """The nft script that makes (or brings up to date) the table, its chains and rules,
-    leaving the holders and their jumps alone."""
-    v4 = [address for address in resolvers if ipaddress.ip_address(address).version == 4]
-    v6 = [address for address in resolvers if ipaddress.ip_address(address).version == 6]
+    leaving the holders and their jumps alone: `resolvers` are the addresses DNS may go
+    to, `neighbours` the networks this machine's own interfaces are on (refused as the
+    ranges are)."""
     bridge = f'iifname "{BRIDGE_PREFIX}*"'
     lines = [
         f"add table {TABLE}",
-        f"add set {TABLE} resolvers4 {{ type ipv4_addr; }}",
-        f"add set {TABLE} resolvers6 {{ type ipv6_addr; }}",
+        f"add set {TABLE} version {{ type inet_service; }}",
+        f"flush set {TABLE} version",
+        f"add element {TABLE} version {{ {RULES_VERSION} }}",
+        *_sets(resolvers, neighbours or []),
         f"add chain {TABLE} openings",
         f"add chain {TABLE} input {{ type filter hook input priority -10; policy accept; }}",
         f"add chain {TABLE} forward {{ type filter hook forward priority -10; policy accept; }}",
-        f"flush set {TABLE} resolvers4",
-        f"flush set {TABLE} resolvers6",
     ]
-    if v4:
-        lines.append(f"add element {TABLE} resolvers4 {{ {', '.join(v4)} }}")
-    if v6:
-        lines.append(f"add element {TABLE} resolvers6 {{ {', '.join(v6)} }}")
     dns = "meta l4proto { tcp, udp } th dport 53"
     lines += [f"flush chain {TABLE} input", f"flush chain {TABLE} forward"]
     for chain in ("input", "forward"):
         rule = f"add rule {TABLE} {chain} {bridge}"
         lines += [
-            f"{rule} ct state established,related accept",
+            f"{rule} ct state new ct mark set ct mark or {BEGUN_ON_BRIDGE}",
+            f"{rule} ct state established,related ct mark and {BEGUN_ON_BRIDGE} == 0 accept",
             f"{rule} jump openings",
             f"{rule} {dns} ip daddr @resolvers4 accept",
             f"{rule} {dns} ip6 daddr @resolvers6 accept",
@@ -104,8 +154,10 @@ def base_rules(resolvers: list[str]) -> str:
         f"add rule {TABLE} input {bridge} meta l4proto tcp reject with tcp reset",
         f"add rule {TABLE} input {bridge} reject with icmpx admin-prohibited",
         # Between two containers of the same bridge: the route back out of the bridge it
-        # came in on.
+        # came in on; or out on an enclosed bridge (`phbe`: no address here, so no route
+        # leads into it, and what goes out on it was passed along inside it).
         f"add rule {TABLE} forward {bridge} fib daddr . iif oif exists accept",
+        f'add rule {TABLE} forward {bridge} oifname "{BRIDGE_PREFIX}e*" accept',
         f"add rule {TABLE} forward {bridge} ip daddr {{ {', '.join(BLOCKED_V4)} }} "
         "meta l4proto tcp reject with tcp reset",
         f"add rule {TABLE} forward {bridge} ip daddr {{ {', '.join(BLOCKED_V4)} }} "
@@ -114,6 +166,11 @@ def base_rules(resolvers: list[str]) -> str:
         "meta l4proto tcp reject with tcp reset",
         f"add rule {TABLE} forward {bridge} ip6 daddr {{ {', '.join(BLOCKED_V6)} }} "
         "reject with icmpx admin-prohibited",
+        # This machine's neighbours, whatever their range.
+        f"add rule {TABLE} forward {bridge} ip daddr @neighbours4 reject with icmpx "
+        "admin-prohibited",
+        f"add rule {TABLE} forward {bridge} ip6 daddr @neighbours6 reject with icmpx "
+        "admin-prohibited",
     ]
     return "\n".join(lines) + "\n"
 
@@ -165,6 +222,25 @@ def nft(script: str) -> None:
         raise BorderError(f"cannot run nft: {error}") from None
     if done.returncode != 0:
         raise BorderError(done.stderr.decode(errors="replace").strip()[-500:])
+
+
+def installed_version() -> int:
+    """The version of the rules the table holds (0: no table, or one from before the
+    versions)."""
+    try:
+        done = subprocess.run(
+            ["nft", "-j", "list", "set", *TABLE.split(), "version"],
+            capture_output=True,
+            timeout=30,
+        )
+        listed = json.loads(done.stdout or b"{}") if done.returncode == 0 else {}
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return 0
+    for item in listed.get("nftables", []) if isinstance(listed, dict) else []:
+        found = (item.get("set") or {}).get("elem") if isinstance(item, dict) else None
+        if isinstance(found, list) and found and isinstance(found[0], int):
+            return int(found[0])
+    return 0
 
 
 def _jumps() -> dict[str, list[int]]:
@@ -221,7 +297,12 @@ class Border:
             raise BorderError(f"holder id {holder_id!r} is not 12 hex digits")
         self._claim: socket.socket | None = None
 
-    def install(self, openings: list[str], resolvers: list[str]) -> None:
+    def install(
+        self,
+        openings: list[str],
+        resolvers: list[str],
+        neighbours: list[str] = (),  # type: ignore[assignment]
+    ) -> None:
         """Make the table (or bring it up to date), delete leftover holders, and hold
         `openings`. Raises BorderError."""
         for item in openings:
@@ -229,7 +310,8 @@ class Border:
         self._claim = _claim(self.holder)
         if self._claim is None:
             raise BorderError(f"another process holds {self.holder}")
-        nft(base_rules(resolvers))
+        if installed_version() <= RULES_VERSION:
+            nft(base_rules(resolvers, neighbours))
         self.collect()
         if openings:
             nft(holder_rules(self.holder, openings))
@@ -264,6 +346,56 @@ class Border:
                 self._claim = None
 
 
+def neighbours(routes: str = "/proc/net/route", routes6: str = "/proc/net/ipv6_route") -> list[str]:
+    """The networks this machine's own interfaces are on (its routes without a gateway),
+    but for pytest-harbor's bridges and the default route: its neighbours."""
+    found: list[ipaddress.IPv4Network | ipaddress.IPv6Network | None] = [
+        _route4(line.split()) for line in _lines(routes)[1:]
+    ]
+    found += [_route6(line.split()) for line in _lines(routes6)]
+    return sorted({str(network) for network in found if network is not None})
+
+
+def _route4(fields: list[str]) -> ipaddress.IPv4Network | None:
+    """A line of /proc/net/route: the network of a route without a gateway."""
+    if len(fields) < 8 or fields[0].startswith(BRIDGE_PREFIX):
+        return None
+    try:
+        # Each as the kernel holds it: a little-endian word, in hex.
+        destination, gateway, mask = (
+            int.from_bytes(int(fields[index], 16).to_bytes(4, "little"), "big")
+            for index in (1, 2, 7)
+        )
+        if gateway or not mask:
+            return None
+        return ipaddress.IPv4Network((destination, bin(mask).count("1")), strict=False)
+    except (ValueError, OverflowError):
+        return None
+
+
+def _route6(fields: list[str]) -> ipaddress.IPv6Network | None:
+    """A line of /proc/net/ipv6_route: the network of a route without a gateway (not the
+    default, not loopback, not link-local or multicast, which are refused already)."""
+    if len(fields) < 10 or fields[9].startswith(BRIDGE_PREFIX) or fields[9] == "lo":
+        return None
+    try:
+        length, gateway = int(fields[1], 16), int(fields[4], 16)
+        network = ipaddress.IPv6Network((int(fields[0], 16), length), strict=False)
+    except ValueError:
+        return None
+    if gateway or not length or network.is_link_local or network.is_multicast:
+        return None
+    return network
+
+
+def _lines(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read(1 << 20).splitlines()
+    except OSError:
+        return []
+
+
 def resolvers(path: str = "/etc/resolv.conf") -> list[str]:
     """The name servers this machine's resolver configuration names (IP addresses only)."""
     found: list[str] = []
@@ -284,5 +416,5 @@ def resolvers(path: str = "/etc/resolv.conf") -> list[str]:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["show"]:
-        print(base_rules(resolvers()), end="")
+        print(base_rules(resolvers(), neighbours()), end="")
         print(holder_rules("hold_000000000000", sys.argv[2:]), end="")

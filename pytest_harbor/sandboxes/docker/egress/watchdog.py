@@ -167,7 +167,7 @@ def main(arguments: list[str]) -> int:
     if holder is not None:
         try:
             guard = border.Border(holder)
-            guard.install(openings, border.resolvers())
+            guard.install(openings, border.resolvers(), border.neighbours())
         except border.BorderError as error:
             say(f"cannot hold the border: {error}")
             return 1
