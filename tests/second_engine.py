@@ -1,6 +1,12 @@
 """A second Docker engine on this machine, for tests that spread a run over two engines:
-its own socket, data root, exec root, pid file and bridge (no iptables rules), started
-for the test and stopped after it."""
+its own socket, data root, exec root, pid file and bridge (no iptables rules of its own),
+started for the test and stopped after it.
+
+The host's FORWARD chain is the first engine's: its policy is DROP, and bridged frames pass
+through it (bridge-nf-call-iptables), so without a rule of ours two containers on one
+network of the second engine could not reach each other (a sandbox its egress, say). The
+second engine's networks take their addresses from a pool of its own, and one rule,
+added as it starts and removed as it stops, lets the pool's addresses reach each other."""
 
 from __future__ import annotations
 
@@ -39,13 +45,14 @@ class SecondEngine:
         self.url = f"unix://{self.socket}"
         self.bridge = f"hb2{token}"
         self.subnet = f"10.213.{random.randint(1, 254)}.1/24"
-        #: With `data_size`, the pool its own networks take their addresses from, apart
-        #: from the first engine's: an engine whose disk is full leaves the bridges of
-        #: networks it could not record, and they are found by address. (Only then: an
-        #: engine started again with a pool of its own removes the host's docker0.)
-        self.pool = (
-            ipaddress.ip_network(f"10.{random.randint(100, 199)}.0.0/16") if data_size else None
-        )
+        #: The pool its own networks take their addresses from, apart from the first
+        #: engine's: the FORWARD chain accepts traffic within it (the module's docstring),
+        #: and an engine whose disk is full leaves the bridges of networks it could not
+        #: record, which are found by address. Given to its first start only: dockerd
+        #: started again with address pools deletes the host's docker0 (as it clears its
+        #: stale default network), so networks made after a restart() come from Docker's
+        #: default pools, and their containers do not reach each other.
+        self.pool = _free_pool()
         self.process: subprocess.Popen[bytes] | None = None
         self.log = self.root / "dockerd.log"
         #: With `tls`, the engine also listens on tcp://127.0.0.1:<port> and verifies its
@@ -59,10 +66,13 @@ class SecondEngine:
         self.client_tls = self.root / "client-tls"
         #: stop() has begun (a failed start in it does not start it again).
         self._stopping = False
+        #: dockerd has been started once (on its data root as it is now).
+        self._launched = False
 
     def start(self) -> SecondEngine:
         sweep_abandoned()
-        (self.root / "owner").write_text(f"{os.getpid()}\n{self.bridge}\n{self.pool or '-'}\n")
+        (self.root / "owner").write_text(f"{os.getpid()}\n{self.bridge}\n{self.pool}\n")
+        _forward_within(self.pool)
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "addr", "add", self.subnet, "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
@@ -121,7 +131,11 @@ class SecondEngine:
                     str(self.root / "docker.pid"),
                     "--bridge",
                     self.bridge,
-                    *(["--default-address-pool", f"base={self.pool},size=24"] if self.pool else []),
+                    *(
+                        []
+                        if self._launched
+                        else ["--default-address-pool", f"base={self.pool},size=24"]
+                    ),
                     "--iptables=false",
                     "--ip-masq=false",
                 ],
@@ -130,6 +144,7 @@ class SecondEngine:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        self._launched = True
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -173,8 +188,9 @@ class SecondEngine:
             ["pkill", "-9", "-f", f"containerd.*{self.root}"], check=False, capture_output=True
         )
         _remove(self.root, self.bridge)
-        for bridge in {*bridges, *(bridges_in(self.pool) if self.pool else [])}:
+        for bridge in {*bridges, *bridges_in(self.pool)}:
             subprocess.run(["ip", "link", "delete", bridge], check=False, capture_output=True)
+        _forward_within(self.pool, remove=True)
 
     def _network_bridges(self) -> list[str]:
         with contextlib.suppress(docker.errors.DockerException, OSError):
@@ -204,8 +220,10 @@ def sweep_abandoned() -> None:
         subprocess.run(["pkill", "-9", "-f", str(root)], check=False, capture_output=True)
         _kill_orphaned_containers()
         _remove(root, bridge)
-        for left in bridges_in(ipaddress.ip_network(pool)) if pool != "-" else []:
-            subprocess.run(["ip", "link", "delete", left], check=False, capture_output=True)
+        if pool != "-":
+            for left in bridges_in(ipaddress.ip_network(pool)):
+                subprocess.run(["ip", "link", "delete", left], check=False, capture_output=True)
+            _forward_within(ipaddress.ip_network(pool), remove=True)
 
 
 def bridges_in(pool: ipaddress.IPv4Network | ipaddress.IPv6Network) -> list[str]:
@@ -248,6 +266,38 @@ def _remove(root: Path, bridge: str) -> None:
             subprocess.run(["umount", "-l", target], check=False, capture_output=True)
     shutil.rmtree(root, ignore_errors=True)
     subprocess.run(["ip", "link", "delete", bridge], check=False, capture_output=True)
+
+
+def _free_pool() -> ipaddress.IPv4Network:
+    """A /16 in 10.100-199 that no address of the host and no FORWARD rule (another
+    engine's pool) holds yet."""
+    taken = (
+        subprocess.run(
+            ["ip", "-o", "-4", "addr", "show"], check=False, capture_output=True, text=True
+        ).stdout
+        + subprocess.run(
+            ["iptables", "-S", "FORWARD"], check=False, capture_output=True, text=True
+        ).stdout
+    )
+    used = []
+    for found in re.findall(r"\d+\.\d+\.\d+\.\d+", taken):
+        with contextlib.suppress(ValueError):
+            used.append(ipaddress.IPv4Address(found))
+    candidates = [ipaddress.IPv4Network(f"10.{second}.0.0/16") for second in range(100, 200)]
+    free = [pool for pool in candidates if not any(address in pool for address in used)]
+    return random.choice(free or candidates)
+
+
+def _forward_within(
+    pool: ipaddress.IPv4Network | ipaddress.IPv6Network, *, remove: bool = False
+) -> None:
+    """The host's FORWARD chain accepts traffic from `pool` to `pool` (a rule put first),
+    or, with `remove`, that rule goes (one copy: another engine may hold the same pool)."""
+    rule = ["FORWARD", "-s", str(pool), "-d", str(pool), "-j", "ACCEPT"]
+    if remove:
+        subprocess.run(["iptables", "-D", *rule], check=False, capture_output=True)
+    else:
+        _run("iptables", "-I", *rule)
 
 
 def _run(*command: str) -> None:

@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 import docker
@@ -31,6 +31,8 @@ from tests.fixtures import (
     run_harbor,
     start_run,
 )
+from tests.integration.test_model_relay import relay_recipe
+from tests.model_server import ScriptedModel, answer
 from tests.second_engine import FIRST_ENGINE, SecondEngine
 from tests.ssh_server import SshServer
 
@@ -334,3 +336,38 @@ def test_a_killed_runs_sandboxes_on_a_remote_engine_go_with_its_watchdog(
     while remote.containers.list(all=True, filters={"label": TASK_LABEL}, ignore_removed=True):
         assert time.monotonic() < deadline, "a killed run's sandboxes are still there 20 s on"
         time.sleep(0.5)
+
+
+def test_a_cli_agent_reaches_the_relay_from_either_engine(
+    pytester: pytest.Pytester,
+    harbor_dataset: Dataset,
+    second_engine: SecondEngine,
+    docker_client: docker.DockerClient,
+    model_server: Callable[..., ScriptedModel],
+) -> None:
+    """Each engine's sandboxes reach the model relay on this machine at their own bridge's
+    gateway (with the network) or through their egress (without it), and hold a token,
+    never the key: every episode, on either engine, solves its task through the relay."""
+    offline = f'[environment]\ndocker_image = "{BASE_IMAGE}"\nnetwork_mode = "no-network"\n'
+    tasks = [f"t{index}" for index in range(4)]
+    for index, task in enumerate(tasks):
+        toml = offline if index % 2 else f'[environment]\ndocker_image = "{BASE_IMAGE}"\n'
+        harbor_dataset.task(task, toml=toml, instruction="solve\n")
+    server = model_server(lambda request: answer("echo 1 > /tmp/answer"))
+    recipe = relay_recipe(pytester.path)
+    clients = {"first": docker_client, "second": second_engine.client()}
+    with TaskWatcher(clients, harbor_dataset.name) as watcher:
+        result = run_harbor(
+            pytester,
+            harbor_dataset,
+            "-n",
+            "2",
+            hosts(second_engine),
+            f"--harbor-agent={recipe}",
+            f"--harbor-model={server.model}",
+            f"--harbor-model-url={server.url}",
+        )
+    result.assert_outcomes(passed=4)
+    assert watcher.seen["second"], "no episode ran on the second engine"
+    assert len(server.requests) == 4
+    assert server.api_key not in result.stdout.str()

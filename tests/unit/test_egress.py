@@ -12,7 +12,7 @@ import struct
 import tarfile
 import threading
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -190,6 +190,81 @@ def test_the_policy_carries_the_relay_or_null_and_the_egress_reads_it(
     assert policy_file(egress, tmp_path, archives).relay is None
     gate.set_policy("none", relay="[fd00::1]:80")
     assert policy_file(egress, tmp_path, archives).relay == ("fd00::1", 80)
+
+
+def extracted(folder: Path, archives: Archives) -> Path:
+    """What the engine wrote last, extracted from its archive as the engine's archive API
+    does: the file's time is the archive's (whole seconds)."""
+    _, _, data = archives.written[-1]
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        archive.extractall(folder, filter="tar")
+    return folder / "policy.json"
+
+
+def test_two_policies_of_one_size_written_within_a_second_are_told_apart(
+    egress: ModuleType, archives: Archives, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One turn's phase lists a.test with one relay, the next turn's lists b.test with
+    # another, within the second: the file's time and size are the same both times.
+    monkeypatch.setattr(filtering, "time", SimpleNamespace(time=lambda: 1_796_639_201.4))
+    gate = Egress("egress-id", "egress-net", "10.9.8.7", "outside", None)
+    gate.set_policy("allowlist", ("a.test",), "172.17.0.1:8123")
+    path = extracted(tmp_path, archives)
+    first = path.stat()
+    policy = egress.Policy(str(path))
+    assert policy.current().allows("a.test")
+    gate.set_policy("allowlist", ("b.test",), "172.17.0.2:8123")
+    extracted(tmp_path, archives)
+    assert (path.stat().st_mtime, path.stat().st_size) == (first.st_mtime, first.st_size)
+    now = policy.current()
+    assert (now.allows("a.test"), now.allows("b.test")) == (False, True)
+    assert now.relay == ("172.17.0.2", 8123)
+    assert egress.destination(now, RELAY_NAME, 80) == ("172.17.0.2", 8123)
+
+
+def policy_text(relay: str | None) -> str:
+    return json.dumps({"mode": "none", "hosts": [], "address": "10.9.8.7", "relay": relay})
+
+
+@pytest.mark.parametrize("caught", ["missing", "empty", "half written"])
+def test_a_policy_file_caught_while_it_is_replaced_is_read_again(
+    egress: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caught: str
+) -> None:
+    # The engine's archive API removes the file, then writes it anew: a query in between
+    # waits for the new file rather than find the relay's name unknown.
+    path = tmp_path / "policy.json"
+    written = policy_text("172.17.0.1:8123")
+    if caught != "missing":
+        path.write_text("" if caught == "empty" else written[:20])
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        path.write_text(written)
+
+    monkeypatch.setattr(egress, "time", SimpleNamespace(sleep=pause))
+    policy = egress.Policy(str(path)).current()
+    assert (policy.mode, policy.relay, len(pauses)) == ("none", ("172.17.0.1", 8123), 1)
+    assert answer(egress, RELAY_NAME, 1, policy)[:2] == (0, 1)
+
+
+def test_a_policy_file_that_stays_broken_holds_the_egress_closed(
+    egress: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps({"mode": "allowlist", "hosts": ["a.test"], "relay": RELAY}))
+    policy = egress.Policy(str(path))
+    assert policy.current().allows("a.test")
+    pauses: list[float] = []
+    monkeypatch.setattr(egress, "time", SimpleNamespace(sleep=pauses.append))
+    path.write_text('{"mode": "public", "hosts": [')
+    closed = policy.current()
+    assert (closed.mode, closed.hosts, closed.relay) == ("none", [], None)
+    assert not closed.allows("a.test")
+    assert len(pauses) == egress.POLICY_READS - 1
+    assert sum(pauses) < 0.1  # a query waits for a write, not for long
+    path.write_text(policy_text(RELAY))
+    assert policy.current().relay == ("172.17.0.1", 8123)
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,9 @@ machine), RELAY_NAME resolves to the egress and a request for it on port 80 (by 
 through the proxy) goes to the relay and nowhere else; without one the name leads
 nowhere. The policy is a file only the engine writes (`/run/egress/policy.json`):
 `{"mode": "allowlist" | "public" | "none", "hosts": [...], "address": "...",
-"relay": "IP:PORT" | null}`, read again as it changes. Standard library only; every
-parser here is total: what a sandbox sends can end its own connection, never the egress.
+"relay": "IP:PORT" | null}`, read again for every query and connection. Standard
+library only; every parser here is total: what a sandbox sends can end its own
+connection, never the egress.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ CONNECT_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 600.0
 MAX_CONNECTIONS = 256
 TTL_S = 5
+#: A policy file that does not read is read again this many times, this long apart, before
+#: the egress holds it to mode none: the engine's archive API replaces the file by removing
+#: it and writing it anew, and a read between the two finds it missing or short.
+POLICY_READS = 10
+POLICY_RETRY_S = 0.005
 #: The name a sandbox reaches the model relay by, on port 80 (sandboxes/base.py's
 #: RELAY_NAME; this program imports nothing of the package's, a unit test holds the two
 #: equal).
@@ -48,11 +54,15 @@ def say(message: str) -> None:
 
 
 class Policy:
-    """The engine's policy file, read again when it changes."""
+    """The engine's policy file, read again for every query and connection (it holds a
+    few hundred bytes). No stamp of the file would do: the engine's archive API gives it
+    the whole second the archive names as its time, so two policies of one size written
+    within a second look the same to stat."""
 
     def __init__(self, path: str) -> None:
         self._path = path
-        self._stamp: tuple[float, int] | None = None
+        #: The file's bytes as last read (None: it did not read, the policy is none).
+        self._read: bytes | None = None
         self.mode = "none"
         self.hosts: list[str] = []
         self.address = ""
@@ -62,20 +72,31 @@ class Policy:
 
     def current(self) -> Policy:
         with self._lock:
-            try:
-                stat = os.stat(self._path)
-                stamp = (stat.st_mtime, stat.st_size)
-                if stamp != self._stamp:
-                    with open(self._path, encoding="utf-8") as handle:
-                        data = json.load(handle)
-                    self.mode = str(data.get("mode", "none"))
-                    self.hosts = [normal(str(host)) for host in data.get("hosts") or []]
-                    self.address = str(data.get("address", ""))
-                    self.relay = relay_address(data.get("relay"))
-                    self._stamp = stamp
-            except (OSError, ValueError, TypeError, AttributeError):
-                self.mode, self.hosts, self.relay, self._stamp = "none", [], None, None
+            for attempt in range(POLICY_READS):
+                if attempt:
+                    time.sleep(POLICY_RETRY_S)
+                try:
+                    with open(self._path, "rb") as handle:
+                        content = handle.read()
+                    if content != self._read:
+                        self._apply(json.loads(content))
+                        self._read = content
+                    return self
+                except (OSError, ValueError, TypeError, AttributeError):
+                    continue
+            # Fail closed on a file that stays broken; read again at the next call.
+            self.mode, self.hosts, self.relay, self._read = "none", [], None, None
             return self
+
+    def _apply(self, data: dict[str, object]) -> None:
+        """The fields of a policy as read (raises on one that is not a policy)."""
+        listed = data.get("hosts") or []
+        if not isinstance(listed, list):
+            raise TypeError("hosts is not a list")
+        hosts = [normal(str(host)) for host in listed]
+        mode, address = str(data.get("mode", "none")), str(data.get("address", ""))
+        relay = relay_address(data.get("relay"))
+        self.mode, self.hosts, self.address, self.relay = mode, hosts, address, relay
 
     def allows(self, host: str) -> bool:
         if self.mode == "public":
@@ -227,9 +248,7 @@ def answer_dns(packet: bytes, policy: Policy) -> bytes | None:
     return dns_reply(packet, question, policy)
 
 
-def serve_dns_udp(policy: Policy) -> None:
-    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    server.bind(("0.0.0.0", 53))
+def serve_dns_udp(server: socket.socket, policy: Policy) -> None:
     while True:
         try:
             packet, client = server.recvfrom(4096)
@@ -439,11 +458,7 @@ def proxy_request(head: bytes) -> tuple[str | None, int, bytes, bytes]:
     return None, -1, b"", b""
 
 
-def serve_tcp(port: int, policy: Policy) -> None:
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("0.0.0.0", port))
-    server.listen(128)
+def serve_tcp(server: socket.socket, port: int, policy: Policy) -> None:
     while True:
         try:
             connection, _ = server.accept()
@@ -465,11 +480,23 @@ def _serve(connection: socket.socket, port: int, policy: Policy) -> None:
         _slots.release()
 
 
+def listening(port: int) -> socket.socket:
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", port))
+    server.listen(128)
+    return server
+
+
 def main() -> None:
     policy = Policy(POLICY)
-    threading.Thread(target=serve_dns_udp, args=(policy,), daemon=True).start()
-    for port in (53, 80, 443, 3128):
-        threading.Thread(target=serve_tcp, args=(port, policy), daemon=True).start()
+    # Every socket is bound before `ready` is said: the engine waits for that word only.
+    dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dns.bind(("0.0.0.0", 53))
+    servers = {port: listening(port) for port in (53, 80, 443, 3128)}
+    threading.Thread(target=serve_dns_udp, args=(dns, policy), daemon=True).start()
+    for port, server in servers.items():
+        threading.Thread(target=serve_tcp, args=(server, port, policy), daemon=True).start()
     say("ready")
     while True:
         time.sleep(3600)
