@@ -71,6 +71,9 @@ class BuildsAhead:
 
     def _prepare(self, taskset: str, task: Task) -> None:
         run = self.run
+        # The process's watchdog, which holds the border a build's steps run under, before
+        # the first build (else the build would hold it alone, and the first item again).
+        run.watch()
         with self._lock:
             self.building += 1
         try:

@@ -102,6 +102,8 @@ def test_a_watchdog_armed_for_the_border_alone_retires_when_the_labels_come(
     watchdog.arm({})
     watchdog.arm({"pytest-harbor.run": "r"})
     watchdog.arm({"pytest-harbor.run": "r"})
+    # A build that asks for the border alone once the labelled one holds it: nothing.
+    watchdog.arm({})
     assert events == [
         "armed 0 []",
         "armed 1 ['pytest-harbor.run']",

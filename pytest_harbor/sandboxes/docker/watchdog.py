@@ -99,8 +99,11 @@ class Watchdog:
         (nothing left behind) when it cannot be started."""
         with self._lock:
             wanted = (dict(labels), self.openings)
-            if self.armed and self._armed_with == wanted:
-                return
+            if self.armed and self._armed_with is not None:
+                armed_labels, armed_openings = self._armed_with
+                # The border alone (no labels) is held by any watchdog with its openings.
+                if armed_openings == self.openings and wanted[0] in (armed_labels, {}):
+                    return
             # Armed with other labels or openings (the border held before the process's
             # labels were known): a new one first, then the old one retires (it lets its
             # openings go and sweeps nothing).
