@@ -35,3 +35,5 @@ def start(docker_client: docker.DockerClient, labels: dict[str, str]) -> Iterato
     yield start_sandbox
     for sandbox in started:
         sandbox.stop()
+    # Its watchdog, which holds the border for its sandboxes, goes.
+    provider.unwatch()

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from pytest_harbor.sandboxes import SandboxSpec
 from pytest_harbor.sandboxes.base import (
     RELAY_NAME,
     ROOT_USER,
@@ -22,8 +23,10 @@ from pytest_harbor.sandboxes.base import (
     ReachesThisMachine,
     set_phase_network,
 )
-from pytest_harbor.sandboxes.docker import DockerSandbox
-from tests.fixtures import StartSandbox
+from pytest_harbor.sandboxes.docker import DockerProvider, DockerSandbox
+from pytest_harbor.sandboxes.docker.networks import IsolatedNetwork, host_address
+from pytest_harbor.sandboxes.routes import Opening
+from tests.fixtures import BASE_IMAGE
 
 pytestmark = pytest.mark.docker
 
@@ -81,19 +84,28 @@ class Route:
 
 
 @pytest.fixture
-def route(start: StartSandbox) -> Iterator[Route]:
+def route(labels: dict[str, str]) -> Iterator[Route]:
     """A sandbox started `filtered` without network, and a server on this machine at its
-    host_address() that answers a body of its own."""
-    sandbox = start(filtered=True, network=False)
-    assert isinstance(sandbox, ReachesThisMachine)
-    server = ThreadingHTTPServer((sandbox.host_address(), 0), Answers)
+    host_address() that answers a body of its own, its port opened in the border as the
+    relay's is."""
+    provider = DockerProvider()
+    address = host_address(None, IsolatedNetwork(None).name())
+    server = ThreadingHTTPServer((address, 0), Answers)
     body = f"relay-{uuid.uuid4().hex}"
     server.body = body.encode()  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    provider.open_to([Opening(None, server.server_address[1])])
+    sandbox = provider.start(
+        SandboxSpec(image=BASE_IMAGE, labels=labels, filtered=True, network=False)
+    )
     try:
-        yield Route(sandbox, f"{sandbox.host_address()}:{server.server_address[1]}", body)
+        assert isinstance(sandbox, ReachesThisMachine)
+        assert sandbox.host_address() == address
+        yield Route(sandbox, f"{address}:{server.server_address[1]}", body)
     finally:
+        sandbox.stop()
+        provider.unwatch()
         server.shutdown()
         server.server_close()
 

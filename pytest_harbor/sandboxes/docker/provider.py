@@ -120,9 +120,12 @@ class DockerProvider:
         return self._guarded_network()
 
     def open_to(self, openings: Sequence[Opening]) -> None:
+        """From now on the border also opens `openings` to this process's sandboxes (a
+        watchdog already holding the border is replaced by one holding these); raises
+        SandboxError when that cannot be done."""
         self._openings = tuple(openings)
         if self._watchdog is not None:
-            self._watchdog.openings = self._openings
+            self._watchdog.reopen(self._openings)
 
     def watch(self, labels: Mapping[str, str]) -> None:
         self._keeper().arm(labels)

@@ -118,6 +118,14 @@ class Watchdog:
             if previous is not None:
                 _let_go(previous, retire=True)
 
+    def reopen(self, openings: tuple[Opening, ...]) -> None:
+        """Hold `openings` from now on: an armed watchdog is replaced by one holding them
+        (the same labels); raises SandboxError."""
+        with self._lock:
+            self.openings = openings
+            if self.armed and self._armed_with is not None:
+                self.arm(self._armed_with[0])
+
     def _arm(self, labels: Mapping[str, str]) -> None:
         self._labels = dict(labels)
         image = self._images.prepare_image(_HELPER)
