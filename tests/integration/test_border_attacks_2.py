@@ -9,6 +9,7 @@ of this machine."""
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +19,15 @@ import pytest
 
 from pytest_harbor.labels import RUN_LABEL
 from pytest_harbor.sandboxes.base import ImageSource, SandboxStartError
+from pytest_harbor.sandboxes.docker import Endpoint
+from pytest_harbor.sandboxes.docker.provider import DockerProvider
+from pytest_harbor.sandboxes.docker.watchdog import prepare_helper_image
 from pytest_harbor.sandboxes.images import image_tag_for
 from pytest_harbor.sandboxes.opensandbox.images import RegistryImages
 from tests.fixtures import BASE_IMAGE
-from tests.integration.test_border import LineServer
+from tests.integration.test_border import SERVE, TARGET_PORT, LineServer
 from tests.integration.test_border_attacks import HostTarget
+from tests.second_engine import SecondEngine
 
 pytestmark = pytest.mark.docker
 
@@ -86,3 +91,54 @@ def test_a_task_image_built_for_opensandbox_reaches_nothing_of_this_machine(
         for name in (f"127.0.0.1:9/pytest-harbor:{tag}-cluster", f"{tag}-cluster", tag):
             with contextlib.suppress(docker.errors.APIError):
                 docker_client.images.remove(name)
+
+
+def test_on_a_second_engine_a_sandbox_reaches_no_other_sandbox(
+    docker_client: docker.DockerClient,
+) -> None:
+    # Every sandbox with the network on an engine joins its one sandboxes' network
+    # (`pytest-harbor-isolated`, its bridge `phbi…`), made with inter-container traffic
+    # off; an engine with --iptables=false (the second engine, a remote one configured so)
+    # has no rule that turns it off, and the border lets two containers of one bridge reach
+    # each other. A sandbox of one episode serves; one of another episode connects.
+    mark = {"pytest-harbor.run": RUN}
+    helper = prepare_helper_image()
+    engine = SecondEngine().start()
+    try:
+        second = engine.client()
+        second.images.load(docker_client.images.get(helper).save(named=True))
+        provider = DockerProvider(endpoint=Endpoint(engine.url))
+        try:
+            network = provider._guarded_network()  # what _network_of() gives a sandbox
+            server = second.containers.create(
+                helper,
+                entrypoint=["python3", "-c", SERVE, "other-episode-secret", str(TARGET_PORT)],
+                labels=mark,
+                network=network,
+            )
+            server.start()
+            server.reload()
+            address = server.attrs["NetworkSettings"]["Networks"][network]["IPAddress"]
+            probe = (
+                "import socket\ntry:\n"
+                f"    s = socket.create_connection(({address!r}, {TARGET_PORT}), timeout=4)\n"
+                "    print(s.recv(100).decode().strip())\n"
+                "except OSError:\n    print('unreachable')\n"
+            )
+            time.sleep(1)
+            found = second.containers.run(
+                helper,
+                entrypoint=["python3", "-c", probe],
+                labels=mark,
+                network=network,
+                remove=True,
+            )
+            assert found.decode().strip() == "unreachable", "a sandbox reached another's server"
+        finally:
+            provider.unwatch()
+            for container in second.containers.list(
+                all=True, filters={"label": f"pytest-harbor.run={RUN}"}
+            ):
+                container.remove(force=True)
+    finally:
+        engine.stop()
