@@ -16,14 +16,17 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import docker
 import pytest
 
+from pytest_harbor.sandboxes import ImageSource
 from pytest_harbor.sandboxes.docker import Endpoint
 from pytest_harbor.sandboxes.docker.images import TOOLS_IMAGE
 from pytest_harbor.sandboxes.docker.networks import ISOLATED_NETWORK, IsolatedNetwork
 from pytest_harbor.sandboxes.docker.watchdog import prepare_helper_image
+from pytest_harbor.sandboxes.opensandbox.images import RegistryImages
 from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
 from tests.second_engine import SecondEngine
 
@@ -339,3 +342,25 @@ def test_what_the_reach_setting_names_opens_and_nothing_else(
     result = run_harbor(pytester, harbor_dataset, f"--harbor-set=reach={json.dumps(reach)}")
     assert result.ret == 0, result.stdout.str()[-4000:]
     result.assert_outcomes(passed=1)
+
+
+def test_opensandboxs_builds_on_this_machine_run_under_the_border(
+    targets: Targets, tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
+    # The OpenSandbox provider builds a task's image on this machine's engine before it
+    # pushes it: the same probes in a RUN step there.
+    assignments = " ".join(f"{key}={value}" for key, value in targets.values().items())
+    (tmp_path / "probes.sh").write_text(PROBES)
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nCOPY probes.sh /probes.sh\n"
+        f"RUN {assignments} bash -c '. /probes.sh && probe > /tmp/probes.txt'\n"
+        f"LABEL pytest-harbor.run=border-test-{uuid.uuid4().hex[:8]}\n"
+    )
+    image = RegistryImages(None).local.prepare_image(
+        ImageSource(docker_image=None, context_dir=tmp_path, build_timeout_sec=300.0)
+    )
+    try:
+        found = docker_client.containers.run(image, ["cat", "/tmp/probes.txt"], remove=True)
+        assert found.decode().strip() == EXPECTED
+    finally:
+        docker_client.images.remove(image, force=True)

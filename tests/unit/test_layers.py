@@ -55,11 +55,11 @@ SANDBOX_FLOORS = [
 PROVIDERS = {"docker", "opensandbox"}
 #: The one import between providers: the opensandbox provider builds a task's image on
 #: this machine's Docker engine, with the docker provider's builder and its engine
-#: connection, before pushing it to the server's registry (a second builder would be
-#: a copy of the first).
+#: connection, under its border, before pushing it to the server's registry (a second
+#: builder would be a copy of the first).
 BETWEEN_PROVIDERS = {
     ("pytest_harbor.sandboxes.opensandbox.images", "pytest_harbor.sandboxes.docker.engine"),
-    ("pytest_harbor.sandboxes.opensandbox.images", "pytest_harbor.sandboxes.docker.images"),
+    ("pytest_harbor.sandboxes.opensandbox.images", "pytest_harbor.sandboxes.docker.provider"),
 }
 
 

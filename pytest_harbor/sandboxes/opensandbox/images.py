@@ -21,7 +21,7 @@ from pytest_harbor.sandboxes.base import (
     is_root_user,
 )
 from pytest_harbor.sandboxes.docker.engine import ENGINE_ERRORS, engine_for, explain
-from pytest_harbor.sandboxes.docker.images import EngineImages
+from pytest_harbor.sandboxes.docker.provider import DockerProvider
 from pytest_harbor.sandboxes.images import build_lock
 
 __all__ = ["CLUSTER_SUFFIX", "REPOSITORY", "RegistryImages", "no_registry"]
@@ -47,7 +47,10 @@ class RegistryImages:
 
     def __init__(self, registry: str | None, builder: str = "auto") -> None:
         self.registry = registry
-        self.local = EngineImages(None, builder)
+        # Its builds run as the docker provider's do, under the border of this machine's
+        # engine (held by a watchdog of this process's there, which sweeps nothing).
+        self._engine = DockerProvider(builder=builder)
+        self.local = self._engine.images
         #: The image each pushed reference was made from here.
         self._made_from: dict[str, str] = {}
         self._pushed: set[str] = set()

@@ -87,7 +87,7 @@ _PROTOCOLS = ("tcp", "udp")
 #: The version of the base rules: a watchdog leaves the table's rules to those of a later
 #: version (another pytest-harbor may run on the same engine), and brings an earlier
 #: version's up to its own. Raised with every change to base_rules().
-RULES_VERSION = 2
+RULES_VERSION = 3
 
 
 class BorderError(Exception):
@@ -149,6 +149,15 @@ def base_rules(resolvers: list[str], neighbours: list[str] | None = None) -> str
             f"{rule} {dns} ip daddr @resolvers4 accept",
             f"{rule} {dns} ip6 daddr @resolvers6 accept",
         ]
+    lines.insert(
+        lines.index(f"add rule {TABLE} forward {bridge} jump openings"),
+        # Between two sandboxes of the sandboxes' network (or two engines'): never, even
+        # where the engine does not turn its containers' traffic off itself (an engine run
+        # without its own iptables rules). A sandbox reaches its egress on the egress's
+        # network, the relay on this machine.
+        f'add rule {TABLE} forward iifname "{BRIDGE_PREFIX}i*" oifname "{BRIDGE_PREFIX}i*" '
+        "reject with icmpx admin-prohibited",
+    )
     lines += [
         # Into this machine: nothing else.
         f"add rule {TABLE} input {bridge} meta l4proto tcp reject with tcp reset",
