@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pytest_harbor.run.planning import plan_taskset
 from pytest_harbor.sandboxes.compose import project as compose_project
 from pytest_harbor.sandboxes.compose import tasks as compose_tasks
-from pytest_harbor.sandboxes.compose.project import ComposeRefused, check_config
+from pytest_harbor.sandboxes.compose.project import ComposeRefused, check_config, overlay_images
 from pytest_harbor.sandboxes.docker import DockerProvider
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import load_task
@@ -243,3 +243,19 @@ def test_the_compose_reading_is_given_the_setting(
     compose_tasks.compose_spec(loaded, HarborSettings())
     compose_tasks.compose_spec(loaded, HarborSettings(allow_remote_add=True))
     assert given == [False, True]
+
+
+def test_an_image_the_runs_own_overlay_names_is_the_users_to_pull(
+    compose_task: Path, tmp_path: Path
+) -> None:
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("services:\n  db:\n    image: 192.168.1.4:5000/x\n")
+    file = compose_task / "environment" / "docker-compose.yaml"
+    config = _services(db={"image": "192.168.1.4:5000/x"})
+    users = overlay_images([overlay])
+    assert users == {"192.168.1.4:5000/x"}
+    check_config(compose_task, file, config, users_images=users)
+    # Another image from a private registry, in the task's file, is still refused.
+    config = _services(db={"image": "192.168.1.4:5000/y"})
+    with pytest.raises(ComposeRefused):
+        check_config(compose_task, file, config, users_images=users)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from pytest_harbor.sandboxes.compose.builds import ServiceBuild, service_build
 from pytest_harbor.sandboxes.compose.cli import cli_variables, compose_config
 from pytest_harbor.sandboxes.compose.model import (
@@ -124,7 +126,29 @@ def read_compose(
             config = compose_config([base_file, *files], environment_dir, env)
         except ValueError as error:
             raise ComposeRefused(named, f"does not parse as Compose: {error}") from None
-    return check_config(task_path, named, config, allow_remote_add=allow_remote_add)
+    return check_config(
+        task_path,
+        named,
+        config,
+        allow_remote_add=allow_remote_add,
+        users_images=overlay_images(overlays),
+    )
+
+
+def overlay_images(overlays: list[Path]) -> frozenset[str]:
+    """The images the run's own overlay files name for their services, as written: the
+    user's choice, pulled from wherever the user's engine reaches (a task's are judged)."""
+    named: set[str] = set()
+    for path in overlays:
+        try:
+            loaded = yaml.safe_load(path.read_text(errors="replace"))
+        except (OSError, yaml.YAMLError):
+            continue  # Compose says what is wrong with it
+        services = loaded.get("services") if isinstance(loaded, dict) else None
+        for service in (services or {}).values() if isinstance(services, dict) else []:
+            if isinstance(service, dict) and isinstance(service.get("image"), str):
+                named.add(service["image"])
+    return frozenset(named)
 
 
 def _interpolation_env(
@@ -162,14 +186,19 @@ def _interpolation_env(
 
 
 def check_config(
-    task_path: Path, file: Path, config: Mapping[str, Any], *, allow_remote_add: bool = False
+    task_path: Path,
+    file: Path,
+    config: Mapping[str, Any],
+    *,
+    allow_remote_add: bool = False,
+    users_images: frozenset[str] = frozenset(),
 ) -> ComposeSpec:
     """The canonical configuration of the task at `task_path` read into the model of what
     a Compose file may hold (compose_model.py) and written out from it: ComposeRefused
     names the first key of `file` that cannot run here. A service's image is pulled by
     the engine (from no registry of this machine or a private network); a build's
     Dockerfile is checked (dockerfiles.py), its `ADD` of a URL let through when
-    `allow_remote_add`."""
+    `allow_remote_add`; `users_images` (the run's overlay's) are the user's to pull."""
     project = read_project(task_path, file, config)
     services: dict[str, Any] = project.get("services") or {}
     if "main" not in services:
@@ -190,7 +219,8 @@ def check_config(
             raise ComposeRefused(file, "has neither an image nor a build", where)
         else:
             # Pulled by the engine (beside a build, `image` would only name what is built).
-            problem = registry_problem(str(service["image"]))
+            image = str(service["image"])
+            problem = None if image in users_images else registry_problem(image)
             if problem is not None:
                 raise ComposeRefused(file, f"{service['image']} {problem}", f"{where}.image")
     return ComposeSpec(file, project, builds)
