@@ -7,9 +7,13 @@ judge what comes in on such a bridge:
 
 - into this machine (any of its addresses, the bridges' gateways included): refused;
 - out of the bridge to a link-local, private, shared, loopback, multicast or reserved
-  address (IPv4 or IPv6): refused, any protocol;
-- between two containers of the same bridge, to the internet, and the replies to what
-  was let through: allowed;
+  address (IPv4 or IPv6), or to the networks this machine's own interfaces are on:
+  refused, any protocol;
+- between two sandboxes of the sandboxes' network (`phbi`): refused;
+- between two containers of another bridge, and to the internet: allowed;
+- a reply: allowed only for a connection that began off the bridges (a connection whose
+  first packet came in on one is marked), so that no container forges one "this machine
+  began";
 - DNS (port 53) to the resolvers this machine uses, which the engine's own resolver
   forwards sandboxes' queries to: allowed.
 
