@@ -159,7 +159,7 @@ class _Commands(_DockerExec):
         if request.uid is not None:
             user = str(request.uid) if request.gid is None else f"{request.uid}:{request.gid}"
         command = _Command(uuid.uuid4().hex, request.command, request.background, _now())
-        stream = _EventStream(handler)
+        stream = _EventStream(handler, self.faults.take("command", request.command))
         if request.uid is not None and probe.uid != 0:
             # execd is not root: setting a user's credentials fails at fork.
             failure = f"fork/exec {probe.shell}: operation not permitted"

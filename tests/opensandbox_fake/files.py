@@ -16,6 +16,7 @@ from typing import Any
 import docker.errors
 
 from tests.opensandbox_fake.docker_exec import _DockerExec
+from tests.opensandbox_fake.faults import Fault, cut
 from tests.opensandbox_fake.records import _Sandbox
 from tests.opensandbox_fake.wire import (
     _error,
@@ -350,18 +351,38 @@ class _Files(_DockerExec):
             skip = start
             while skip:
                 skip -= len(source.read(min(skip, 1 << 16)))
-            remaining = length
+            remaining, sent = length, 0
+            fault = self.faults.take("download", real_path)
             try:
                 while remaining:
                     block = source.read(min(remaining, 1 << 16))
                     if not block:
                         break
+                    if fault is not None and sent + len(block) > fault.after:
+                        head = fault.after - sent
+                        _serve_fault(handler, fault, block[:head])
+                        if fault.action == "cut":
+                            return
+                        block, sent, remaining = block[head:], sent + head, remaining - head
+                        fault = None
                     handler.wfile.write(block)
+                    sent += len(block)
                     remaining -= len(block)
             except OSError:
                 handler.close_connection = True
             if remaining:
                 handler.close_connection = True
+
+
+def _serve_fault(handler: _Handler, fault: Fault, first: bytes) -> None:
+    """`first` (the bytes before the fault) sent, then the stall or the cut."""
+    handler.wfile.write(first)
+    handler.wfile.flush()
+    if fault.action == "cut":
+        cut(handler.connection)
+        handler.close_connection = True
+    else:
+        time.sleep(fault.seconds)
 
 
 def _split_with_ids(

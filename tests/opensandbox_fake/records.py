@@ -9,6 +9,7 @@ from datetime import datetime
 
 import docker
 
+from tests.opensandbox_fake.faults import Faults
 from tests.opensandbox_fake.wire import _go_time, _now
 
 SIGKILL = 9
@@ -122,3 +123,4 @@ class _State:
     _commands: dict[str, _Command]
     _expirations: dict[str, datetime]
     _timers: dict[str, threading.Timer]
+    faults: Faults

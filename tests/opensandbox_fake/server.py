@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -16,6 +17,7 @@ import docker
 import docker.errors
 
 from tests.opensandbox_fake.execd import _Commands
+from tests.opensandbox_fake.faults import Fault, Faults, cut
 from tests.opensandbox_fake.files import _Files
 from tests.opensandbox_fake.lifecycle import _Lifecycle
 from tests.opensandbox_fake.records import _Command, _Sandbox
@@ -69,6 +71,8 @@ class FakeOpenSandbox(_Lifecycle, _Commands, _Files):
         self._timers: dict[str, threading.Timer] = {}
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        #: Failures served on purpose (inject()).
+        self.faults = Faults()
 
     # -- life of the fake ----------------------------------------------------------------
 
@@ -102,6 +106,10 @@ class FakeOpenSandbox(_Lifecycle, _Commands, _Files):
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 container.remove(force=True)
         self._sandboxes.clear()
+
+    def inject(self, fault: Fault) -> Fault:
+        """`fault` is served to the requests it matches (its `served` counts them)."""
+        return self.faults.add(fault)
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -228,6 +236,13 @@ class FakeOpenSandbox(_Lifecycle, _Commands, _Files):
         elif (method, path) == ("GET", "/files/download"):
             self._download(handler, sandbox, query)
         elif method == "GET" and status:
+            fault = self.faults.take("status", status[1])
+            if fault is not None and fault.action == "cut":
+                cut(handler.connection)
+                handler.close_connection = True
+                return
+            if fault is not None:
+                time.sleep(fault.seconds)
             command = self._commands.get(status[1])
             if command is None:
                 raise _invalid_body_404(status[1])

@@ -19,6 +19,8 @@ from email.utils import collapse_rfc2231_value
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from tests.opensandbox_fake.faults import Fault, Holding, cut
+
 if TYPE_CHECKING:
     from tests.opensandbox_fake.server import FakeOpenSandbox
 
@@ -206,8 +208,9 @@ class _EventStream:
     """The body of a /command answer: bare JSON events, each followed by a blank line, in
     HTTP chunks; headers go with the first event, as execd commits them lazily."""
 
-    def __init__(self, handler: _Handler) -> None:
+    def __init__(self, handler: _Handler, fault: Fault | None = None) -> None:
         self._handler = handler
+        self._holding = Holding(fault)
         self._lock = threading.Lock()
         self._started = False
         self._stopped = threading.Event()
@@ -222,6 +225,19 @@ class _EventStream:
         with self._lock:
             if not self.open:
                 return
+            if self._holding.cuts_now():
+                cut(self._handler.connection)
+                self.open = False
+                self._handler.close_connection = True
+                return
+            if self._holding.holds(data):
+                return
+            self._send([*self._holding.release(), data])
+
+    def _send(self, pieces: list[bytes]) -> None:
+        """Each piece as a chunk of the body (the headers first); the stream is closed
+        when the client has gone."""
+        for data in pieces:
             try:
                 if not self._started:
                     self._started = True
@@ -237,6 +253,7 @@ class _EventStream:
                 self._handler.wfile.flush()
             except OSError:
                 self.open = False
+                return
 
     def start_pings(self) -> None:
         """A ping now, then every 3 s until finish()."""
@@ -256,6 +273,8 @@ class _EventStream:
         if self._pinger is not None:
             self._pinger.join()
         with self._lock:
+            if self.open and self._holding.held:
+                self._send(self._holding.release())
             if self.open and self._started:
                 try:
                     self._handler.wfile.write(b"0\r\n\r\n")

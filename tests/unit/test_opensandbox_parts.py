@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_harbor.sandboxes.base import ProviderOptionsError
-from pytest_harbor.sandboxes.opensandbox.api import CommandEnd, read_command_events
+from pytest_harbor.sandboxes.opensandbox.execd import CommandEnd, read_command_events
 from pytest_harbor.sandboxes.opensandbox.metadata import from_metadata, to_metadata
 from pytest_harbor.sandboxes.opensandbox.options import read_options
 from pytest_harbor.sandboxes.opensandbox.provider import _cpu

@@ -1,38 +1,35 @@
-"""OpenSandbox's two HTTP APIs as the provider uses them: the lifecycle server (create,
-get, list, delete, renew sandboxes; endpoints) and each sandbox's command daemon, execd
-(commands as a stream of events, files in and out). Written from the APIs' documents and
-the servers' behaviour; every reader of an answer is total: what it cannot read is an
-error value or an ApiError, never a crash."""
+"""OpenSandbox's lifecycle server as the provider uses it (create, get, list, delete,
+renew sandboxes; endpoints), and what both of its APIs share: the errors, the bounds on
+every call. Written from the API's documents and the server's behaviour; every reader of
+an answer is total: what it cannot read is an error value or an ApiError, never a crash.
+The command daemon's API is in execd.py."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
-import re
+import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 __all__ = [
     "EXECD_PORT",
     "ApiError",
-    "CommandEnd",
-    "Execd",
+    "Bounds",
     "Lifecycle",
-    "OutputSink",
     "SandboxRecord",
-    "read_command_events",
+    "refusal",
+    "said",
+    "with_retries",
 ]
 
 #: The port execd listens on in every sandbox.
 EXECD_PORT = 44772
-#: How long one request to either API may take (a create pulls the image first: longer).
-REQUEST_TIMEOUT_S = 60.0
+#: How long a create may take: the server pulls the image first.
 CREATE_TIMEOUT_S = 600.0
 #: The most sandboxes a list page holds (the server's own limit).
 _PAGE_SIZE = 200
@@ -52,7 +49,46 @@ class ApiError(Exception):
         return self.status == 0
 
 
-def _refusal(response: httpx.Response, doing: str) -> ApiError:
+@dataclass(frozen=True)
+class Bounds:
+    """How long the provider waits on the server and on execd; nothing waits longer."""
+
+    #: One call's answer (a create's: CREATE_TIMEOUT_S).
+    request_s: float = 30.0
+    #: A command's event stream, or a download, that sends nothing at all (execd pings a
+    #: command's stream every 3 s): the command is then followed by asking execd.
+    quiet_s: float = 15.0
+    #: execd answering nothing at all, or the same call failing: the sandbox is lost.
+    unanswered_s: float = 60.0
+
+    def timeout(self, *, read: float | None = None) -> httpx.Timeout:
+        return httpx.Timeout(self.request_s, read=read or self.request_s)
+
+
+_T = TypeVar("_T")
+
+
+def with_retries(call: Callable[[], _T], bounds: Bounds, doing: str) -> _T:
+    """`call` (an idempotent request), again while it fails for want of an answer (an
+    ApiError with status 0), up to `bounds.unanswered_s` from the first try; a refusal is
+    raised at once."""
+    given_up = time.monotonic() + bounds.unanswered_s
+    delay = 0.2
+    while True:
+        try:
+            return call()
+        except ApiError as error:
+            if not error.unreachable or time.monotonic() + delay > given_up:
+                if error.unreachable:
+                    raise ApiError(
+                        f"{error} (no answer for {bounds.unanswered_s:g} s while {doing})"
+                    ) from None
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+def refusal(response: httpx.Response, doing: str) -> ApiError:
     """The server's refusal, with what it said (`code` and `message`, FastAPI's `detail`,
     execd's `error`, or the start of a plain body)."""
     code, said = "", ""
@@ -110,12 +146,13 @@ class Lifecycle:
     """The lifecycle server at `domain` (`host:port`, with a scheme or not), authenticated
     by `api_key`."""
 
-    def __init__(self, domain: str, api_key: str) -> None:
+    def __init__(self, domain: str, api_key: str, bounds: Bounds | None = None) -> None:
         base = _base_url(domain)
         self.base = base if base.endswith("/v1") else f"{base}/v1"
+        self.bounds = bounds or Bounds()
         self._client = httpx.Client(
             headers={"OPEN-SANDBOX-API-KEY": api_key} if api_key else {},
-            timeout=REQUEST_TIMEOUT_S,
+            timeout=self.bounds.timeout(),
             # The APIs are asked for what they hold; nothing here needs a redirect.
             follow_redirects=False,
         )
@@ -126,12 +163,16 @@ class Lifecycle:
     def _call(
         self, method: str, path: str, doing: str, *, timeout: float | None = None, **kwargs: Any
     ) -> httpx.Response:
-        try:
-            return self._client.request(
-                method, self.base + path, timeout=timeout or REQUEST_TIMEOUT_S, **kwargs
-            )
-        except httpx.HTTPError as error:
-            raise ApiError(f"{doing}: {self.base} did not answer ({error})") from None
+        def once() -> httpx.Response:
+            try:
+                return self._client.request(
+                    method, self.base + path, timeout=timeout or self.bounds.request_s, **kwargs
+                )
+            except httpx.HTTPError as error:
+                raise ApiError(f"{doing}: {self.base} did not answer ({said(error)})") from None
+
+        # What only reads or removes is asked again; a create is not (it would make two).
+        return with_retries(once, self.bounds, doing) if method != "POST" else once()
 
     def _json(self, response: httpx.Response, doing: str) -> Any:
         try:
@@ -144,7 +185,7 @@ class Lifecycle:
         doing = f"asking {self.base} for its sandboxes"
         response = self._call("GET", "/sandboxes", doing, params={"pageSize": 1})
         if response.status_code != 200:
-            raise _refusal(response, doing)
+            raise refusal(response, doing)
 
     def create(
         self,
@@ -170,7 +211,7 @@ class Lifecycle:
             body["volumes"] = [dict(volume) for volume in volumes]
         response = self._call("POST", "/sandboxes", doing, json=body, timeout=CREATE_TIMEOUT_S)
         if response.status_code not in (200, 201, 202):
-            raise _refusal(response, doing)
+            raise refusal(response, doing)
         record = SandboxRecord.read(self._json(response, doing))
         if record is None:
             raise ApiError(f"{doing}: the answer names no sandbox", response.status_code)
@@ -183,7 +224,7 @@ class Lifecycle:
         if response.status_code == 404:
             return None
         if response.status_code != 200:
-            raise _refusal(response, doing)
+            raise refusal(response, doing)
         record = SandboxRecord.read(self._json(response, doing))
         if record is None:
             raise ApiError(f"{doing}: the answer names no sandbox", response.status_code)
@@ -201,7 +242,7 @@ class Lifecycle:
         for page in range(1, 10_000):
             response = self._call("GET", "/sandboxes", doing, params={**params, "page": page})
             if response.status_code != 200:
-                raise _refusal(response, doing)
+                raise refusal(response, doing)
             body = self._json(response, doing)
             items = body.get("items") if isinstance(body, dict) else None
             if not isinstance(items, list):
@@ -217,7 +258,7 @@ class Lifecycle:
         doing = f"removing sandbox {sandbox_id}"
         response = self._call("DELETE", f"/sandboxes/{_segment(sandbox_id)}", doing)
         if response.status_code not in (200, 202, 204, 404):
-            raise _refusal(response, doing)
+            raise refusal(response, doing)
 
     def renew(self, sandbox_id: str, lifetime_s: float) -> None:
         """The sandbox ends by itself `lifetime_s` from now."""
@@ -228,7 +269,7 @@ class Lifecycle:
             "POST", f"/sandboxes/{_segment(sandbox_id)}/renew-expiration", doing, json=body
         )
         if response.status_code != 200:
-            raise _refusal(response, doing)
+            raise refusal(response, doing)
 
     def endpoint(
         self, sandbox_id: str, port: int, server_proxy: bool
@@ -241,7 +282,7 @@ class Lifecycle:
             "GET", f"/sandboxes/{_segment(sandbox_id)}/endpoints/{port}", doing, params=params
         )
         if response.status_code != 200:
-            raise _refusal(response, doing)
+            raise refusal(response, doing)
         body = self._json(response, doing)
         address = body.get("endpoint") if isinstance(body, dict) else None
         if not isinstance(address, str) or not address:
@@ -253,238 +294,10 @@ class Lifecycle:
         }
 
 
+def said(error: httpx.HTTPError) -> str:
+    """What broke, never empty (a timeout's own text is)."""
+    return str(error) or type(error).__name__
+
+
 def _segment(value: str) -> str:
     return urllib.parse.quote(value, safe="")
-
-
-# ------------------------------------------------------------------------------- execd
-
-
-@dataclass
-class CommandEnd:
-    """How a command streamed by execd ended, as its events said. `exit_code` None: the
-    stream ended without saying (the connection broke, or the reader stopped it)."""
-
-    command_id: str = ""
-    exit_code: int | None = None
-    #: The end was execd's: a signal ended the command (its deadline, most often).
-    signalled: bool = False
-    #: The start failed (execd's own error text).
-    start_error: str = ""
-
-
-#: Takes each line of output (`stdout` or `stderr`, the text); False stops the reading.
-OutputSink = Callable[[str, str], bool]
-
-
-def read_command_events(lines: Iterator[str], end: CommandEnd, sink: OutputSink) -> None:
-    """Read execd's events for one command into `end` and `sink` until its last (a
-    completion or an error), or until `sink` says stop. Each event is a JSON object on a
-    line of its own, bare or after `data:`; blank lines, comments and lines that are not
-    an event are skipped."""
-    for line in lines:
-        text = line.strip()
-        if text.startswith("data:"):
-            text = text[5:].strip()
-        if not text.startswith("{"):
-            continue
-        try:
-            event = json.loads(text)
-        except ValueError:
-            continue
-        if not isinstance(event, dict):
-            continue
-        kind, said = event.get("type"), event.get("text")
-        said = said if isinstance(said, str) else ""
-        if kind == "init":
-            end.command_id = said
-        elif kind in ("stdout", "stderr"):
-            if not sink(str(kind), said):
-                return
-        elif kind == "execution_complete":
-            end.exit_code = 0
-            return
-        elif kind == "error":
-            error = event.get("error")
-            value = str(error.get("evalue", "")) if isinstance(error, dict) else ""
-            if not re.fullmatch(r"-?[0-9]{1,9}", value.strip()):
-                end.start_error = value or "execd reported an error"
-                end.exit_code = 126
-                return
-            code = int(value.strip())
-            # A signal's end is -1 (the process's own status is not told).
-            end.signalled = code < 0
-            end.exit_code = 137 if code < 0 else code
-            return
-
-
-class Execd:
-    """One sandbox's execd, at `url` with `headers` (the endpoint's, and its access
-    token)."""
-
-    def __init__(self, url: str, headers: Mapping[str, str]) -> None:
-        self.url = url
-        self._client = httpx.Client(
-            headers=dict(headers), timeout=REQUEST_TIMEOUT_S, follow_redirects=False
-        )
-
-    def close(self) -> None:
-        self._client.close()
-
-    def ping(self) -> bool:
-        try:
-            return self._client.get(self.url + "/ping", timeout=5.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def run(
-        self,
-        command: str,
-        sink: OutputSink,
-        *,
-        uid: int | None = None,
-        gid: int | None = None,
-        envs: Mapping[str, str] | None = None,
-        timeout_s: float | None = None,
-    ) -> CommandEnd:
-        """Run `command` (a shell command line) in the foreground, its output to `sink`,
-        up to its end; the connection is closed then (execd keeps it open a while
-        longer). When `sink` stops the reading, the command is interrupted."""
-        body: dict[str, Any] = {"command": command}
-        if uid is not None:
-            body["uid"] = uid
-        if gid is not None:
-            body["gid"] = gid
-        if envs:
-            body["envs"] = dict(envs)
-        if timeout_s is not None:
-            body["timeout"] = max(1, math.ceil(min(timeout_s, 2**31) * 1000))
-        end = CommandEnd()
-        doing = "running a command"
-        try:
-            # execd sends a ping every few seconds while a command runs.
-            with self._client.stream("POST", self.url + "/command", json=body) as response:
-                if response.status_code != 200:
-                    response.read()
-                    raise _refusal(response, doing)
-                read_command_events(response.iter_lines(), end, sink)
-        except httpx.HTTPError as error:
-            if end.exit_code is None and not end.command_id:
-                raise ApiError(f"{doing}: {self.url} did not answer ({error})") from None
-        if end.exit_code is None and end.command_id:
-            self.interrupt(end.command_id)
-        return end
-
-    def interrupt(self, command_id: str) -> None:
-        """End a command execd runs (a client that goes away does not end it)."""
-        with contextlib.suppress(httpx.HTTPError):
-            self._client.delete(self.url + "/command", params={"id": command_id})
-
-    def spawn(
-        self,
-        command: str,
-        *,
-        uid: int | None = None,
-        gid: int | None = None,
-        envs: Mapping[str, str] | None = None,
-    ) -> str:
-        """Start `command` in the background; its command id."""
-        body: dict[str, Any] = {"command": command, "background": True, "envs": dict(envs or {})}
-        if uid is not None:
-            body["uid"] = uid
-        if gid is not None:
-            body["gid"] = gid
-        end = CommandEnd()
-        doing = "starting a command in the background"
-        try:
-            with self._client.stream("POST", self.url + "/command", json=body) as response:
-                if response.status_code != 200:
-                    response.read()
-                    raise _refusal(response, doing)
-                read_command_events(response.iter_lines(), end, lambda kind, text: True)
-        except httpx.HTTPError as error:
-            raise ApiError(f"{doing}: {self.url} did not answer ({error})") from None
-        if not end.command_id:
-            raise ApiError(f"{doing}: execd named no command")
-        return end.command_id
-
-    def status(self, command_id: str) -> tuple[bool, int | None] | None:
-        """(running, exit code) of a command, None when execd does not know it (yet)."""
-        try:
-            response = self._client.get(f"{self.url}/command/status/{_segment(command_id)}")
-            body = json.loads(response.content) if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            return None
-        if not isinstance(body, dict):
-            return None
-        code = body.get("exit_code")
-        return bool(body.get("running")), code if isinstance(code, int) else None
-
-    def output(self, command_id: str, keep: int) -> str:
-        """The last `keep` bytes of a background command's output (empty when execd
-        has none to give)."""
-        try:
-            response = self._client.get(f"{self.url}/command/{_segment(command_id)}/logs")
-        except httpx.HTTPError:
-            return ""
-        if response.status_code != 200:
-            return ""
-        return response.content[-keep:].decode("utf-8", "replace")
-
-    def upload(self, files: Mapping[str, tuple[bytes, int]]) -> None:
-        """Write each file (`path: (content, mode)`) in one request; execd makes the
-        folders above them."""
-        doing = "uploading files"
-        parts: list[tuple[str, tuple[str, bytes, str]]] = []
-        for path, (content, mode) in files.items():
-            meta = json.dumps({"path": path, "mode": int(f"{mode:o}")}).encode()
-            parts.append(("metadata", ("metadata", meta, "application/json")))
-            parts.append(
-                ("file", (path.rsplit("/", 1)[-1] or "file", content, "application/octet-stream"))
-            )
-        try:
-            response = self._client.post(self.url + "/files/upload", files=parts)
-        except httpx.HTTPError as error:
-            raise ApiError(f"{doing}: {self.url} did not answer ({error})") from None
-        if response.status_code != 200:
-            raise _refusal(response, doing)
-
-    def download(self, path: str) -> DownloadStream | None:
-        """The file's bytes as they come; None when there is no such file."""
-        doing = f"reading {path}"
-        request = self._client.build_request(
-            "GET", self.url + "/files/download", params={"path": path}
-        )
-        try:
-            response = self._client.send(request, stream=True)
-        except httpx.HTTPError as error:
-            raise ApiError(f"{doing}: {self.url} did not answer ({error})") from None
-        if response.status_code == 404:
-            response.close()
-            return None
-        if response.status_code != 200:
-            response.read()
-            response.close()
-            raise _refusal(response, doing)
-        return DownloadStream(response)
-
-
-class DownloadStream:
-    """A download's bytes in chunks as they arrive; `close()` ends the transfer (the
-    connection too), from another thread as well."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self._response = response
-        self._chunks = response.iter_bytes(65536)
-
-    def __iter__(self) -> Iterator[bytes]:
-        return self
-
-    def __next__(self) -> bytes:
-        try:
-            return next(self._chunks)
-        except httpx.HTTPError as error:
-            raise ApiError(f"a download broke off ({error})") from None
-
-    def close(self) -> None:
-        self._response.close()

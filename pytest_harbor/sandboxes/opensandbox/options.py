@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from pytest_harbor.sandboxes.base import ProviderOptionsError
+from pytest_harbor.sandboxes.opensandbox.api import Bounds
 
 __all__ = ["DOMAIN_VARIABLES", "KEY_VARIABLES", "OpenSandboxOptions", "read_options"]
 
@@ -53,6 +54,11 @@ class OpenSandboxOptions(BaseModel):
     default_memory: StrictStr = "2Gi"
     #: A sandbox's lifetime when the engine gives none, in seconds.
     default_ttl_s: int = Field(default=6 * 3600, ge=60)
+    #: The bounds on every call (api.Bounds): one answer; a command's stream or a
+    #: download that sends nothing; execd answering nothing before the sandbox is lost.
+    request_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    quiet_timeout_s: float = Field(default=15.0, gt=0, le=3600)
+    unanswered_timeout_s: float = Field(default=60.0, gt=0, le=86400)
 
     @field_validator("registry")
     @classmethod
@@ -74,6 +80,13 @@ class OpenSandboxOptions(BaseModel):
         if value is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", value):
             raise ValueError(f"expected the name of an environment variable, got {value!r}")
         return value
+
+    def bounds(self) -> Bounds:
+        return Bounds(
+            request_s=self.request_timeout_s,
+            quiet_s=self.quiet_timeout_s,
+            unanswered_s=self.unanswered_timeout_s,
+        )
 
     def server(self, environ: Mapping[str, str]) -> str:
         """The server's address, from the options or the environment."""

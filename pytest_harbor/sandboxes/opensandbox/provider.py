@@ -25,13 +25,8 @@ from pytest_harbor.sandboxes.base import (
     SandboxSpec,
     SandboxStartError,
 )
-from pytest_harbor.sandboxes.opensandbox.api import (
-    EXECD_PORT,
-    ApiError,
-    Execd,
-    Lifecycle,
-    SandboxRecord,
-)
+from pytest_harbor.sandboxes.opensandbox.api import EXECD_PORT, ApiError, Lifecycle, SandboxRecord
+from pytest_harbor.sandboxes.opensandbox.execd import Execd
 from pytest_harbor.sandboxes.opensandbox.images import RegistryImages
 from pytest_harbor.sandboxes.opensandbox.metadata import from_metadata, to_metadata
 from pytest_harbor.sandboxes.opensandbox.options import (
@@ -39,7 +34,12 @@ from pytest_harbor.sandboxes.opensandbox.options import (
     environment,
     read_options,
 )
-from pytest_harbor.sandboxes.opensandbox.sandbox import INPUT_FOLDER, IO_FOLDER, OpenSandboxSandbox
+from pytest_harbor.sandboxes.opensandbox.sandbox import (
+    INPUT_FOLDER,
+    IO_FOLDER,
+    KEPT_FOLDER,
+    OpenSandboxSandbox,
+)
 
 __all__ = ["OpenSandboxProvider", "opensandbox_provider"]
 
@@ -63,9 +63,12 @@ fail() {{ echo "$*" >&2; exit 3; }}
 $B cp {TRUSTED_BUSYBOX} {SEALED_BUSYBOX} && $B chmod 111 {SEALED_BUSYBOX} \\
   || fail "cannot make {SEALED_BUSYBOX}"
 case $($B stat -c %A /) in ?????w???[!tT]|????????w[!tT]) fail "/ may be written by others" ;; esac
-for folder in {IO_FOLDER} {INPUT_FOLDER}; do [ -L $folder ] && fail "$folder is a link"; done
-$B mkdir -p {IO_FOLDER} {INPUT_FOLDER} && $B chown 0:0 {IO_FOLDER} {INPUT_FOLDER} \\
-  && $B chmod 700 {IO_FOLDER} && $B chmod 711 {INPUT_FOLDER} \\
+for folder in {IO_FOLDER} {INPUT_FOLDER} {KEPT_FOLDER}; do
+  [ -L $folder ] && fail "$folder is a link"
+done
+$B mkdir -p {IO_FOLDER} {INPUT_FOLDER} {KEPT_FOLDER} \\
+  && $B chown 0:0 {IO_FOLDER} {INPUT_FOLDER} {KEPT_FOLDER} \\
+  && $B chmod 700 {IO_FOLDER} && $B chmod 711 {INPUT_FOLDER} && $B chmod 1733 {KEPT_FOLDER} \\
   || fail "cannot make the engine's folders"
 count=$1; shift
 while [ "$count" -gt 0 ]; do
@@ -154,7 +157,7 @@ class OpenSandboxProvider:
             snapshots=False,
         )
         self.server = server
-        self._lifecycle = Lifecycle(server, key)
+        self._lifecycle = Lifecycle(server, key, options.bounds())
         self.images = RegistryImages(options.registry)
 
     def check_ready(self) -> None:
@@ -197,7 +200,7 @@ class OpenSandboxProvider:
             url, headers = self._lifecycle.endpoint(
                 record.id, EXECD_PORT, self.options.use_server_proxy
             )
-            execd = Execd(url, {**headers, "X-EXECD-ACCESS-TOKEN": token})
+            execd = Execd(url, {**headers, "X-EXECD-ACCESS-TOKEN": token}, self.options.bounds())
             _wait_for(execd, record.id, started, spec.ready_timeout_s or _EXECD_READY_S)
             execd.upload({TRUSTED_BUSYBOX: (tools, 0o755)})
             sandbox = OpenSandboxSandbox(

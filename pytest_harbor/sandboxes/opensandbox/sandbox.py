@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.sandboxes import output
 from pytest_harbor.sandboxes.archives import pack_files, pack_folder, unpack_files
 from pytest_harbor.sandboxes.base import (
@@ -31,23 +32,24 @@ from pytest_harbor.sandboxes.base import (
     SandboxStatus,
 )
 from pytest_harbor.sandboxes.copies import ARTIFACTS_COPY, HARNESS_COPY, CopyCapped, bounded
-from pytest_harbor.sandboxes.opensandbox.api import (
-    ApiError,
-    CommandEnd,
-    DownloadStream,
-    Execd,
-    Lifecycle,
-)
+from pytest_harbor.sandboxes.opensandbox.api import ApiError, Lifecycle
+from pytest_harbor.sandboxes.opensandbox.execd import CommandEnd, DownloadStream, Execd
 from pytest_harbor.sandboxes.opensandbox.users import Users, parse_user
 from pytest_harbor.sandboxes.output import EXEC_OUTPUT_CAP, CappedOutput
 
-__all__ = ["INPUT_FOLDER", "IO_FOLDER", "OpenSandboxSandbox", "command_line"]
+__all__ = ["INPUT_FOLDER", "IO_FOLDER", "KEPT_FOLDER", "OpenSandboxSandbox", "command_line"]
+
+log = harbor_logger()
 
 #: Where the engine keeps the archives it moves: root's alone (0700).
 IO_FOLDER = "/.pytest-harbor-io"
 #: Where a command's stdin waits for it under a name of 128 random bits: a folder no one
 #: else may list (0711), the file readable by the command's user.
 INPUT_FOLDER = "/.pytest-harbor-in"
+#: Where each command keeps a copy of what it sends (its relays' lines), read when its
+#: stream fails: a folder anyone may write in but no one list, sticky (1733); each
+#: command's files are its user's alone (0600), under names of 128 random bits.
+KEPT_FOLDER = "/.pytest-harbor-out"
 #: The base64 line width of the relays (execd sends a line per event).
 _LINE = 3072
 #: `run COMMAND ARGS...`: the command found on PATH as the engine's exec finds it (a bare
@@ -70,29 +72,37 @@ _SETTING = "PYTEST_HARBOR_EXEC_"
 #: memory, environment or files, not even one of the same user) as the command's user.
 #: Its settings: DIR the folder (empty: execd's), HOME to set (empty: keep), INPUT stdin
 #: (a file; empty: none), PRE the engine's own work to do first (a script, as root only),
-#: NONCE the mark of its own lines. stdout and stderr each go through a sealed relay
-#: that writes base64 lines; the last line on stdout is `!NONCE STATUS` (`!NONCE pre`
-#: when the engine's work failed, what it said on stderr).
+#: NONCE the mark of its own lines, KEEP where its copies go (KEEP.1 and KEEP.2; empty:
+#: none), DROP earlier copies of its user's to remove. stdout and stderr each go through
+#: a sealed relay that writes base64 lines, to execd and to its copy; the last line on
+#: stdout is `!NONCE STATUS` (`!NONCE pre` when the engine's work failed, what it said on
+#: stderr).
 _WRAPPER = f"""S=${_SETTING}SHELL
 mark=${_SETTING}NONCE dir=${_SETTING}DIR home=${_SETTING}HOME
-input=${{{_SETTING}INPUT:-/dev/null}} pre=${_SETTING}PRE
+input=${{{_SETTING}INPUT:-/dev/null}} pre=${_SETTING}PRE keep=${_SETTING}KEEP
+drop=${_SETTING}DROP
 unset {_SETTING}SHELL {_SETTING}NONCE {_SETTING}DIR {_SETTING}HOME {_SETTING}INPUT \\
-  {_SETTING}PRE
+  {_SETTING}PRE {_SETTING}KEEP {_SETTING}DROP
 unset EXECD EXECD_ENVS EXECD_ACCESS_TOKEN
+[ -z "$drop" ] || $S rm -f -- $drop 2>/dev/null
+o=/dev/null e=/dev/null
+[ -z "$keep" ] || {{ o=$keep.1 e=$keep.2; (umask 077; : >"$o"; : >"$e") 2>/dev/null; }}
+to1() {{ $S tee -a -- "$o" 2>/dev/null || :; }}
+to2() {{ $S tee -a -- "$e" >&2 2>/dev/null || :; }}
 if [ -n "$pre" ]; then
   if ! said=$($S sh -c "$pre" 2>&1); then
-    printf '%s\n' "$said" | $S base64 >&2; echo "!$mark pre"; exit 0
+    printf '%s\n' "$said" | $S base64 | to2; echo "!$mark pre" | to1; exit 0
   fi
 fi
 [ -n "$home" ] && export HOME="$home"
 if [ -n "$dir" ] && ! cd -- "$dir" 2>/dev/null; then
-  echo "cannot enter the folder $dir" | $S base64 >&2; echo "!$mark 126"; exit 0
+  echo "cannot enter the folder $dir" | $S base64 | to2; echo "!$mark 126" | to1; exit 0
 fi
 {_RUN}set -o pipefail
 exec 3>&1
-{{ run "$@" < "$input" 2>&4 4>&- 3>&- | $S base64 -w {_LINE} >&3; }} 4>&1 \\
-  | $S base64 -w {_LINE} >&2
-echo "!$mark $?"
+{{ run "$@" < "$input" 2>&4 4>&- 3>&- | $S base64 -w {_LINE} | to1 >&3; }} 4>&1 \\
+  | $S base64 -w {_LINE} | to2
+echo "!$mark $?" | to1
 """
 
 
@@ -211,6 +221,9 @@ class OpenSandboxSandbox:
         #: the next command as root.
         self._done_with: list[str] = []
         self._unpacks: list[str] = []
+        #: Each user's copies of what its commands sent (KEPT_FOLDER), removed by its
+        #: next command, or by the next as root.
+        self._kept: dict[int, list[str]] = {}
         #: What the spec's start script printed (provider.py), None when none ran.
         self.started_with: str | None = None
 
@@ -251,8 +264,11 @@ class OpenSandboxSandbox:
             return ExecResult(exit_code=126, stderr_bytes=message.encode())
         home = "" if self._env_has_home or "HOME" in (env or {}) else who.home
         as_root = who.uid == 0
-        pre = self._pending_work(as_root=as_root)
+        pre, drop = self._pending_work(who.uid)
         mark = secrets.token_hex(16)
+        # The copies are kept once the folder for them is there (the start's own command
+        # runs before it is made).
+        keep = f"{KEPT_FOLDER}/{secrets.token_hex(16)}" if self._shell == SEALED_BUSYBOX else ""
         settings = {
             "SHELL": self._shell,
             "NONCE": mark,
@@ -260,9 +276,12 @@ class OpenSandboxSandbox:
             "HOME": home,
             "INPUT": "",
             "PRE": pre,
+            "KEEP": keep,
+            "DROP": drop,
         }
         input_path = ""
         outcome = _Output(mark)
+        started = time.monotonic()
         try:
             if stdin is not None:
                 # Root's stdin where only root may go; anyone else's under a name only
@@ -286,11 +305,16 @@ class OpenSandboxSandbox:
                 },
                 timeout_s=timeout,
             )
+            if end.broken:
+                outcome, end = self._recovered(end, mark, keep, started, timeout)
         except ApiError as error:
             raise self._failed(error, "exec") from None
         finally:
             if input_path:
                 self._finished_with(input_path)
+            if keep:
+                with self._lock:
+                    self._kept.setdefault(who.uid, []).extend((f"{keep}.1", f"{keep}.2"))
         if outcome.pre_failed:
             said = outcome.stderr.output.value().decode("utf-8", "replace").strip()[-300:]
             raise SandboxError(f"sandbox {self._id}: writing into the sandbox failed: {said}")
@@ -299,23 +323,54 @@ class OpenSandboxSandbox:
         )
         return outcome.result(end, timed_out)
 
-    def _pending_work(self, as_root: bool) -> str:
-        """The engine's work to fold into a command as root (archives to unpack, files to
-        remove), taken; for a command as anyone else, the archives are unpacked first by a
-        command of their own (what a command runs with must be there)."""
+    def _recovered(
+        self, end: CommandEnd, mark: str, keep: str, started: float, timeout: float | None
+    ) -> tuple[_Output, CommandEnd]:
+        """A command whose stream failed, followed to its end by asking execd, and what
+        it sent read again whole from its copies. An ApiError when its end cannot be
+        known (the command is never run again)."""
+        if not keep:
+            raise ApiError(f"running a command: {end.broken}")
+        log.info(
+            "sandbox %s: command %s: %s; asking execd how it ends",
+            self._id,
+            end.command_id,
+            end.broken,
+        )
+        ended = self._execd.wait(end.command_id, None if timeout is None else started + timeout)
+        outcome = _Output(mark)
+        for kind, copy in (("stdout", f"{keep}.1"), ("stderr", f"{keep}.2")):
+            stream = self._execd.download(copy)
+            if stream is None:
+                continue  # the wrapper did not get as far as making it
+            try:
+                if not all(outcome.take(kind, line) for line in _lines(stream)):
+                    break
+            finally:
+                stream.close()
+        return outcome, ended
+
+    def _pending_work(self, uid: int) -> tuple[str, str]:
+        """The engine's work to fold into a command of `uid`, taken: for root, a script
+        (archives to unpack, files to remove); for anyone, that user's copies to drop.
+        For a command as anyone else, the archives are unpacked first by a command of
+        their own (what a command runs with must be there)."""
         with self._lock:
-            if not as_root:
+            if uid != 0:
                 unpacks = bool(self._unpacks)
+                drop = " ".join(self._kept.pop(uid, []))
             else:
+                kept = [path for paths in self._kept.values() for path in paths]
                 work = [
                     *self._unpacks,
                     *(f"$B rm -f -- {shlex.quote(path)}" for path in self._done_with),
                 ]
-                self._unpacks, self._done_with = [], []
-                return f"B={TRUSTED_BUSYBOX}\nset -e\n" + "\n".join(work) if work else ""
+                self._unpacks, self._done_with, self._kept = [], [], {}
+                script = f"B={TRUSTED_BUSYBOX}\nset -e\n" + "\n".join(work) if work else ""
+                return script, " ".join(kept)
         if unpacks:
             self._root("")
-        return ""
+        return "", drop
 
     def _root(self, script: str, *args: str, timeout: float = 120.0) -> ExecResult:
         """`script` for the trusted shell (which it finds as $B), as root; the engine's
@@ -335,7 +390,7 @@ class OpenSandboxSandbox:
         self, command: Sequence[str], *, user: str | None = None, workdir: str | None = None
     ) -> _Spawned:
         spec = parse_user(user or self._user or "0:0")
-        self._pending_work(as_root=False)
+        self._pending_work(uid=-1)
         try:
             who = self._users.resolve(spec)
             line = command_line([workdir or self._workdir, *command], _SPAWN, self._shell)
@@ -477,6 +532,18 @@ status=$?
 """
 
 
+def _lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """The lines of a copy as they come (the relays write ASCII)."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *whole, pending = pending.split(b"\n")
+        for line in whole:
+            yield line.decode("ascii", "replace")
+    if pending:
+        yield pending.decode("ascii", "replace")
+
+
 class _ArchiveDownload:
     """An archive's bytes as they come from execd; closing it ends the transfer and
     removes the archive from the sandbox."""
@@ -493,7 +560,8 @@ class _ArchiveDownload:
         try:
             return next(self._stream)
         except ApiError as error:
-            raise SandboxError(str(error)) from None
+            failure = EngineUnreachable if error.unreachable else SandboxError
+            raise failure(str(error)) from None
 
     def close(self) -> None:
         if self._closed:
