@@ -2,8 +2,8 @@
 kernel lets go of it when its process ends, however it ends.
 
 One home for them all: the results folder's lock, the lock that has one process build
-each image, and the slots that cap episodes at once (per run, per engine of a fleet) and
-model requests in flight.
+each image, the slots that cap episodes at once (per run, per engine of a fleet), model
+requests in flight and sandboxes starting at once, and the pace of sandbox creations.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["FileLock", "Slots", "held"]
+__all__ = ["FileLock", "Pace", "Slots", "held"]
 
 _POLL_S = 0.05
 
@@ -120,3 +120,30 @@ class Slots:
 
     def _slot(self, index: int) -> FileLock:
         return FileLock(self.folder / f"slot-{index}.lock")
+
+
+class Pace:
+    """At most `per_second` events a second, across every process that opens the same
+    `folder`: each takes the next free moment (kept in a file, under a lock) and waits
+    for it."""
+
+    def __init__(self, folder: Path, per_second: float) -> None:
+        self.interval = 1.0 / per_second
+        folder.mkdir(parents=True, exist_ok=True)
+        self._lock = folder / "pace.lock"
+        self._next = folder / "pace.next"
+
+    def wait(self) -> float:
+        """Wait for this process's moment; how long it waited."""
+        with held(self._lock):
+            try:
+                due = float(self._next.read_text() or 0)
+            except (OSError, ValueError):
+                due = 0.0
+            now = time.time()
+            at = max(now, due)
+            self._next.write_text(repr(at + self.interval))
+        wait = at - now
+        if wait > 0:
+            time.sleep(wait)
+        return wait

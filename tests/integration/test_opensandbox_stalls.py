@@ -146,11 +146,9 @@ def test_a_stalled_read_of_the_verifiers_folder_is_never_a_grade(
     dataset.path.mkdir()
     shutil.copytree(QUICKSTART / "hello-world", dataset.path / "hello-world")
     pack = fake.inject(
-        Fault("command", ("Cut at the cap", "/logs/verifier"), "stall", after=2, seconds=8)  # type: ignore[arg-type]
+        Fault("command", ("Cut at the cap", "/logs/verifier"), "stall", after=2, seconds=8)
     )
-    read = fake.inject(
-        Fault("download", (".pytest-harbor-io/get-",), "stall", after=10, seconds=8)  # type: ignore[arg-type]
-    )
+    read = fake.inject(Fault("download", (".pytest-harbor-io/get-",), "stall", after=10, seconds=8))
     result = run_harbor(
         pytester,
         dataset,

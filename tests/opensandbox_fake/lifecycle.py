@@ -132,6 +132,23 @@ class _Lifecycle(_State):
     # -- lifecycle -------------------------------------------------------------------------
 
     def _create(self, *, query: list[tuple[str, str]], body: bytes) -> tuple[int, object]:
+        """A create, refused with 429 while `max_creating` are under way (a hosted
+        server's limit; the real Docker runtime has none)."""
+        with self._lock:
+            if self.max_creating is not None and self.creating >= self.max_creating:
+                self.refused_creates += 1
+                raise _error(
+                    429, "SANDBOX::TOO_MANY_REQUESTS", "too many sandboxes are being created"
+                )
+            self.creating += 1
+            self.most_creating = max(self.most_creating, self.creating)
+        try:
+            return self._create_now(body)
+        finally:
+            with self._lock:
+                self.creating -= 1
+
+    def _create_now(self, body: bytes) -> tuple[int, object]:
         if not body.strip():
             raise _unprocessable([_detail("missing", ["body"], "Field required", None)])
         try:

@@ -124,3 +124,7 @@ class _State:
     _expirations: dict[str, datetime]
     _timers: dict[str, threading.Timer]
     faults: Faults
+    max_creating: int | None
+    creating: int
+    most_creating: int
+    refused_creates: int

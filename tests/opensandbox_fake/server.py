@@ -47,7 +47,8 @@ class FakeOpenSandbox(_Lifecycle, _Commands, _Files):
     127.0.0.1, serving from a thread of its own between start() and stop().
 
     `min_timeout_s` is the smallest `timeout` create accepts: 60 on the real server; a
-    test lowers it to see expiry happen without waiting a minute."""
+    test lowers it to see expiry happen without waiting a minute. `max_creating` caps
+    the creates under way at once, as a hosted server's limit does (429 past it)."""
 
     def __init__(
         self,
@@ -56,6 +57,7 @@ class FakeOpenSandbox(_Lifecycle, _Commands, _Files):
         api_key: str = "test-key",
         grace_s: float = 1.0,
         min_timeout_s: int = 60,
+        max_creating: int | None = None,
     ) -> None:
         self.domain = ""
         self.requests: list[tuple[str, str]] = []
@@ -73,6 +75,12 @@ class FakeOpenSandbox(_Lifecycle, _Commands, _Files):
         self._thread: threading.Thread | None = None
         #: Failures served on purpose (inject()).
         self.faults = Faults()
+        #: Creates under way at once past which one is refused (429); how many are, the
+        #: most there were, and how many were refused.
+        self.max_creating = max_creating
+        self.creating = 0
+        self.most_creating = 0
+        self.refused_creates = 0
 
     # -- life of the fake ----------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import pytest
 
 from pytest_harbor.engine.budget import episode_budget
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
-from pytest_harbor.locks import Slots
+from pytest_harbor.locks import Pace, Slots
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import load_task
 from tests.fixtures import BASE_IMAGE, write_task
@@ -151,3 +151,25 @@ def test_a_steps_setup_and_healthcheck_count_in_its_turn(tmp_path: Path) -> None
     assert episode_budget(task, bounded, separate_verifier=False).turns_s == (
         2 * per_turn + 7 + healthcheck
     )
+
+
+def _paced(folder: str, times: int, moments: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    pace = Pace(Path(folder), 20.0)
+    for _ in range(times):
+        pace.wait()
+        moments.put(time.time())
+
+
+def test_a_pace_spaces_events_across_processes(tmp_path: Path) -> None:
+    """Three processes take 4 turns each at 20 a second: 12 turns, 50 ms apart whoever
+    takes them, span at least 550 ms (less a little for a first turn taken late)."""
+    moments: multiprocessing.Queue[float] = multiprocessing.Queue()
+    workers = [
+        multiprocessing.Process(target=_paced, args=(str(tmp_path), 4, moments)) for _ in range(3)
+    ]
+    for worker in workers:
+        worker.start()
+    taken = sorted(moments.get(timeout=30) for _ in range(12))
+    for worker in workers:
+        worker.join()
+    assert taken[-1] - taken[0] >= 0.5, taken

@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_harbor.sandboxes.base import ProviderOptionsError
+from pytest_harbor.sandboxes.opensandbox.commands import CommandOutput
 from pytest_harbor.sandboxes.opensandbox.execd import CommandEnd, read_command_events
 from pytest_harbor.sandboxes.opensandbox.metadata import from_metadata, to_metadata
 from pytest_harbor.sandboxes.opensandbox.options import read_options
 from pytest_harbor.sandboxes.opensandbox.provider import _cpu
-from pytest_harbor.sandboxes.opensandbox.sandbox import _Output
 from pytest_harbor.sandboxes.opensandbox.users import Users, Who, parse_user
 
 _LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
@@ -138,8 +138,8 @@ def test_any_stream_is_read_without_raising(stream: list[str]) -> None:
     assert end.exit_code is None or isinstance(end.exit_code, int)
 
 
-def _outcome(mark: str, stdout: list[str], stderr: list[str]) -> _Output:
-    outcome = _Output(mark)
+def _outcome(mark: str, stdout: list[str], stderr: list[str]) -> CommandOutput:
+    outcome = CommandOutput(mark)
     for line in stdout:
         outcome.take("stdout", line)
     for line in stderr:
@@ -166,7 +166,7 @@ def test_status_lines_without_the_mark_are_not_the_wrapper_s(forged: str) -> Non
 
 def test_reading_stops_past_the_read_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("pytest_harbor.sandboxes.output.EXEC_READ_CAP", 100)
-    outcome = _Output("m")
+    outcome = CommandOutput("m")
     assert outcome.take("stdout", "A" * 80)
     assert not outcome.take("stdout", "A" * 80)
     assert b"not read past 100 bytes" in outcome.result(CommandEnd(), False).stdout_bytes

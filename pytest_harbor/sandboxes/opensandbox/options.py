@@ -59,6 +59,10 @@ class OpenSandboxOptions(BaseModel):
     request_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     quiet_timeout_s: float = Field(default=15.0, gt=0, le=3600)
     unanswered_timeout_s: float = Field(default=60.0, gt=0, le=86400)
+    #: Sandboxes being created at once (from the create to its execd's first answer),
+    #: and creates a second, across every process of the run on this machine.
+    max_starting: int = Field(default=4, ge=1, le=100_000)
+    starts_per_second: float = Field(default=10.0, gt=0, le=100_000)
 
     @field_validator("registry")
     @classmethod

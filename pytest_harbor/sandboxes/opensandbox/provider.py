@@ -6,12 +6,15 @@ anything else runs, the run's labels as metadata, and a lifetime the server keep
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from pytest_harbor.display import harbor_logger
+from pytest_harbor.locks import Pace, Slots
 from pytest_harbor.sandboxes.base import (
     SEALED_BUSYBOX,
     TRUSTED_BUSYBOX,
@@ -25,7 +28,13 @@ from pytest_harbor.sandboxes.base import (
     SandboxSpec,
     SandboxStartError,
 )
-from pytest_harbor.sandboxes.opensandbox.api import EXECD_PORT, ApiError, Lifecycle, SandboxRecord
+from pytest_harbor.sandboxes.opensandbox.api import (
+    CREATE_TIMEOUT_S,
+    EXECD_PORT,
+    ApiError,
+    Lifecycle,
+    SandboxRecord,
+)
 from pytest_harbor.sandboxes.opensandbox.execd import Execd
 from pytest_harbor.sandboxes.opensandbox.images import RegistryImages
 from pytest_harbor.sandboxes.opensandbox.metadata import from_metadata, to_metadata
@@ -42,6 +51,11 @@ from pytest_harbor.sandboxes.opensandbox.sandbox import (
 )
 
 __all__ = ["OpenSandboxProvider", "opensandbox_provider"]
+
+log = harbor_logger()
+
+#: What a server says when it will not create more now: asked again later.
+_BUSY = (429, 503)
 
 #: How long a new sandbox's execd may take to answer.
 _EXECD_READY_S = 60.0
@@ -146,7 +160,13 @@ class OpenSandboxProvider:
 
     name = "opensandbox"
 
-    def __init__(self, options: OpenSandboxOptions, server: str, key: str) -> None:
+    def __init__(
+        self,
+        options: OpenSandboxOptions,
+        server: str,
+        key: str,
+        context: ProviderContext | None = None,
+    ) -> None:
         self.options = options
         self.capabilities = SandboxCapabilities(
             user_groups=True,
@@ -159,6 +179,12 @@ class OpenSandboxProvider:
         self.server = server
         self._lifecycle = Lifecycle(server, key, options.bounds())
         self.images = RegistryImages(options.registry)
+        # Shared by every process of the run on this machine, per server.
+        shared = (context or ProviderContext()).scratch_dir / (
+            "opensandbox-" + hashlib.sha256(server.encode()).hexdigest()[:12]
+        )
+        self._starting = Slots(shared / "starting", options.max_starting)
+        self._pace = Pace(shared / "pace", options.starts_per_second)
 
     def check_ready(self) -> None:
         """The server answers and takes the key, or SandboxStartError saying which."""
@@ -191,17 +217,23 @@ class OpenSandboxProvider:
     def start(self, spec: SandboxSpec) -> OpenSandboxSandbox:
         config = self.image_config(spec.image)
         self._refuse(spec, config)
-        started = time.monotonic()
         token = secrets.token_urlsafe(32)
         tools = self.images.tools_binary()
-        record = self._create(spec, token)
-        execd: Execd | None = None
+        with self._turn_to_start():
+            started = time.monotonic()
+            record = self._create(spec, token)
+            execd: Execd | None = None
+            try:
+                url, headers = self._lifecycle.endpoint(
+                    record.id, EXECD_PORT, self.options.use_server_proxy
+                )
+                execd = Execd(
+                    url, {**headers, "X-EXECD-ACCESS-TOKEN": token}, self.options.bounds()
+                )
+                _wait_for(execd, record.id, started, spec.ready_timeout_s or _EXECD_READY_S)
+            except BaseException as error:
+                raise self._discarded(record, execd, spec, error) from None
         try:
-            url, headers = self._lifecycle.endpoint(
-                record.id, EXECD_PORT, self.options.use_server_proxy
-            )
-            execd = Execd(url, {**headers, "X-EXECD-ACCESS-TOKEN": token}, self.options.bounds())
-            _wait_for(execd, record.id, started, spec.ready_timeout_s or _EXECD_READY_S)
             execd.upload({TRUSTED_BUSYBOX: (tools, 0o755)})
             sandbox = OpenSandboxSandbox(
                 record.id,
@@ -215,16 +247,42 @@ class OpenSandboxProvider:
             _set_up(sandbox, spec)
             return sandbox
         except BaseException as error:
-            # Whatever went wrong, the sandbox goes (the server would keep it its lifetime).
-            if execd is not None:
-                execd.close()
-            with contextlib.suppress(ApiError):
-                self._lifecycle.delete(record.id)
-            if isinstance(error, SandboxStartError) or not isinstance(
-                error, ApiError | SandboxError
-            ):
-                raise
-            raise SandboxStartError(f"sandbox {record.id} from {spec.image}: {error}") from None
+            raise self._discarded(record, execd, spec, error) from None
+
+    def _discarded(
+        self, record: SandboxRecord, execd: Execd | None, spec: SandboxSpec, error: BaseException
+    ) -> BaseException:
+        """The sandbox removed after its start failed with `error` (the server would keep
+        it its lifetime); what to raise."""
+        if execd is not None:
+            execd.close()
+        with contextlib.suppress(ApiError):
+            self._lifecycle.delete(record.id)
+        if isinstance(error, SandboxStartError) or not isinstance(error, ApiError | SandboxError):
+            return error
+        return SandboxStartError(f"sandbox {record.id} from {spec.image}: {error}")
+
+    @contextlib.contextmanager
+    def _turn_to_start(self) -> Iterator[None]:
+        """One of `max_starting` places (shared by every process of the run here), held
+        from the create to its execd's first answer, the create paced at
+        `starts_per_second`: a run of many workers never storms the server."""
+        waited = time.monotonic()
+        slot = self._starting.acquire(CREATE_TIMEOUT_S + _EXECD_READY_S)
+        if slot is None:
+            raise SandboxStartError(
+                f"no place to start a sandbox came free within "
+                f"{CREATE_TIMEOUT_S + _EXECD_READY_S:g} s "
+                f"(sandbox_provider_options.max_starting = {self.options.max_starting})"
+            )
+        try:
+            self._pace.wait()
+            waited = time.monotonic() - waited
+            if waited > 5:
+                log.info("waited %.1f s for a turn to start a sandbox", waited)
+            yield
+        finally:
+            slot.release()
 
     def _refuse(self, spec: SandboxSpec, config: ImageConfig) -> None:
         """SandboxStartError for a spec this provider cannot start as the engine needs."""
@@ -245,22 +303,30 @@ class OpenSandboxProvider:
     def _create(self, spec: SandboxSpec, token: str) -> SandboxRecord:
         """The sandbox made on the server, its execd given `token`."""
         ttl = spec.ttl_s if spec.ttl_s is not None else self.options.default_ttl_s
-        try:
-            return self._lifecycle.create(
-                image=spec.image,
-                entrypoint=_KEEP_ALIVE,
-                resources={
-                    "cpu": _cpu(spec.cpus, self.options.default_cpu),
-                    "memory": _memory(spec.memory_mb, self.options.default_memory),
-                },
-                timeout_s=max(60, math.ceil(min(ttl, 2**31))),
-                env={**spec.env, "EXECD_ACCESS_TOKEN": token},
-                metadata=to_metadata(spec.labels),
-            )
-        except ApiError as error:
-            raise SandboxStartError(
-                f"the OpenSandbox server did not start the sandbox: {error}"
-            ) from None
+        given_up = time.monotonic() + CREATE_TIMEOUT_S
+        delay = 0.5
+        while True:
+            try:
+                return self._lifecycle.create(
+                    image=spec.image,
+                    entrypoint=_KEEP_ALIVE,
+                    resources={
+                        "cpu": _cpu(spec.cpus, self.options.default_cpu),
+                        "memory": _memory(spec.memory_mb, self.options.default_memory),
+                    },
+                    timeout_s=max(60, math.ceil(min(ttl, 2**31))),
+                    env={**spec.env, "EXECD_ACCESS_TOKEN": token},
+                    metadata=to_metadata(spec.labels),
+                )
+            except ApiError as error:
+                # A refusal for now made nothing: asked again, later and later.
+                if error.status not in _BUSY or time.monotonic() + delay > given_up:
+                    raise SandboxStartError(
+                        f"the OpenSandbox server did not start the sandbox: {error}"
+                    ) from None
+                log.info("the OpenSandbox server is busy (%s); creating again", error)
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
     def labelled(self, key: str) -> list[tuple[str, dict[str, str]]]:
         try:
@@ -300,4 +366,4 @@ def opensandbox_provider(
     """The provider from `sandbox_provider_options` and the environment."""
     checked = read_options(options)
     environ = environment()
-    return OpenSandboxProvider(checked, checked.server(environ), checked.key(environ))
+    return OpenSandboxProvider(checked, checked.server(environ), checked.key(environ), context)

@@ -9,9 +9,7 @@ root, in a folder no one else may read, moved through execd's file API."""
 
 from __future__ import annotations
 
-import base64
 import io
-import re
 import secrets
 import shlex
 import tarfile
@@ -21,7 +19,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from pytest_harbor.display import harbor_logger
-from pytest_harbor.sandboxes import output
 from pytest_harbor.sandboxes.archives import pack_files, pack_folder, unpack_files
 from pytest_harbor.sandboxes.base import (
     SEALED_BUSYBOX,
@@ -33,11 +30,17 @@ from pytest_harbor.sandboxes.base import (
 )
 from pytest_harbor.sandboxes.copies import ARTIFACTS_COPY, HARNESS_COPY, CopyCapped, bounded
 from pytest_harbor.sandboxes.opensandbox.api import ApiError, Lifecycle
+from pytest_harbor.sandboxes.opensandbox.commands import (
+    SETTING,
+    SPAWN,
+    CommandOutput,
+    command_line,
+    copy_lines,
+)
 from pytest_harbor.sandboxes.opensandbox.execd import CommandEnd, DownloadStream, Execd
 from pytest_harbor.sandboxes.opensandbox.users import Users, parse_user
-from pytest_harbor.sandboxes.output import EXEC_OUTPUT_CAP, CappedOutput
 
-__all__ = ["INPUT_FOLDER", "IO_FOLDER", "KEPT_FOLDER", "OpenSandboxSandbox", "command_line"]
+__all__ = ["INPUT_FOLDER", "IO_FOLDER", "KEPT_FOLDER", "OpenSandboxSandbox"]
 
 log = harbor_logger()
 
@@ -50,141 +53,6 @@ INPUT_FOLDER = "/.pytest-harbor-in"
 #: stream fails: a folder anyone may write in but no one list, sticky (1733); each
 #: command's files are its user's alone (0600), under names of 128 random bits.
 KEPT_FOLDER = "/.pytest-harbor-out"
-#: The base64 line width of the relays (execd sends a line per event).
-_LINE = 3072
-#: `run COMMAND ARGS...`: the command found on PATH as the engine's exec finds it (a bare
-#: name would otherwise run busybox's applet of that name).
-_RUN = """run() {
-  command=$1; shift
-  case $command in */*) exec "$command" "$@" ;; esac
-  IFS=:
-  for d in $PATH; do
-    if [ -f "$d/$command" ] && [ -x "$d/$command" ]; then exec "$d/$command" "$@"; fi
-  done
-  echo "$command: command not found" >&2
-  exit 127
-}
-"""
-#: The variables a command's wrapper takes its settings from (the request's environment,
-#: which a process of another user cannot read, where its arguments anyone can).
-_SETTING = "PYTEST_HARBOR_EXEC_"
-#: The wrapper every command runs in, by the sealed busybox (no process may read its
-#: memory, environment or files, not even one of the same user) as the command's user.
-#: Its settings: DIR the folder (empty: execd's), HOME to set (empty: keep), INPUT stdin
-#: (a file; empty: none), PRE the engine's own work to do first (a script, as root only),
-#: NONCE the mark of its own lines, KEEP where its copies go (KEEP.1 and KEEP.2; empty:
-#: none), DROP earlier copies of its user's to remove. stdout and stderr each go through
-#: a sealed relay that writes base64 lines, to execd and to its copy; the last line on
-#: stdout is `!NONCE STATUS` (`!NONCE pre` when the engine's work failed, what it said on
-#: stderr).
-_WRAPPER = f"""S=${_SETTING}SHELL
-mark=${_SETTING}NONCE dir=${_SETTING}DIR home=${_SETTING}HOME
-input=${{{_SETTING}INPUT:-/dev/null}} pre=${_SETTING}PRE keep=${_SETTING}KEEP
-drop=${_SETTING}DROP
-unset {_SETTING}SHELL {_SETTING}NONCE {_SETTING}DIR {_SETTING}HOME {_SETTING}INPUT \\
-  {_SETTING}PRE {_SETTING}KEEP {_SETTING}DROP
-unset EXECD EXECD_ENVS EXECD_ACCESS_TOKEN
-[ -z "$drop" ] || $S rm -f -- $drop 2>/dev/null
-o=/dev/null e=/dev/null
-[ -z "$keep" ] || {{ o=$keep.1 e=$keep.2; (umask 077; : >"$o"; : >"$e") 2>/dev/null; }}
-to1() {{ $S tee -a -- "$o" 2>/dev/null || :; }}
-to2() {{ $S tee -a -- "$e" >&2 2>/dev/null || :; }}
-if [ -n "$pre" ]; then
-  if ! said=$($S sh -c "$pre" 2>&1); then
-    printf '%s\n' "$said" | $S base64 | to2; echo "!$mark pre" | to1; exit 0
-  fi
-fi
-[ -n "$home" ] && export HOME="$home"
-if [ -n "$dir" ] && ! cd -- "$dir" 2>/dev/null; then
-  echo "cannot enter the folder $dir" | $S base64 | to2; echo "!$mark 126" | to1; exit 0
-fi
-{_RUN}set -o pipefail
-exec 3>&1
-{{ run "$@" < "$input" 2>&4 4>&- 3>&- | $S base64 -w {_LINE} | to1 >&3; }} 4>&1 \\
-  | $S base64 -w {_LINE} | to2
-echo "!$mark $?" | to1
-"""
-
-
-#: A command started in the background (the image's ENTRYPOINT): $1 its folder, then the
-#: command, found on PATH, without execd's variables.
-_SPAWN = (
-    _RUN
-    + """unset EXECD EXECD_ENVS EXECD_ACCESS_TOKEN
-[ -z "$1" ] || cd -- "$1" || exit 126
-shift
-run "$@"
-"""
-)
-
-
-def command_line(argv: Sequence[str], script: str = _WRAPPER, shell: str = SEALED_BUSYBOX) -> str:
-    """The shell command line execd gets: the image's shell execs the sealed busybox
-    (`shell`) at once, with the wrapper and `argv` quoted."""
-    return " ".join(shlex.quote(part) for part in (shell, "sh", "-c", script, "sh", *argv))
-
-
-class _Decoded:
-    """One stream's base64 lines, decoded as they come into a CappedOutput."""
-
-    def __init__(self) -> None:
-        self.output = CappedOutput(EXEC_OUTPUT_CAP)
-        self._pending = ""
-
-    def feed(self, line: str) -> None:
-        text = self._pending + "".join(line.split())
-        whole = len(text) - len(text) % 4
-        self._pending = text[whole:]
-        try:
-            self.output.append(base64.b64decode(text[:whole], validate=False))
-        except ValueError:
-            self._pending = ""  # not the relay's: nothing of the command's
-
-
-class _Output:
-    """A command's output as its events bring it: stdout and stderr decoded, the wrapper's
-    own lines (those with its mark) read, and the reading stopped past EXEC_READ_CAP."""
-
-    def __init__(self, mark: str) -> None:
-        self._mark = f"!{mark} "
-        self.stdout = _Decoded()
-        self.stderr = _Decoded()
-        self.status: int | None = None
-        self.pre_failed = False
-        self.read = 0
-        self.capped = False
-
-    def take(self, kind: str, text: str) -> bool:
-        self.read += len(text)
-        if self.read > output.EXEC_READ_CAP:
-            self.capped = True
-            return False
-        if kind == "stderr":
-            self.stderr.feed(text)
-        elif text.startswith(self._mark):
-            said = text[len(self._mark) :].strip()
-            self.pre_failed = said == "pre"
-            if re.fullmatch(r"[0-9]{1,3}", said):
-                self.status = int(said)
-        else:
-            self.stdout.feed(text)
-        return True
-
-    def result(self, end: CommandEnd, timed_out: bool) -> ExecResult:
-        stdout, stderr = self.stdout.output.value(), self.stderr.output.value()
-        if self.capped:
-            stdout += (
-                f"\n[... output not read past {output.EXEC_READ_CAP} bytes: "
-                "the command was ended ...]\n"
-            ).encode()
-        if end.start_error:
-            stderr += f"execd could not start the command: {end.start_error}\n".encode()
-        status = self.status
-        if status is None:
-            status = end.exit_code if end.exit_code is not None else 137
-        return ExecResult(
-            exit_code=status, stdout_bytes=stdout, stderr_bytes=stderr, timed_out=timed_out
-        )
 
 
 class OpenSandboxSandbox:
@@ -280,7 +148,7 @@ class OpenSandboxSandbox:
             "DROP": drop,
         }
         input_path = ""
-        outcome = _Output(mark)
+        outcome = CommandOutput(mark)
         started = time.monotonic()
         try:
             if stdin is not None:
@@ -298,7 +166,7 @@ class OpenSandboxSandbox:
                 gid=who.gid,
                 envs={
                     **(env or {}),
-                    **{_SETTING + key: value for key, value in settings.items()},
+                    **{SETTING + key: value for key, value in settings.items()},
                     # execd's own token is in the sandbox's environment: never in a
                     # command's, from its first process on.
                     "EXECD_ACCESS_TOKEN": "",
@@ -325,7 +193,7 @@ class OpenSandboxSandbox:
 
     def _recovered(
         self, end: CommandEnd, mark: str, keep: str, started: float, timeout: float | None
-    ) -> tuple[_Output, CommandEnd]:
+    ) -> tuple[CommandOutput, CommandEnd]:
         """A command whose stream failed, followed to its end by asking execd, and what
         it sent read again whole from its copies. An ApiError when its end cannot be
         known (the command is never run again)."""
@@ -338,13 +206,13 @@ class OpenSandboxSandbox:
             end.broken,
         )
         ended = self._execd.wait(end.command_id, None if timeout is None else started + timeout)
-        outcome = _Output(mark)
+        outcome = CommandOutput(mark)
         for kind, copy in (("stdout", f"{keep}.1"), ("stderr", f"{keep}.2")):
             stream = self._execd.download(copy)
             if stream is None:
                 continue  # the wrapper did not get as far as making it
             try:
-                if not all(outcome.take(kind, line) for line in _lines(stream)):
+                if not all(outcome.take(kind, line) for line in copy_lines(stream)):
                     break
             finally:
                 stream.close()
@@ -393,7 +261,7 @@ class OpenSandboxSandbox:
         self._pending_work(uid=-1)
         try:
             who = self._users.resolve(spec)
-            line = command_line([workdir or self._workdir, *command], _SPAWN, self._shell)
+            line = command_line([workdir or self._workdir, *command], SPAWN, self._shell)
             command_id = self._execd.spawn(
                 line,
                 uid=None if who is None else who.uid,
@@ -530,18 +398,6 @@ status=$?
 # Cut at the cap (tar then stops on a closed pipe): what was written is read, and cut.
 [ "$status" = 0 ] || [ "$("$B" stat -c %s "$2")" = {_ARCHIVE_CAP} ]
 """
-
-
-def _lines(chunks: Iterable[bytes]) -> Iterator[str]:
-    """The lines of a copy as they come (the relays write ASCII)."""
-    pending = b""
-    for chunk in chunks:
-        pending += chunk
-        *whole, pending = pending.split(b"\n")
-        for line in whole:
-            yield line.decode("ascii", "replace")
-    if pending:
-        yield pending.decode("ascii", "replace")
 
 
 class _ArchiveDownload:
