@@ -21,6 +21,7 @@ from pytest_harbor.engine.admission import (
     refuse_at_seed,
     refuse_secrets_beside_root,
 )
+from pytest_harbor.engine.afresh import FreshStarts
 from pytest_harbor.engine.agent_phase import AgentPhase
 from pytest_harbor.engine.artifacts import collect_artifacts
 from pytest_harbor.engine.attempt import Attempt
@@ -136,6 +137,9 @@ class Episode:
         gate = model_gate or InProcessGate(model.max_concurrent_requests if model else 1)
         self._agent = AgentPhase(context, self._model, model_gate=gate, logs_dir=agent_logs_dir)
         self._attempt = Attempt(1, SandboxUsers(task))
+        self._fresh = FreshStarts(
+            context.id, self.launcher, context.redactor, settings.engine_recovery_timeout_s
+        )
         self._early = EarlyStart(self.launcher)
         self._turns: list[TurnResult] = []
         self._stopped_after: str | None = None
@@ -202,7 +206,21 @@ class Episode:
 
     def seed(self) -> None:
         """Check the folder is unchanged, start the sandbox, copy loose environment files,
-        start the image's ENTRYPOINT and wait for the healthcheck."""
+        start the image's ENTRYPOINT and wait for the healthcheck. A sandbox the engine
+        loses meanwhile is started afresh (engine/afresh.py)."""
+        while True:
+            try:
+                self._seed()
+                return
+            except SandboxError as error:
+                self._afresh_or_raise(error, start_failure(error))
+
+    def _afresh_or_raise(self, error: SandboxError, failure: EpisodeError) -> None:
+        """Before any agent: drop a sandbox the engine lost (afresh.py), else raise."""
+        self._fresh.take(self._attempt.sandbox, error, failure)
+        self._attempt = Attempt(self._attempt.number, SandboxUsers(self.task))
+
+    def _seed(self) -> None:
         budget = self.budget
         if budget.warning:
             log.warning(budget.warning)
@@ -223,20 +241,15 @@ class Episode:
         started = self.context.clock.start(budget.deadline_s)
         check_digest(self.task, self.context.expected_digest)
         attempt = self._attempt
-        try:
-            sandbox, attempt.survey = self._early.take() or (
-                self.launcher.start_agent_sandbox(),
-                None,
-            )
-            attempt.sandbox = sandbox
-            if self.task.loose_environment_files:
-                target = self.context.workdir or self.launcher.image_workdir()
-                sandbox.upload(self.task.environment_dir, target)
-            attempt.entrypoint = start_entrypoint(
-                sandbox, self.launcher.image_config(), self.context.workdir
-            )
-        except SandboxError as error:
-            raise start_failure(error) from None
+        early = self._early.take()
+        sandbox, attempt.survey = early or (self.launcher.start_agent_sandbox(), None)
+        attempt.sandbox = sandbox
+        if self.task.loose_environment_files:
+            target = self.context.workdir or self.launcher.image_workdir()
+            sandbox.upload(self.task.environment_dir, target)
+        attempt.entrypoint = start_entrypoint(
+            sandbox, self.launcher.image_config(), self.context.workdir
+        )
         healthcheck = self.task.config.environment.healthcheck
         if healthcheck is not None:
             agent_user = self.task.config.agent.user
@@ -248,11 +261,8 @@ class Episode:
                 remaining=self.context.clock.remaining,
             )
         self._attempt.masked(bool(self._turns))
-        try:
-            if attempt.survey is None:
-                attempt.survey = self.launcher.survey(sandbox)
-        except SandboxError as error:
-            raise start_failure(error) from None
+        if attempt.survey is None:
+            attempt.survey = self.launcher.survey(sandbox)
         attempt.users.learn(attempt.survey.ids, self._image_user())
         if self._verifier.name in (SharedVerifier.name, SnapshotVerifier.name):
             refuse_secrets_beside_root(
@@ -303,7 +313,10 @@ class Episode:
             before = self._processes_now(sandbox)
         except SandboxError as error:
             if not self._turns:
-                raise EpisodeError(FailureKind.SANDBOX_LOST, str(error)) from None
+                # No agent has had it yet: a sandbox the engine lost is started afresh.
+                self._afresh_or_raise(error, EpisodeError(FailureKind.SANDBOX_LOST, str(error)))
+                self.seed()
+                return None
             reading = self._fault(sandbox, error, f"preparing the sandbox for turn {turn.name}")
             return self._record(
                 turn, AgentRun(), VerifierRun(reading), TurnTimings(agent_s=0.0, verify_s=0.0)

@@ -402,13 +402,26 @@ class EarlyStart:
         return True
 
     def take(self) -> tuple[Sandbox, SandboxSurvey | None] | None:
-        """The sandbox started ahead (raises what its start raised); None when none was."""
+        """The sandbox started ahead (raises what its start raised); None when none was,
+        or when the engine has lost it since (an engine restarted meanwhile): the seed
+        starts a fresh one then."""
         background, self._background = self._background, None
         if background is None:
             return None
         background.join()
         if background.start_error is not None:
             raise background.start_error
+        if background.result is not None:
+            sandbox = background.result[0]
+            try:
+                status = sandbox.status()
+                alive = status.present and status.running
+            except SandboxError:
+                alive = False
+            if not alive:
+                log.warning("sandbox %s, started ahead, is gone; starting a fresh one", sandbox.id)
+                self._launcher.stop(sandbox)
+                return None
         return background.result
 
     def abandon(self) -> Sandbox | None:

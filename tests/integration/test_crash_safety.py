@@ -141,12 +141,13 @@ def run_on(engine: SecondEngine, dataset: Dataset, *args: str) -> subprocess.Pop
         return start_run(dataset, "-n", "2", f"--harbor-results-dir={RESULTS_DIR}", *args)
 
 
-def wait_for_a_sandbox(engine: SecondEngine, run: subprocess.Popen[str]) -> None:
+def wait_for_a_sandbox(engine: SecondEngine, run: subprocess.Popen[str], count: int = 1) -> None:
+    """Until `count` sandboxes of the run are up (then a second, for a solve.sh to run)."""
     client = engine.client()
     deadline = time.monotonic() + 120
-    while not client.containers.list(filters={"label": TASK_LABEL}, ignore_removed=True):
+    while len(client.containers.list(filters={"label": TASK_LABEL}, ignore_removed=True)) < count:
         assert run.poll() is None, run.stdout.read()  # type: ignore[union-attr]
-        assert time.monotonic() < deadline, "no sandbox started within 120 s"
+        assert time.monotonic() < deadline, f"not {count} sandboxes within 120 s"
         time.sleep(0.1)
     time.sleep(1.0)  # its solve.sh is running
 
@@ -156,7 +157,10 @@ def test_an_engine_restarted_mid_run_costs_only_the_episodes_it_was_running(
 ) -> None:
     tasks = holding_dataset(dataset, 6)
     run = run_on(lone_engine, dataset)
-    wait_for_a_sandbox(lone_engine, run)
+    # The engine dies when it holds, besides the two sandboxes agents work in, one or
+    # two started ahead of their episodes (how many a loaded machine leaves there at
+    # any moment): those episodes had not begun, and must not be lost with them.
+    wait_for_a_sandbox(lone_engine, run, count=3)
     lone_engine.kill()
     time.sleep(4)
     lone_engine.restart()
@@ -166,9 +170,10 @@ def test_an_engine_restarted_mid_run_costs_only_the_episodes_it_was_running(
     failures = [
         json.loads(line) for line in (folder / "rollouts_failures.jsonl").read_text().splitlines()
     ]
-    # What the engine was running then has no result (it is run again on resume); the
-    # rest waited for the engine and ran once it answered again.
-    assert failures, output
+    # What the engine was running then has no result (it is run again on resume): the
+    # two episodes agents worked in, no more; the rest waited for the engine and ran
+    # once it answered again.
+    assert 1 <= len(failures) <= 2, output
     assert {row["failure_kind"] for row in failures} == {"harbor:sandbox_lost"}, output
     assert all(row["retry"] for row in failures)
     assert rows and all(row["reward"] == 1.0 for row in rows), output

@@ -14,6 +14,7 @@ import pytest
 from pytest_harbor.agent_outcomes import AgentOutcomePolicy
 from pytest_harbor.engine import Episode, EpisodeError, EpisodeResult
 from pytest_harbor.engine import episode as episode_module
+from pytest_harbor.engine.afresh import FRESH_STARTS, engine_lost
 from pytest_harbor.engine.records import TurnOutput
 from pytest_harbor.engine.scripts import TAMPERED
 from pytest_harbor.harnesses.base import (
@@ -25,7 +26,12 @@ from pytest_harbor.harnesses.base import (
     TurnContext,
     Usage,
 )
-from pytest_harbor.sandboxes.base import ExecResult
+from pytest_harbor.sandboxes.base import (
+    EngineUnreachable,
+    ExecResult,
+    SandboxError,
+    SandboxStatus,
+)
 from pytest_harbor.settings import HarborSettings
 from pytest_harbor.tasks import Task, load_task
 from tests.fake_provider import Call, FakeProvider, SandboxScript, Verdict
@@ -292,6 +298,51 @@ def test_a_sandbox_lost_during_the_agents_turn_leaves_no_result(tmp_path: Path) 
     finally:
         episode.cleanup()
     assert provider.calls_of("verify") == []
+
+
+def test_a_sandbox_the_engine_lost_before_any_agent_is_started_afresh(tmp_path: Path) -> None:
+    """Lost at the seed's survey: no agent has had it, so a fresh sandbox is the same
+    episode; it scores as the verifier says."""
+    provider = FakeProvider(
+        SandboxScript(lose_on=lambda call: call.kind == "survey" and call.sandbox == "fake-1")
+    )
+    task = single_step_task(tmp_path)
+    _, result = run_all(episode_of(task, tmp_path, provider, ScriptedHarness(_works)))
+    assert (result.reward, result.failure_kind) == (1.0, None)
+    assert [sandbox.id for sandbox in provider.sandboxes] == ["fake-1", "fake-2"]
+    assert provider.sandboxes[0].stopped
+
+
+def test_fresh_starts_are_bounded(tmp_path: Path) -> None:
+    provider = FakeProvider(SandboxScript(lose_on=lambda call: call.kind == "survey"))
+    episode = episode_of(single_step_task(tmp_path), tmp_path, provider, ScriptedHarness(_works))
+    try:
+        with pytest.raises(EpisodeError) as caught:
+            episode.seed()
+    finally:
+        episode.cleanup()
+    assert caught.value.failure_kind == "harbor:sandbox_start_failed"
+    assert len(provider.sandboxes) == 1 + FRESH_STARTS
+
+
+def test_only_a_sandbox_the_engine_lost_counts_as_lost() -> None:
+    class Seen:
+        def __init__(self, status: SandboxStatus | None) -> None:
+            self._status = status
+
+        def status(self) -> SandboxStatus:
+            if self._status is None:
+                raise SandboxError("the engine does not answer")
+            return self._status
+
+    running = SandboxStatus(present=True, running=True)
+    failed = SandboxError("exec failed: no such file")
+    assert not engine_lost(Seen(running), failed)  # type: ignore[arg-type]
+    assert engine_lost(Seen(running), EngineUnreachable("refused"))  # type: ignore[arg-type]
+    assert engine_lost(Seen(SandboxStatus(present=False)), failed)  # type: ignore[arg-type]
+    assert engine_lost(Seen(SandboxStatus(present=True)), failed)  # type: ignore[arg-type]
+    assert engine_lost(Seen(None), failed)  # type: ignore[arg-type]
+    assert not engine_lost(None, failed)
 
 
 # ---------------------------------------------------------------------------- masking

@@ -130,8 +130,6 @@ class OpenSandboxSandbox:
         if who is None:
             message = f"unable to find user {spec.name}: no matching entries in passwd file\n"
             return ExecResult(exit_code=126, stderr_bytes=message.encode())
-        home = "" if self._env_has_home or "HOME" in (env or {}) else who.home
-        as_root = who.uid == 0
         pre, drop = self._pending_work(who.uid)
         mark = secrets.token_hex(16)
         # The copies are kept once the folder for them is there (the start's own command
@@ -141,23 +139,17 @@ class OpenSandboxSandbox:
             "SHELL": self._shell,
             "NONCE": mark,
             "DIR": workdir or self._workdir,
-            "HOME": home,
+            "HOME": "" if self._env_has_home or "HOME" in (env or {}) else who.home,
             "INPUT": "",
             "PRE": pre,
             "KEEP": keep,
             "DROP": drop,
         }
-        input_path = ""
         outcome = CommandOutput(mark)
         started = time.monotonic()
         try:
             if stdin is not None:
-                # Root's stdin where only root may go; anyone else's under a name only
-                # that user's processes can learn (it travels in the environment).
-                folder = IO_FOLDER if as_root else INPUT_FOLDER
-                input_path = f"{folder}/in-{secrets.token_hex(16)}"
-                self._execd.upload({input_path: (stdin, 0o600 if as_root else 0o644)})
-                settings["INPUT"] = input_path
+                settings["INPUT"] = self._put_input(stdin, as_root=who.uid == 0)
             started = time.monotonic()
             end = self._execd.run(
                 command_line(list(command), shell=self._shell),
@@ -178,11 +170,7 @@ class OpenSandboxSandbox:
         except ApiError as error:
             raise self._failed(error, "exec") from None
         finally:
-            if input_path:
-                self._finished_with(input_path)
-            if keep:
-                with self._lock:
-                    self._kept.setdefault(who.uid, []).extend((f"{keep}.1", f"{keep}.2"))
+            self._done_after(who.uid, settings["INPUT"], keep)
         if outcome.pre_failed:
             said = outcome.stderr.output.value().decode("utf-8", "replace").strip()[-300:]
             raise SandboxError(f"sandbox {self._id}: writing into the sandbox failed: {said}")
@@ -190,6 +178,23 @@ class OpenSandboxSandbox:
             timeout is not None and end.signalled and time.monotonic() - started >= timeout * 0.95
         )
         return outcome.result(end, timed_out)
+
+    def _put_input(self, stdin: bytes, *, as_root: bool) -> str:
+        """Where a command's stdin waits for it: root's where only root may go; anyone
+        else's under a name only that user's processes can learn (it travels in the
+        environment)."""
+        folder = IO_FOLDER if as_root else INPUT_FOLDER
+        path = f"{folder}/in-{secrets.token_hex(16)}"
+        self._execd.upload({path: (stdin, 0o600 if as_root else 0o644)})
+        return path
+
+    def _done_after(self, uid: int, input_path: str, keep: str) -> None:
+        """A command's stdin and its copies, to remove later."""
+        if input_path:
+            self._finished_with(input_path)
+        if keep:
+            with self._lock:
+                self._kept.setdefault(uid, []).extend((f"{keep}.1", f"{keep}.2"))
 
     def _recovered(
         self, end: CommandEnd, mark: str, keep: str, started: float, timeout: float | None
