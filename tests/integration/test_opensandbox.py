@@ -10,6 +10,7 @@ reaper finds, and the grading guarantees for a non-root agent."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shlex
 import shutil
@@ -172,6 +173,40 @@ def test_files_go_in_and_out_as_archives(sandbox: OpenSandboxSandbox, tmp_path: 
     assert archive is not None and b"/etc/shadow" in archive  # the link as a link
     assert sandbox.read_archive("/no/such/path") is None
     assert sandbox.download("/no/such/path") == {}
+
+
+def test_small_and_large_inputs_and_archives_arrive_whole(sandbox: OpenSandboxSandbox) -> None:
+    """A small stdin or archive travels with its command, a large one by a request of its
+    own: either arrives byte for byte, and a command's status is its own whether or not
+    it reads its stdin."""
+    for size in (60_000, 300_000):
+        data = os.urandom(size)
+        echoed = sandbox.exec(["cat"], stdin=data, timeout=60)
+        assert (echoed.exit_code, echoed.stdout_bytes) == (0, data), size
+        unread = sandbox.exec(["sh", "-c", "exit 3"], stdin=data, timeout=60)
+        assert unread.exit_code == 3, size
+        as_nobody = sandbox.exec(["sha256sum"], stdin=data, user="nobody", timeout=60)
+        assert as_nobody.stdout.split()[0] == hashlib.sha256(data).hexdigest(), size
+    # Several archives at once, small and large, for a command that is not root's.
+    files = {f"f{index}": os.urandom(size) for index, size in enumerate((10, 50_000, 200_000))}
+    for name, content in files.items():
+        sandbox.upload({name: content}, "/tmp")
+    summed = sandbox.exec(["sh", "-c", "cd /tmp && sha256sum f0 f1 f2"], user="nobody")
+    assert summed.stdout.split()[::2] == [
+        hashlib.sha256(content).hexdigest() for content in files.values()
+    ]
+    assert sandbox.download("/tmp/f2") == {"f2": files["f2"]}
+
+
+def test_what_travels_with_a_command_is_not_in_its_environment(
+    sandbox: OpenSandboxSandbox,
+) -> None:
+    sandbox.upload({"secret-tests.sh": b"the verifier's own tests\n"}, "/tmp")
+    seen = sandbox.exec(["sh", "-c", "env; cat /proc/self/environ"], stdin=b"stdin bytes")
+    assert seen.exit_code == 0
+    # Neither the variables that carried them nor their contents (stdin's, in base64).
+    for leaked in ("PYTEST_HARBOR_EXEC", "c3RkaW4gYnl0ZXM"):
+        assert leaked not in seen.stdout, leaked
 
 
 def test_nothing_but_the_run_drives_a_sandbox_s_execd(

@@ -37,7 +37,9 @@ SETTING = "PYTEST_HARBOR_EXEC_"
 #: The wrapper every command runs in, by the sealed busybox (no process may read its
 #: memory, environment or files, not even one of the same user) as the command's user.
 #: Its settings: DIR the folder (empty: execd's), HOME to set (empty: keep), INPUT stdin
-#: (a file; empty: none), PRE the engine's own work to do first (a script, as root only),
+#: (a file; empty: none) or INDATA (stdin itself, in base64: a small one travels with
+#: the command), PRE the engine's own work to do first (a script, as root only; PUTS
+#: names the variables holding archives it unpacks, unset once it ran),
 #: NONCE the mark of its own lines, KEEP where its copies go (KEEP.1 and KEEP.2; empty:
 #: none), DROP earlier copies of its user's to remove. stdout and stderr each go through
 #: a sealed relay that writes base64 lines, to execd and to its copy; the last line on
@@ -45,10 +47,10 @@ SETTING = "PYTEST_HARBOR_EXEC_"
 #: stderr).
 _WRAPPER = f"""S=${SETTING}SHELL
 mark=${SETTING}NONCE dir=${SETTING}DIR home=${SETTING}HOME
-input=${{{SETTING}INPUT:-/dev/null}} pre=${SETTING}PRE keep=${SETTING}KEEP
-drop=${SETTING}DROP
+input=${{{SETTING}INPUT:-/dev/null}} indata=${SETTING}INDATA pre=${SETTING}PRE
+keep=${SETTING}KEEP drop=${SETTING}DROP puts=${SETTING}PUTS
 unset {SETTING}SHELL {SETTING}NONCE {SETTING}DIR {SETTING}HOME {SETTING}INPUT \\
-  {SETTING}PRE {SETTING}KEEP {SETTING}DROP
+  {SETTING}INDATA {SETTING}PRE {SETTING}KEEP {SETTING}DROP {SETTING}PUTS
 unset EXECD EXECD_ENVS EXECD_ACCESS_TOKEN
 [ -z "$drop" ] || $S rm -f -- $drop 2>/dev/null
 o=/dev/null e=/dev/null
@@ -60,14 +62,21 @@ if [ -n "$pre" ]; then
     printf '%s\n' "$said" | $S base64 | to2; echo "!$mark pre" | to1; exit 0
   fi
 fi
+for v in $puts; do unset "$v"; done
 [ -n "$home" ] && export HOME="$home"
 if [ -n "$dir" ] && ! cd -- "$dir" 2>/dev/null; then
   echo "cannot enter the folder $dir" | $S base64 | to2; echo "!$mark 126" | to1; exit 0
 fi
 {_RUN}set -o pipefail
 exec 3>&1
-{{ run "$@" < "$input" 2>&4 4>&- 3>&- | $S base64 -w {_LINE} | to1 >&3; }} 4>&1 \\
-  | $S base64 -w {_LINE} | to2
+if [ -n "$indata" ]; then
+  {{ {{ printf '%s' "$indata" | $S base64 -d 2>/dev/null || :; }} \\
+      | run "$@" 2>&4 4>&- 3>&- | $S base64 -w {_LINE} | to1 >&3; }} 4>&1 \\
+    | $S base64 -w {_LINE} | to2
+else
+  {{ run "$@" < "$input" 2>&4 4>&- 3>&- | $S base64 -w {_LINE} | to1 >&3; }} 4>&1 \\
+    | $S base64 -w {_LINE} | to2
+fi
 echo "!$mark $?" | to1
 """
 

@@ -9,6 +9,7 @@ root, in a folder no one else may read, moved through execd's file API."""
 
 from __future__ import annotations
 
+import base64
 import io
 import secrets
 import shlex
@@ -55,6 +56,13 @@ INPUT_FOLDER = "/.pytest-harbor-in"
 KEPT_FOLDER = "/.pytest-harbor-out"
 
 
+#: What travels with a command rather than by a request of its own, in base64 in its
+#: environment: a stdin or an archive to unpack up to this size each (a variable may
+#: hold 128 KiB), and up to _INLINE_TOTAL of archives at once.
+_INLINE = 64 * 1024
+_INLINE_TOTAL = 512 * 1024
+
+
 class OpenSandboxSandbox:
     """A sandbox of an OpenSandbox server. `user` is who a command runs as when it
     names no one (the image's USER; empty: root)."""
@@ -89,6 +97,8 @@ class OpenSandboxSandbox:
         #: the next command as root.
         self._done_with: list[str] = []
         self._unpacks: list[str] = []
+        #: Archives that travel with the next command as root (variable -> base64).
+        self._puts: dict[str, str] = {}
         #: Each user's copies of what its commands sent (KEPT_FOLDER), removed by its
         #: next command, or by the next as root.
         self._kept: dict[int, list[str]] = {}
@@ -130,7 +140,7 @@ class OpenSandboxSandbox:
         if who is None:
             message = f"unable to find user {spec.name}: no matching entries in passwd file\n"
             return ExecResult(exit_code=126, stderr_bytes=message.encode())
-        pre, drop = self._pending_work(who.uid)
+        pre, drop, puts = self._pending_work(who.uid)
         mark = secrets.token_hex(16)
         # The copies are kept once the folder for them is there (the start's own command
         # runs before it is made).
@@ -144,11 +154,14 @@ class OpenSandboxSandbox:
             "PRE": pre,
             "KEEP": keep,
             "DROP": drop,
+            "PUTS": " ".join(puts),
         }
         outcome = CommandOutput(mark)
         started = time.monotonic()
         try:
-            if stdin is not None:
+            if stdin is not None and len(stdin) <= _INLINE:
+                settings["INDATA"] = base64.b64encode(stdin).decode()
+            elif stdin is not None:
                 settings["INPUT"] = self._put_input(stdin, as_root=who.uid == 0)
             started = time.monotonic()
             end = self._execd.run(
@@ -158,6 +171,7 @@ class OpenSandboxSandbox:
                 gid=who.gid,
                 envs={
                     **(env or {}),
+                    **puts,
                     **{SETTING + key: value for key, value in settings.items()},
                     # execd's own token is in the sandbox's environment: never in a
                     # command's, from its first process on.
@@ -170,7 +184,7 @@ class OpenSandboxSandbox:
         except ApiError as error:
             raise self._failed(error, "exec") from None
         finally:
-            self._done_after(who.uid, settings["INPUT"], keep)
+            self._done_after(who.uid, settings.get("INPUT", ""), keep)
         if outcome.pre_failed:
             said = outcome.stderr.output.value().decode("utf-8", "replace").strip()[-300:]
             raise SandboxError(f"sandbox {self._id}: writing into the sandbox failed: {said}")
@@ -223,11 +237,12 @@ class OpenSandboxSandbox:
                 stream.close()
         return outcome, ended
 
-    def _pending_work(self, uid: int) -> tuple[str, str]:
+    def _pending_work(self, uid: int) -> tuple[str, str, dict[str, str]]:
         """The engine's work to fold into a command of `uid`, taken: for root, a script
-        (archives to unpack, files to remove); for anyone, that user's copies to drop.
-        For a command as anyone else, the archives are unpacked first by a command of
-        their own (what a command runs with must be there)."""
+        (archives to unpack, files to remove) and the archives that travel with it; for
+        anyone, that user's copies to drop. For a command as anyone else, the archives
+        are unpacked first by a command of their own (what a command runs with must be
+        there)."""
         with self._lock:
             if uid != 0:
                 unpacks = bool(self._unpacks)
@@ -238,12 +253,13 @@ class OpenSandboxSandbox:
                     *self._unpacks,
                     *(f"$B rm -f -- {shlex.quote(path)}" for path in self._done_with),
                 ]
-                self._unpacks, self._done_with, self._kept = [], [], {}
+                puts = self._puts
+                self._unpacks, self._done_with, self._kept, self._puts = [], [], {}, {}
                 script = f"B={TRUSTED_BUSYBOX}\nset -e\n" + "\n".join(work) if work else ""
-                return script, " ".join(kept)
+                return script, " ".join(kept), puts
         if unpacks:
             self._root("")
-        return "", drop
+        return "", drop, {}
 
     def _root(self, script: str, *args: str, timeout: float = 120.0) -> ExecResult:
         """`script` for the trusted shell (which it finds as $B), as root; the engine's
@@ -263,7 +279,7 @@ class OpenSandboxSandbox:
         self, command: Sequence[str], *, user: str | None = None, workdir: str | None = None
     ) -> _Spawned:
         spec = parse_user(user or self._user or "0:0")
-        self._pending_work(uid=-1)
+        self._pending_work(-1)
         try:
             who = self._users.resolve(spec)
             line = command_line([workdir or self._workdir, *command], SPAWN, self._shell)
@@ -294,24 +310,38 @@ class OpenSandboxSandbox:
         self.write_archive(data, target)
 
     def write_archive(self, data: bytes | Iterable[bytes], into: str) -> None:
-        """The archive is uploaded now and unpacked, as root, at the start of the next
-        command (a command of its own when that one is not root's): a failure to unpack
-        is a SandboxError there."""
+        """The archive is unpacked, as root, at the start of the next command (a command
+        of its own when that one is not root's): a failure to unpack is a SandboxError
+        there. A small one travels with that command; a larger one is uploaded now."""
         body = data if isinstance(data, bytes) else b"".join(data)
+        failed = f"|| {{ echo {shlex.quote(f'cannot unpack into {into}')} >&2; exit 1; }}"
+        with self._lock:
+            inline = len(body) <= _INLINE and (
+                sum(len(value) for value in self._puts.values()) * 3 // 4 + len(body)
+                <= _INLINE_TOTAL
+            )
+            if inline:
+                name = f"{SETTING}PUT{len(self._puts)}"
+                self._puts[name] = base64.b64encode(body).decode()
+                self._unpacks.append(
+                    f'printf %s "${name}" | $B base64 -d | $B tar -x -f - '
+                    f"-C {shlex.quote(into)} {failed}"
+                )
+                return
         archive = f"{IO_FOLDER}/put-{secrets.token_hex(16)}.tar"
         try:
             self._execd.upload({archive: (body, 0o600)})
         except ApiError as error:
             raise self._failed(error, f"writing into {into}") from None
-        unpack = (
-            f"$B tar -x -f {shlex.quote(archive)} -C {shlex.quote(into)} "
-            f"|| {{ echo {shlex.quote(f'cannot unpack into {into}')} >&2; exit 1; }}"
-        )
         with self._lock:
-            self._unpacks.append(unpack)
+            self._unpacks.append(
+                f"$B tar -x -f {shlex.quote(archive)} -C {shlex.quote(into)} {failed}"
+            )
             self._done_with.append(archive)
 
     def iter_archive(self, source: str) -> _ArchiveDownload | None:
+        """SOURCE as an archive: a small one in the packing command's output, a larger
+        one downloaded."""
         archive = f"{IO_FOLDER}/get-{secrets.token_hex(16)}.tar"
         packed = self._root(_PACK, source, archive)
         if packed.exit_code == _ABSENT:
@@ -321,6 +351,8 @@ class OpenSandboxSandbox:
             raise SandboxError(
                 f"sandbox {self._id}: reading {source} failed: {packed.stderr.strip()[-300:]}"
             )
+        if packed.stdout_bytes:
+            return _ArchiveDownload(iter((packed.stdout_bytes,)), None)
         try:
             stream = self._execd.download(archive)
         except ApiError as error:
@@ -391,17 +423,21 @@ _ABSENT = 3
 #: largest copy the engine reads (artifacts), so that a reader at any cap sees it cut,
 #: and a sparse file of terabytes cannot fill the sandbox's disk.
 _ARCHIVE_CAP = ARTIFACTS_COPY.read_bytes + 1
+#: Archives up to this size come back as _PACK's output.
+_INLINE_READ = 1024 * 1024
 #: `_PACK SOURCE ARCHIVE` (as root): SOURCE as a tar whose top entry is its base name,
-#: links kept as links, written to ARCHIVE (at most _ARCHIVE_CAP bytes); exits _ABSENT
-#: when SOURCE is not there.
+#: links kept as links, written to ARCHIVE (at most _ARCHIVE_CAP bytes), or to stdout
+#: when it is small; exits _ABSENT when SOURCE is not there.
 _PACK = f"""B={TRUSTED_BUSYBOX}
 [ -e "$1" ] || [ -L "$1" ] || exit {_ABSENT}
 case $1 in /) dir=/ base=. ;; */*) dir=${{1%/*}} base=${{1##*/}} ;; *) dir=. base=$1 ;; esac
 set -o pipefail
 "$B" tar -c -f - -C "${{dir:-/}}" "$base" | "$B" head -c {_ARCHIVE_CAP} > "$2"
-status=$?
+status=$? size=$("$B" stat -c %s "$2")
 # Cut at the cap (tar then stops on a closed pipe): what was written is read, and cut.
-[ "$status" = 0 ] || [ "$("$B" stat -c %s "$2")" = {_ARCHIVE_CAP} ]
+[ "$status" = 0 ] || [ "$size" = {_ARCHIVE_CAP} ] || exit 1
+# A small archive comes back as the command's output (no download to make).
+[ "$size" -gt {_INLINE_READ} ] || {{ "$B" cat -- "$2" && "$B" rm -f -- "$2"; }}
 """
 
 
@@ -409,7 +445,7 @@ class _ArchiveDownload:
     """An archive's bytes as they come from execd; closing it ends the transfer and
     removes the archive from the sandbox."""
 
-    def __init__(self, stream: DownloadStream, cleanup: object) -> None:
+    def __init__(self, stream: DownloadStream | Iterator[bytes], cleanup: object) -> None:
         self._stream = stream
         self._cleanup = cleanup
         self._closed = False
@@ -428,7 +464,8 @@ class _ArchiveDownload:
         if self._closed:
             return
         self._closed = True
-        self._stream.close()
+        if isinstance(self._stream, DownloadStream):
+            self._stream.close()
         if callable(self._cleanup):
             self._cleanup()
 
