@@ -1,16 +1,20 @@
 """The opensandbox provider against the docker provider on the same engine: a sandbox's
-start, one command (`echo ok`), and episodes per second over trivial tasks through the
-oracle at -n 2 and -n 8. The opensandbox side runs against the fake server of the test
-suite (tests/opensandbox_fake/: the lifecycle API and execd's, over this machine's
-Docker engine, on 127.0.0.1), or a real server when OPENSANDBOX_DOMAIN is set.
+start, one command (`echo ok`), the claim of a sandbox started ahead to its first
+command, and the wall time per episode over trivial tasks through the oracle at -n 2
+and -n 8, the two providers' runs taken in turns (so that the machine's load falls on
+both alike), with the median of the seed (the claim of the sandbox started ahead to the
+agent's start) from each run's rows. The opensandbox side runs against the fake server
+of the test suite (tests/opensandbox_fake/: the lifecycle API and execd's, over this
+machine's Docker engine, on 127.0.0.1), or a real server when OPENSANDBOX_DOMAIN is set.
 
     .venv/bin/python bench/opensandbox.py [--starts 10] [--commands 200] [--tasks 24]
-        [--workers 2 8]
+        [--workers 2 8] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -27,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from episode_overhead import IMAGE, make_dataset, pytest_run
 
 from pytest_harbor.sandboxes import SandboxSpec
-from pytest_harbor.sandboxes.base import ProviderContext, SandboxProvider
+from pytest_harbor.sandboxes.base import ProviderContext, SandboxProvider, TellsLiveness
 from pytest_harbor.sandboxes.docker import DockerProvider
 from pytest_harbor.sandboxes.opensandbox import opensandbox_provider
 from tests.opensandbox_fake import FakeOpenSandbox
@@ -56,6 +60,20 @@ def sandboxes(name: str, provider: SandboxProvider, starts: int, commands: int) 
 
     start_and_stop()  # warm-up: images, tools
     print(f"{name:12s} start + stop   {median_ms(timed(start_and_stop, starts))}")
+    claims = []
+    for _ in range(starts):
+        # Started ahead, then claimed: asked how it is (as the seed asks), then its first
+        # command.
+        ahead = provider.start(SandboxSpec(image=IMAGE, labels=LABELS, ttl_s=600))
+        started = time.perf_counter()
+        if isinstance(ahead, TellsLiveness):
+            ahead.alive()
+        else:
+            ahead.status()
+        ahead.exec(["echo", "ok"], timeout=30)
+        claims.append(time.perf_counter() - started)
+        ahead.stop()
+    print(f"{name:12s} claim to first command {median_ms(claims)}")
     sandbox = provider.start(SandboxSpec(image=IMAGE, labels=LABELS, ttl_s=600))
     try:
         sandbox.exec(["echo", "ok"], timeout=30)
@@ -65,25 +83,40 @@ def sandboxes(name: str, provider: SandboxProvider, starts: int, commands: int) 
         sandbox.stop()
 
 
-def episodes(name: str, tasks: int, workers: list[int], extra: list[str]) -> dict[int, float]:
-    """Per worker count: the wall time per episode once pytest's own start-up (the same
-    run with every item deselected) is taken off."""
-    found = {}
+SIDES = {"docker": [], "opensandbox": ["--harbor-sandbox=opensandbox"]}
+
+
+def episodes(tasks: int, workers: list[int], rounds: int) -> dict[tuple[str, int], float]:
+    """Per provider and worker count: the median over `rounds` of the wall time per
+    episode, once pytest's own start-up (the same run with every item deselected) is
+    taken off; the two providers' runs alternate."""
+    costs: dict[tuple[str, int], list[float]] = {}
+    seeds: dict[tuple[str, int], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-opensandbox-") as scratch:
         dataset = make_dataset(Path(scratch), tasks)
         for count in workers:
-            out = Path(scratch) / f"out-{name}-{count}"
-            fixed, _, _ = pytest_run(dataset, count, out, *extra, "-k", "no-such-task")
-            elapsed, code, output = pytest_run(dataset, count, out, *extra)
-            if code != 0:
-                sys.exit(f"the {name} run at -n {count} failed ({code}):\n{output[-3000:]}")
-            found[count] = (elapsed - fixed) / tasks
-            print(
-                f"{name:12s} -n {count}: {tasks} episodes in {elapsed:6.1f} s "
-                f"({tasks / elapsed:5.2f} episodes/s); start-up {fixed:4.1f} s; "
-                f"{found[count] * 1000:6.0f} ms per episode"
-            )
-    return found
+            for round_ in range(rounds):
+                order = list(SIDES) if round_ % 2 == 0 else list(reversed(SIDES))
+                for name in order:
+                    extra = SIDES[name]
+                    out = Path(scratch) / f"out-{name}-{count}-{round_}"
+                    fixed, _, _ = pytest_run(dataset, count, out, *extra, "-k", "no-such-task")
+                    elapsed, code, output = pytest_run(dataset, count, out, *extra)
+                    if code != 0:
+                        sys.exit(f"the {name} run at -n {count} failed ({code}):\n{output[-3000:]}")
+                    costs.setdefault((name, count), []).append((elapsed - fixed) / tasks)
+                    rows = next(out.rglob("rollouts.jsonl")).read_text().splitlines()
+                    seeds.setdefault((name, count), []).extend(
+                        json.loads(row)["timings"]["seed_s"] for row in rows
+                    )
+            for name in SIDES:
+                spent = costs[name, count]
+                print(
+                    f"{name:12s} -n {count}: {statistics.median(spent) * 1000:6.0f} ms per "
+                    f"episode (rounds: {', '.join(f'{cost * 1000:.0f}' for cost in spent)}); "
+                    f"seed median {statistics.median(seeds[name, count]) * 1000:5.0f} ms"
+                )
+    return {key: statistics.median(spent) for key, spent in costs.items()}
 
 
 def main() -> None:
@@ -92,6 +125,7 @@ def main() -> None:
     parser.add_argument("--commands", type=int, default=200)
     parser.add_argument("--tasks", type=int, default=24)
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 8])
+    parser.add_argument("--rounds", type=int, default=3)
     arguments = parser.parse_args()
     fake = None
     if not os.environ.get("OPENSANDBOX_DOMAIN"):
@@ -108,12 +142,9 @@ def main() -> None:
             arguments.starts,
             arguments.commands,
         )
-        docker_costs = episodes("docker", arguments.tasks, arguments.workers, [])
-        open_costs = episodes(
-            "opensandbox", arguments.tasks, arguments.workers, ["--harbor-sandbox=opensandbox"]
-        )
+        costs = episodes(arguments.tasks, arguments.workers, arguments.rounds)
         for count in arguments.workers:
-            ratio = open_costs[count] / docker_costs[count]
+            ratio = costs["opensandbox", count] / costs["docker", count]
             print(f"-n {count}: an episode on opensandbox costs {ratio:4.2f}x the docker one's")
     finally:
         if fake is not None:

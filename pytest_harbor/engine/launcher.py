@@ -28,6 +28,7 @@ from pytest_harbor.sandboxes.base import (
     SandboxProvider,
     SandboxSpec,
     SandboxStartError,
+    TellsLiveness,
 )
 from pytest_harbor.sandboxes.compose.tasks import compose_spec
 from pytest_harbor.tasks.config import EnvironmentConfig
@@ -414,8 +415,11 @@ class EarlyStart:
         if background.result is not None:
             sandbox = background.result[0]
             try:
-                status = sandbox.status()
-                alive = status.present and status.running
+                if isinstance(sandbox, TellsLiveness):
+                    alive = sandbox.alive()
+                else:
+                    status = sandbox.status()
+                    alive = status.present and status.running
             except SandboxError:
                 alive = False
             if not alive:

@@ -59,6 +59,7 @@ __all__ = [
     "ServiceGroup",
     "Spawned",
     "SweepsLeftovers",
+    "TellsLiveness",
     "WatchesOver",
     "for_agent",
     "is_root_user",
@@ -425,6 +426,17 @@ class SandboxProvider(Protocol):
 
     def remove_image(self, image: str) -> None:
         """Remove an image the run made (a snapshot); no error when it is already gone."""
+        ...
+
+
+@runtime_checkable
+class TellsLiveness(Protocol):
+    """A sandbox that can say cheaply whether it is still there and running, where its
+    status() costs more (the docker provider's reads the sandbox's process count)."""
+
+    def alive(self) -> bool:
+        """Whether it is there and running; raises SandboxError when the engine cannot be
+        asked."""
         ...
 
 

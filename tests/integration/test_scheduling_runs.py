@@ -4,6 +4,7 @@ took is recorded for the next, and a build that fails is tried once in a run."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import docker
@@ -193,3 +194,30 @@ def test_a_taskset_is_planned_once_per_process(
     result = run_harbor(pytester, dataset)
     result.assert_outcomes(passed=2)
     assert planned == [dataset.path]
+
+
+def test_each_episode_takes_the_sandbox_started_ahead_for_it(
+    pytester: pytest.Pytester, dataset: Dataset, docker_client: docker.DockerClient
+) -> None:
+    """One worker, three episodes: each but the first finds its sandbox started while the
+    one before it ran, and uses it. One sandbox made per episode, not one thrown away
+    and made again at the seed."""
+    for name in ("a", "b", "c"):
+        dataset.task(name)
+    since = int(time.time()) - 1
+    result = run_harbor(pytester, dataset, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+    events = docker_client.api.events(
+        since=since,
+        until=int(time.time()) + 1,
+        filters={"type": "container", "event": "create"},
+        decode=True,
+    )
+    made = [
+        event
+        for event in events
+        if str(
+            event.get("Actor", {}).get("Attributes", {}).get("pytest-harbor.task", "")
+        ).startswith(f"{dataset.name}/")
+    ]
+    assert len(made) == 3, made

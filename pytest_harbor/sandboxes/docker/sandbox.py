@@ -457,6 +457,18 @@ class DockerSandbox:
             exit_code=None if running else _int_or_none(state.get("ExitCode")),
         )
 
+    def alive(self) -> bool:
+        api = engine_for(self._endpoint).api
+        try:
+            state = api.inspect_container(self._id).get("State") or {}
+        except docker.errors.NotFound:
+            return False
+        except ENGINE_ERRORS as error:
+            raise SandboxError(
+                f"sandbox {self._id[:12]}: the engine does not say how it is: {explain(error)}"
+            ) from None
+        return bool(state.get("Running")) and state.get("Status") not in ("removing", "dead")
+
     def _at_pids_cap(self) -> bool:
         """Whether the sandbox holds as many processes as its cap allows (or nearly)."""
         try:
