@@ -226,8 +226,9 @@ def _offline(task: Task, provider: SandboxProvider) -> str | None:
     if offline:
         return (
             "the task has a phase without the network (network_mode = no-network), "
-            f"which the {provider.name} sandboxes cannot go without on this "
-            "network (sandbox_provider_options.network)"
+            f"which the {provider.name} sandboxes cannot go without as the provider is "
+            "set (sandbox_provider_options: network on docker, network_policy on "
+            "opensandbox)"
         )
     return None
 

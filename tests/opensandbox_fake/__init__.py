@@ -5,9 +5,12 @@ in-sandbox daemon execd, backed by the real Docker engine.
 It copies the real server's Docker runtime and execd, quirks included (the behaviour
 digest, /tmp/osb/DIGEST.md, gives the evidence): creation is synchronous, deleted and
 expired sandboxes are gone, command output comes as bare JSON lines split on newlines,
-exit codes only through `error.evalue`. What it does not do (snapshots, egress policies,
-volumes, platforms) it refuses with the real server's kind of error; routes it does not
-have (metadata patches, /code, /session, /pty, file search and moves) answer 404."""
+exit codes only through `error.evalue`. What it does not do (snapshots, volumes,
+platforms) it refuses with the real server's kind of error; routes it does not have
+(metadata patches, /code, /session, /pty, file search and moves) answer 404. Egress
+policies are refused unless it is made with an `egress_mode` (as a server with an egress
+image): then egress.py serves the sidecar's API and enforces its policy. On purpose, it
+stalls and cuts what faults.py says, and refuses creates past `max_creating`."""
 
 from tests.opensandbox_fake.server import FakeOpenSandbox
 

@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl
 
 import docker.errors
 
+from tests.opensandbox_fake.egress import EGRESS_AUTH_HEADER, EGRESS_PORT, _Egress
 from tests.opensandbox_fake.labels import (
     ADDED_RUN_LABEL,
     EXPIRES_LABEL,
@@ -24,7 +25,7 @@ from tests.opensandbox_fake.labels import (
     MANUAL_LABEL,
     RUN_LABEL,
 )
-from tests.opensandbox_fake.records import _Sandbox, _State
+from tests.opensandbox_fake.records import _Sandbox
 from tests.opensandbox_fake.validation import (
     _detail,
     _memory_bytes,
@@ -98,7 +99,7 @@ _RESUME = re.compile(r"^(?:/v1)?/sandboxes/([^/]+)/resume$")
 _ENDPOINT = re.compile(r"^(?:/v1)?/sandboxes/([^/]+)/endpoints/([^/]+)$")
 
 
-class _Lifecycle(_State):
+class _Lifecycle(_Egress):
     """The lifecycle API's routes, over the engine's containers."""
 
     def sandbox_containers(self) -> list[Container]:
@@ -157,7 +158,7 @@ class _Lifecycle(_State):
             detail = _detail("json_invalid", ["body", 0], "JSON decode error", {})
             detail["ctx"] = {"error": str(error)}
             raise _unprocessable([detail]) from None
-        request = _parse_create(data, self._min_timeout_s)
+        request = _parse_create(data, self._min_timeout_s, egress=self.egress_mode is not None)
         sandbox_id = str(uuid.uuid4())
         created_at = _now()
         expires_at = None
@@ -207,9 +208,17 @@ class _Lifecycle(_State):
             ) from None
         config = container.attrs.get("Config") or {}
         env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
-        self._sandboxes[sandbox_id] = _Sandbox(
-            sandbox_id, container.id, env, config.get("WorkingDir") or "/"
-        )
+        sandbox = _Sandbox(sandbox_id, container.id, env, config.get("WorkingDir") or "/")
+        if request.network_policy is not None:
+            sandbox.policy = request.network_policy
+            resolv = container.exec_run(["cat", "/etc/resolv.conf"]).output.decode(errors="replace")
+            nameservers = [
+                line.split()[1]
+                for line in resolv.splitlines()
+                if line.startswith("nameserver") and len(line.split()) > 1
+            ]
+            self._egress_start(sandbox, int(container.attrs["State"]["Pid"]), nameservers)
+        self._sandboxes[sandbox_id] = sandbox
         if expires_at is not None:
             self._schedule_expiry(sandbox_id, expires_at)
         answer: dict[str, object] = {
@@ -483,7 +492,13 @@ class _Lifecycle(_State):
         if not 1 <= port <= 65535:
             raise _error(400, "DOCKER::INVALID_PORT", "Port must be between 1 and 65535.")
         self._container(sandbox_id)
-        return 200, {"endpoint": f"{self.domain}/sandboxes/{sandbox_id}/proxy/{port}"}
+        answer: dict[str, object] = {
+            "endpoint": f"{self.domain}/sandboxes/{sandbox_id}/proxy/{port}"
+        }
+        sandbox = self._sandboxes.get(sandbox_id)
+        if port == EGRESS_PORT and sandbox is not None and sandbox.egress_token:
+            answer["headers"] = {EGRESS_AUTH_HEADER: sandbox.egress_token}
+        return 200, answer
 
     def _schedule_expiry(self, sandbox_id: str, moment: datetime) -> None:
         delay = max(0.0, (moment - _now()).total_seconds())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import docker
 
@@ -59,6 +60,12 @@ class _Sandbox:
     env: dict[str, str]  # the container's Config.Env: what execd inherits
     workdir: str
     probe: _Probe | None = None
+    #: Its egress sidecar's token, the namespace it enforces in (a process's pid), the
+    #: nameservers let through and the policy (empty, 0, None: no sidecar).
+    egress_token: str = ""
+    egress_pid: int = 0
+    nameservers: list[str] = field(default_factory=list)
+    policy: dict[str, Any] | None = None
 
 
 @dataclass
@@ -124,6 +131,7 @@ class _State:
     _expirations: dict[str, datetime]
     _timers: dict[str, threading.Timer]
     faults: Faults
+    egress_mode: str | None
     max_creating: int | None
     creating: int
     most_creating: int

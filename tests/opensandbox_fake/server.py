@@ -16,6 +16,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import docker
 import docker.errors
 
+from tests.opensandbox_fake.egress import EGRESS_PORT
 from tests.opensandbox_fake.execd import _Commands
 from tests.opensandbox_fake.faults import Fault, Faults, cut
 from tests.opensandbox_fake.files import _Files
@@ -58,6 +59,7 @@ class FakeOpenSandbox(_Lifecycle, _Commands, _Files):
         grace_s: float = 1.0,
         min_timeout_s: int = 60,
         max_creating: int | None = None,
+        egress_mode: str | None = None,
     ) -> None:
         self.domain = ""
         self.requests: list[tuple[str, str]] = []
@@ -78,6 +80,9 @@ class FakeOpenSandbox(_Lifecycle, _Commands, _Files):
         #: Creates under way at once past which one is refused (429); how many are, the
         #: most there were, and how many were refused.
         self.max_creating = max_creating
+        #: The egress sidecar's mode ("dns+nft", "dns"); None: no egress image, so a
+        #: networkPolicy is refused.
+        self.egress_mode = egress_mode
         self.creating = 0
         self.most_creating = 0
         self.refused_creates = 0
@@ -183,6 +188,9 @@ class FakeOpenSandbox(_Lifecycle, _Commands, _Files):
             container = None
         if sandbox is None or container is None:
             raise _not_found(sandbox_id)
+        if port == EGRESS_PORT and sandbox.egress_token and container.status == "running":
+            self._serve_egress(handler, sandbox, handler.command, rest, body)
+            return
         if port != EXECD_PORT or container.status != "running":
             address = (container.attrs.get("NetworkSettings") or {}).get("IPAddress") or ""
             raise _error(

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tests.opensandbox_fake.egress import egress_refusal, parse_policy
 from tests.opensandbox_fake.labels import RESERVED_PREFIX
 from tests.opensandbox_fake.wire import _error, _HttpError
 
@@ -28,6 +29,8 @@ class _CreateRequest:
     resource_limits: dict[str, str]
     env: dict[str, str | None]
     metadata: dict[str, str] | None
+    #: The sandbox's egress policy, checked (None: no sidecar).
+    network_policy: dict[str, Any] | None = None
 
 
 def _string_map(
@@ -74,7 +77,7 @@ def _timeout(value: object, minimum: int, errors: list[dict[str, object]]) -> in
     return number
 
 
-def _parse_create(body: object, min_timeout_s: int) -> _CreateRequest:
+def _parse_create(body: object, min_timeout_s: int, egress: bool = False) -> _CreateRequest:
     """The checks of CreateSandboxRequest (schema.py) and of create_sandbox, in their order."""
     if not isinstance(body, dict):
         msg = "Input should be a valid dictionary or object to extract fields from"
@@ -155,12 +158,14 @@ def _parse_create(body: object, min_timeout_s: int) -> _CreateRequest:
             "SANDBOX::INVALID_PARAMETER",
             "secureAccess is only supported by the Kubernetes runtime with gateway ingress.",
         )
+    policy = None
     if body.get("networkPolicy"):
-        raise _error(
-            400,
-            "SANDBOX::INVALID_PARAMETER",
-            "egress.image must be configured when networkPolicy is provided.",
-        )
+        if not egress:
+            raise egress_refusal()
+        try:
+            policy = parse_policy(body["networkPolicy"])
+        except ValueError as error:
+            raise _error(400, "SANDBOX::INVALID_PARAMETER", str(error)) from None
     if body.get("volumes"):
         raise _error(
             400, "VOLUME::UNSUPPORTED_BACKEND", "volumes are not supported by this server."
@@ -174,6 +179,7 @@ def _parse_create(body: object, min_timeout_s: int) -> _CreateRequest:
         resource_limits=dict(limits or {}),
         env=dict(env or {}),
         metadata=None if metadata is None else dict(metadata),
+        network_policy=policy,
     )
 
 

@@ -46,7 +46,7 @@ LAYERS = [
 #: below `pytest_harbor.sandboxes`: the provider contract, then Compose (one room, no
 #: provider in it), then the providers side by side, then the face (`__init__.py`).
 SANDBOX_FLOORS = [
-    {"base", "routes", "archives", "output", "copies", "images", "pipes"},
+    {"base", "routes", "checks", "archives", "output", "copies", "images", "pipes"},
     {"compose"},
     {"docker", "opensandbox"},
     {""},

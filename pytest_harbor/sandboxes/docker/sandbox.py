@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -18,11 +19,7 @@ import requests
 
 from pytest_harbor.display import harbor_logger
 from pytest_harbor.labels import COMPOSE_PROJECT_LABEL, COMPOSE_SERVICE_LABEL
-from pytest_harbor.sandboxes.archives import (
-    pack_files,
-    pack_folder,
-    unpack_files,
-)
+from pytest_harbor.sandboxes.archives import pack_files, pack_folder, unpack_files
 from pytest_harbor.sandboxes.base import (
     RELAY_NAME,
     ROOT_USER,
@@ -434,19 +431,23 @@ class DockerSandbox:
             ) from None
         return str(made["Id"])
 
-    def status(self) -> SandboxStatus:
-        api = engine_for(self._endpoint).api
+    def _state(self) -> dict[str, Any] | None:
+        """The engine's State of the sandbox; None when it is gone or being removed (its
+        first process was killed for that, and the container stays a moment after)."""
         try:
-            state = api.inspect_container(self._id).get("State") or {}
+            state = engine_for(self._endpoint).api.inspect_container(self._id).get("State")
         except docker.errors.NotFound:
-            return SandboxStatus(present=False)
+            return None
         except ENGINE_ERRORS as error:
             raise SandboxError(
                 f"sandbox {self._id[:12]}: the engine does not say how it is: {explain(error)}"
             ) from None
-        if state.get("Status") in ("removing", "dead"):
-            # The engine is removing it (its first process was killed for that, and the
-            # container stays a moment after): gone, whoever asked.
+        state = state or {}
+        return None if state.get("Status") in ("removing", "dead") else state
+
+    def status(self) -> SandboxStatus:
+        state = self._state()
+        if state is None:
             return SandboxStatus(present=False)
         running = bool(state.get("Running"))
         return SandboxStatus(
@@ -458,16 +459,8 @@ class DockerSandbox:
         )
 
     def alive(self) -> bool:
-        api = engine_for(self._endpoint).api
-        try:
-            state = api.inspect_container(self._id).get("State") or {}
-        except docker.errors.NotFound:
-            return False
-        except ENGINE_ERRORS as error:
-            raise SandboxError(
-                f"sandbox {self._id[:12]}: the engine does not say how it is: {explain(error)}"
-            ) from None
-        return bool(state.get("Running")) and state.get("Status") not in ("removing", "dead")
+        state = self._state()
+        return state is not None and bool(state.get("Running"))
 
     def _at_pids_cap(self) -> bool:
         """Whether the sandbox holds as many processes as its cap allows (or nearly)."""
@@ -585,14 +578,10 @@ class _Spawned:
         self._thread.start()
 
     def _watch(self) -> None:
-        try:
+        with contextlib.suppress(OSError, ValueError), contextlib.closing(self._connection):
             for _, data in self._connection.frames():
                 self._tail += data
                 del self._tail[: -self._TAIL_BYTES]
-        except (OSError, ValueError):
-            pass
-        finally:
-            self._connection.close()
         try:
             self._code = self._exec.exit_code()
         except ENGINE_ERRORS:

@@ -197,6 +197,7 @@ class Lifecycle:
         env: Mapping[str, str],
         metadata: Mapping[str, str],
         volumes: Sequence[Mapping[str, Any]] = (),
+        network_policy: Mapping[str, Any] | None = None,
     ) -> SandboxRecord:
         doing = f"creating a sandbox from {image}"
         body: dict[str, Any] = {
@@ -209,6 +210,8 @@ class Lifecycle:
         }
         if volumes:
             body["volumes"] = [dict(volume) for volume in volumes]
+        if network_policy is not None:
+            body["networkPolicy"] = dict(network_policy)
         response = self._call("POST", "/sandboxes", doing, json=body, timeout=CREATE_TIMEOUT_S)
         if response.status_code not in (200, 201, 202):
             raise refusal(response, doing)

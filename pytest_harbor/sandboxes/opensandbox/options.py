@@ -61,6 +61,9 @@ class OpenSandboxOptions(BaseModel):
     unanswered_timeout_s: float = Field(default=60.0, gt=0, le=86400)
     #: Sandboxes being created at once (from the create to its execd's first answer),
     #: and creates a second, across every process of the run on this machine.
+    #: The server attaches its egress sidecar in `dns+nft` mode: phases without the
+    #: network and allow-lists are held by each sandbox's egress policy.
+    network_policy: StrictBool = False
     max_starting: int = Field(default=4, ge=1, le=100_000)
     starts_per_second: float = Field(default=10.0, gt=0, le=100_000)
 

@@ -35,6 +35,7 @@ from pytest_harbor.sandboxes.opensandbox.api import (
     Lifecycle,
     SandboxRecord,
 )
+from pytest_harbor.sandboxes.opensandbox.egress import EGRESS_PORT, EgressPolicy, policy_of
 from pytest_harbor.sandboxes.opensandbox.execd import Execd
 from pytest_harbor.sandboxes.opensandbox.images import RegistryImages
 from pytest_harbor.sandboxes.opensandbox.metadata import from_metadata, to_metadata
@@ -170,9 +171,10 @@ class OpenSandboxProvider:
         self.options = options
         self.capabilities = SandboxCapabilities(
             user_groups=True,
-            # OpenSandbox fixes a sandbox's egress when it starts, and in its default
-            # mode a deny-all policy still lets connections to addresses through.
-            network_off=False,
+            # Held by each sandbox's egress sidecar, when the server runs it in dns+nft
+            # mode (its default mode blocks names, not addresses).
+            network_off=options.network_policy,
+            network_allowlists=options.network_policy,
             builds=options.registry is not None,
             snapshots=False,
         )
@@ -231,6 +233,7 @@ class OpenSandboxProvider:
                     url, {**headers, "X-EXECD-ACCESS-TOKEN": token}, self.options.bounds()
                 )
                 _wait_for(execd, record.id, started, spec.ready_timeout_s or _EXECD_READY_S)
+                egress = self._egress(record) if self.options.network_policy else None
             except BaseException as error:
                 raise self._discarded(record, execd, spec, error) from None
         try:
@@ -243,11 +246,29 @@ class OpenSandboxProvider:
                 workdir=spec.workdir or "",
                 env=spec.env,
                 online=spec.network,
+                egress=egress,
             )
             _set_up(sandbox, spec)
             return sandbox
         except BaseException as error:
             raise self._discarded(record, execd, spec, error) from None
+
+    def _egress(self, record: SandboxRecord) -> EgressPolicy:
+        """The sandbox's egress sidecar, once it says it holds its policy on addresses."""
+        url, headers = self._lifecycle.endpoint(
+            record.id, EGRESS_PORT, self.options.use_server_proxy
+        )
+        egress = EgressPolicy(url, headers, self.options.bounds())
+        mode = egress.enforcement()
+        if "nft" not in mode.split("+"):
+            egress.close()
+            raise SandboxStartError(
+                f"sandbox {record.id}: its egress sidecar enforces in {mode!r} mode, which "
+                "blocks names, not addresses: a phase without the network or an allow-list "
+                "would not hold (run the server's egress with OPENSANDBOX_EGRESS_MODE="
+                "dns+nft, or leave sandbox_provider_options.network_policy unset)"
+            )
+        return egress
 
     def _discarded(
         self, record: SandboxRecord, execd: Execd | None, spec: SandboxSpec, error: BaseException
@@ -288,9 +309,11 @@ class OpenSandboxProvider:
         """SandboxStartError for a spec this provider cannot start as the engine needs."""
         if spec.group is not None:
             raise SandboxStartError("the opensandbox provider runs no Compose projects")
-        if not spec.network:
+        if not spec.network and not self.options.network_policy:
             raise SandboxStartError(
-                "the opensandbox provider cannot start a sandbox without the network"
+                "the opensandbox provider cannot start a sandbox without the network "
+                "unless the server holds egress policies (sandbox_provider_options."
+                "network_policy)"
             )
         if not self.images.runs_as_root(spec.image):
             raise SandboxStartError(
@@ -317,6 +340,9 @@ class OpenSandboxProvider:
                     timeout_s=max(60, math.ceil(min(ttl, 2**31))),
                     env={**spec.env, "EXECD_ACCESS_TOKEN": token},
                     metadata=to_metadata(spec.labels),
+                    network_policy=policy_of(spec.network, spec.allowed_hosts)
+                    if self.options.network_policy
+                    else None,
                 )
             except ApiError as error:
                 # A refusal for now made nothing: asked again, later and later.

@@ -38,6 +38,7 @@ from pytest_harbor.sandboxes.opensandbox.commands import (
     command_line,
     copy_lines,
 )
+from pytest_harbor.sandboxes.opensandbox.egress import EgressPolicy, policy_of
 from pytest_harbor.sandboxes.opensandbox.execd import CommandEnd, DownloadStream, Execd
 from pytest_harbor.sandboxes.opensandbox.users import Users, parse_user
 
@@ -77,6 +78,7 @@ class OpenSandboxSandbox:
         workdir: str = "",
         env: Mapping[str, str] | None = None,
         online: bool = True,
+        egress: EgressPolicy | None = None,
     ) -> None:
         self._id = sandbox_id
         self._lifecycle = lifecycle
@@ -87,6 +89,8 @@ class OpenSandboxSandbox:
         self._workdir = workdir
         self._env_has_home = "HOME" in (env or {})
         self._online = online
+        #: Its egress sidecar, when the server holds its policy (phases' networks).
+        self._egress = egress
         self._users = Users(self._read_file)
         self._stopped = False
         self._lock = threading.Lock()
@@ -383,12 +387,30 @@ class OpenSandboxSandbox:
     # ------------------------------------------------------------------------- the rest
 
     def set_network(self, enabled: bool) -> None:
-        if enabled == self._online:
-            return
-        raise SandboxError(
-            f"sandbox {self._id}: the opensandbox provider cannot take a sandbox's network "
-            "away or give it back"
-        )
+        self.set_egress(enabled, None)
+
+    def set_egress(
+        self, enabled: bool, hosts: tuple[str, ...] | None, relay: str | None = None
+    ) -> None:
+        """The phase's network, as the sandbox's egress policy (FiltersEgress)."""
+        if relay is not None:
+            raise SandboxError(
+                f"sandbox {self._id}: the opensandbox provider's sandboxes cannot reach the "
+                "model relay on this machine"
+            )
+        if self._egress is None:
+            if enabled == self._online and hosts is None:
+                return
+            raise SandboxError(
+                f"sandbox {self._id}: its network can be taken away, given back or held to "
+                "an allow-list only where the server holds egress policies "
+                "(sandbox_provider_options.network_policy)"
+            )
+        try:
+            self._egress.apply(policy_of(enabled, hosts))
+        except ApiError as error:
+            raise self._failed(error, "setting its network") from None
+        self._online = enabled
 
     def snapshot(self, labels: Mapping[str, str]) -> str:
         raise SandboxError("the opensandbox provider takes no snapshots")
@@ -415,6 +437,8 @@ class OpenSandboxSandbox:
             raise SandboxError(f"sandbox {self._id}: removal failed: {error}") from None
         finally:
             self._execd.close()
+            if self._egress is not None:
+                self._egress.close()
 
 
 #: The exit status of _PACK when the source is not there.
