@@ -119,6 +119,9 @@ class HarborSettings(BaseModel):
     default_episode_timeout_seconds: float = Field(default=21600.0, gt=0)
     cleanup_timeout_seconds: float = Field(default=180.0, gt=0)
     sandbox_ttl_slack_s: float = Field(default=900.0, ge=0)
+    #: A sandbox started ahead of its episode (while the one before it works) waits for
+    #: it at most this long, then is removed: the episode starts a fresh one.
+    started_ahead_idle_s: float = Field(default=600.0, gt=0)
     max_concurrent_episodes: int | None = Field(default=None, ge=1)
     queue_timeout_seconds: float | None = Field(default=None, gt=0)
     separate_verifier_for_artifacts: bool = False

@@ -23,6 +23,7 @@ from pytest_harbor.engine.admission import (
 )
 from pytest_harbor.engine.afresh import FreshStarts
 from pytest_harbor.engine.agent_phase import AgentPhase
+from pytest_harbor.engine.ahead import EarlyStart
 from pytest_harbor.engine.artifacts import collect_artifacts
 from pytest_harbor.engine.attempt import Attempt
 from pytest_harbor.engine.budget import EpisodeBudget, setup_seconds
@@ -31,7 +32,7 @@ from pytest_harbor.engine.context import EpisodeContext
 from pytest_harbor.engine.failures import EpisodeError, FailureKind, start_failure
 from pytest_harbor.engine.folders import EpisodeFolders
 from pytest_harbor.engine.harness_calls import HARNESS_GRACE_S, InProcessGate
-from pytest_harbor.engine.launcher import EarlyStart, SandboxLauncher
+from pytest_harbor.engine.launcher import SandboxLauncher
 from pytest_harbor.engine.model_access import ModelAccess
 from pytest_harbor.engine.processes import (
     end_processes_since,
@@ -192,9 +193,8 @@ class Episode:
             self.launcher.prepare()
 
     def prepare_images(self) -> None:
-        """Make every image the episode needs, as prepare() does (for a run that builds
-        them ahead of its episodes); raises EpisodeError when one cannot be made. It takes
-        no place on an engine: the images go where the provider makes unplaced ones."""
+        """Make every image the episode needs, as prepare() does, but on no engine's place
+        (a run that builds them ahead); raises EpisodeError when one cannot be made."""
         self.launcher.prepare(place=False)
 
     def start_early(self) -> None:

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING
 
 from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine.context import EpisodeContext
@@ -28,7 +27,6 @@ from pytest_harbor.sandboxes.base import (
     SandboxProvider,
     SandboxSpec,
     SandboxStartError,
-    TellsLiveness,
 )
 from pytest_harbor.sandboxes.compose.tasks import compose_spec
 from pytest_harbor.tasks.config import EnvironmentConfig
@@ -38,11 +36,9 @@ from pytest_harbor.threads import join
 if TYPE_CHECKING:
     from pytest_harbor.sandboxes.compose.project import ComposeSpec
 
-__all__ = ["Background", "SandboxLauncher", "stop_within"]
+__all__ = ["SandboxLauncher", "stop_within"]
 
 log = harbor_logger()
-
-T = TypeVar("T")
 
 
 class SandboxLauncher:
@@ -338,103 +334,6 @@ class SandboxLauncher:
 
     def stop(self, sandbox: Sandbox) -> None:
         stop_within(sandbox, self.settings.cleanup_timeout_seconds)
-
-
-class Background(Generic[T]):
-    """Two steps run in a thread of their own: `prepare()`, then `start()` (which gives
-    the result). What each raised is kept for the caller to raise in its own thread."""
-
-    def __init__(self, prepare: Callable[[], object], start: Callable[[], T]) -> None:
-        self.result: T | None = None
-        self.prepare_error: EpisodeError | None = None
-        self.start_error: EpisodeError | None = None
-        self._prepare = prepare
-        self._start = start
-        self._thread = threading.Thread(target=self._run, name="harbor-early", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._prepare()
-        except EpisodeError as error:
-            self.prepare_error = error
-            return
-        try:
-            self.result = self._start()
-        except EpisodeError as error:
-            self.start_error = error
-        except SandboxError as error:
-            self.start_error = start_failure(error)
-
-    def join(self) -> None:
-        join(self._thread)
-
-
-class EarlyStart:
-    """An episode's images made and sandbox started in the background, ahead of its
-    seed (Episode.start_early): with its survey too when nothing else starts in it at
-    the seed (taken while the episode before it still works)."""
-
-    def __init__(self, launcher: SandboxLauncher) -> None:
-        self._launcher = launcher
-        self._background: Background[tuple[Sandbox, SandboxSurvey | None]] | None = None
-
-    @property
-    def begun(self) -> bool:
-        return self._background is not None
-
-    def begin(self) -> None:
-        if self._background is None:
-            self._background = Background(self._launcher.prepare, self._start)
-
-    def _start(self) -> tuple[Sandbox, SandboxSurvey | None]:
-        sandbox = self._launcher.start_agent_sandbox()
-        if not self._launcher.nothing_starts_at_seed:
-            return sandbox, None
-        return sandbox, self._launcher.survey(sandbox)
-
-    def prepared(self) -> bool:
-        """Whether the images were made in the background (raises what that raised)."""
-        if self._background is None:
-            return False
-        self._background.join()
-        if self._background.prepare_error is not None:
-            raise self._background.prepare_error
-        return True
-
-    def take(self) -> tuple[Sandbox, SandboxSurvey | None] | None:
-        """The sandbox started ahead (raises what its start raised); None when none was,
-        or when the engine has lost it since (an engine restarted meanwhile): the seed
-        starts a fresh one then."""
-        background, self._background = self._background, None
-        if background is None:
-            return None
-        background.join()
-        if background.start_error is not None:
-            raise background.start_error
-        if background.result is not None:
-            sandbox = background.result[0]
-            try:
-                if isinstance(sandbox, TellsLiveness):
-                    alive = sandbox.alive()
-                else:
-                    status = sandbox.status()
-                    alive = status.present and status.running
-            except SandboxError:
-                alive = False
-            if not alive:
-                log.warning("sandbox %s, started ahead, is gone; starting a fresh one", sandbox.id)
-                self._launcher.stop(sandbox)
-                return None
-        return background.result
-
-    def abandon(self) -> Sandbox | None:
-        """At cleanup: the sandbox started ahead, for removal, whatever came of it."""
-        background, self._background = self._background, None
-        if background is None:
-            return None
-        background.join()
-        return None if background.result is None else background.result[0]
 
 
 def stop_within(sandbox: Sandbox, seconds: float) -> None:
