@@ -128,6 +128,8 @@ class CommandOutput:
         self.pre_failed = False
         self.read = 0
         self.capped = False
+        #: Said after the output when it could not be read back whole.
+        self.note = ""
 
     def take(self, kind: str, text: str) -> bool:
         self.read += len(text)
@@ -154,6 +156,8 @@ class CommandOutput:
             ).encode()
         if end.start_error:
             stderr += f"execd could not start the command: {end.start_error}\n".encode()
+        if self.note:
+            stderr += f"[{self.note}]\n".encode()
         status = self.status
         if status is None:
             status = end.exit_code if end.exit_code is not None else 137

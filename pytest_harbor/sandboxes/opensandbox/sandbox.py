@@ -40,7 +40,7 @@ from pytest_harbor.sandboxes.opensandbox.commands import (
 )
 from pytest_harbor.sandboxes.opensandbox.egress import EgressPolicy, policy_of
 from pytest_harbor.sandboxes.opensandbox.execd import CommandEnd, DownloadStream, Execd
-from pytest_harbor.sandboxes.opensandbox.users import Users, parse_user
+from pytest_harbor.sandboxes.opensandbox.users import Users, Who, parse_user
 
 __all__ = ["INPUT_FOLDER", "IO_FOLDER", "KEPT_FOLDER", "OpenSandboxSandbox"]
 
@@ -136,6 +136,23 @@ class OpenSandboxSandbox:
         timeout: float | None = None,
         stdin: bytes | None = None,
     ) -> ExecResult:
+        return self._exec(
+            command, user=user, workdir=workdir, env=env, timeout=timeout, stdin=stdin
+        )
+
+    def _exec(
+        self,
+        command: Sequence[str],
+        *,
+        user: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        recover: bool = True,
+    ) -> ExecResult:
+        """exec(); without `recover`, a stream that fails is an ApiError at once (the
+        reading back of a command's copy does not read back its own)."""
         spec = parse_user(user or self._user or "0:0")
         try:
             who = self._users.resolve(spec)
@@ -148,7 +165,8 @@ class OpenSandboxSandbox:
         mark = secrets.token_hex(16)
         # The copies are kept once the folder for them is there (the start's own command
         # runs before it is made).
-        keep = f"{KEPT_FOLDER}/{secrets.token_hex(16)}" if self._shell == SEALED_BUSYBOX else ""
+        sealed = self._shell == SEALED_BUSYBOX
+        keep = f"{KEPT_FOLDER}/{secrets.token_hex(16)}" if sealed and recover else ""
         settings = {
             "SHELL": self._shell,
             "NONCE": mark,
@@ -184,7 +202,7 @@ class OpenSandboxSandbox:
                 timeout_s=timeout,
             )
             if end.broken:
-                outcome, end = self._recovered(end, mark, keep, started, timeout)
+                outcome, end = self._recovered(end, mark, keep, started, timeout, who)
         except ApiError as error:
             raise self._failed(error, "exec") from None
         finally:
@@ -215,7 +233,13 @@ class OpenSandboxSandbox:
                 self._kept.setdefault(uid, []).extend((f"{keep}.1", f"{keep}.2"))
 
     def _recovered(
-        self, end: CommandEnd, mark: str, keep: str, started: float, timeout: float | None
+        self,
+        end: CommandEnd,
+        mark: str,
+        keep: str,
+        started: float,
+        timeout: float | None,
+        who: Who,
     ) -> tuple[CommandOutput, CommandEnd]:
         """A command whose stream failed, followed to its end by asking execd, and what
         it sent read again whole from its copies. An ApiError when its end cannot be
@@ -231,15 +255,33 @@ class OpenSandboxSandbox:
         ended = self._execd.wait(end.command_id, None if timeout is None else started + timeout)
         outcome = CommandOutput(mark)
         for kind, copy in (("stdout", f"{keep}.1"), ("stderr", f"{keep}.2")):
-            stream = self._execd.download(copy)
+            lines = self._copy(copy, who)
+            if lines is None:
+                outcome.note = "its output could not be read back after its stream failed"
+                break
+            if not all(outcome.take(kind, line) for line in lines):
+                break
+        return outcome, ended
+
+    def _copy(self, path: str, who: Who) -> Iterable[str] | None:
+        """The lines of a command's copy. Root's are read by execd: no one else may
+        touch them. Another user's copy is that user's to change (to a link, say), so it
+        is read as that user, and only what that user may read comes back; None when it
+        cannot be read so."""
+        if who.uid == 0:
+            stream = self._execd.download(path)
             if stream is None:
-                continue  # the wrapper did not get as far as making it
+                return ()
             try:
-                if not all(outcome.take(kind, line) for line in copy_lines(stream)):
-                    break
+                return list(copy_lines(stream))
             finally:
                 stream.close()
-        return outcome, ended
+        read = self._exec(
+            [TRUSTED_BUSYBOX, "cat", "--", path], user=f"{who.uid}:{who.gid}", recover=False
+        )
+        if read.exit_code != 0:
+            return None
+        return read.stdout_bytes.decode("ascii", "replace").splitlines()
 
     def _pending_work(self, uid: int) -> tuple[str, str, dict[str, str]]:
         """The engine's work to fold into a command of `uid`, taken: for root, a script
