@@ -9,6 +9,14 @@ machine's Docker engine, on 127.0.0.1), or a real server when OPENSANDBOX_DOMAIN
 
     .venv/bin/python bench/opensandbox.py [--starts 10] [--commands 200] [--tasks 24]
         [--workers 2 8] [--rounds 3]
+    .venv/bin/python bench/opensandbox.py --storm 64 [--server-limit 16]
+
+`--storm N` (against the fake only) starts N sandboxes at once, each from a provider of
+its own sharing one run's scratch folder (as N workers' providers do), against a fake
+that refuses creates past `--server-limit` at once (as a hosted server's limit does),
+first with the provider's default turns to start, then with no cap (max_starting = N,
+no pace): the time until all are up, the slowest start, the most creates the server saw
+at once, and how many it refused.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -83,6 +92,43 @@ def sandboxes(name: str, provider: SandboxProvider, starts: int, commands: int) 
         sandbox.stop()
 
 
+def storm(fake: FakeOpenSandbox, count: int, **options: object) -> str:
+    """`count` starts at once from `count` providers sharing a scratch folder."""
+    fake.most_creating = fake.refused_creates = 0
+    took: list[float] = []
+    failed: list[str] = []
+    lock = threading.Lock()
+    with tempfile.TemporaryDirectory(prefix="bench-storm-") as scratch:
+        context = ProviderContext(run_id="bench-storm", scratch_dir=Path(scratch))
+
+        def start() -> None:
+            provider = opensandbox_provider(options=options, context=context)
+            began = time.perf_counter()
+            try:
+                sandbox = provider.start(SandboxSpec(image=IMAGE, labels=LABELS, ttl_s=600))
+            except Exception as error:  # every failure is counted and shown
+                with lock:
+                    failed.append(str(error)[:200])
+                return
+            with lock:
+                took.append(time.perf_counter() - began)
+            sandbox.stop()
+
+        began = time.perf_counter()
+        threads = [threading.Thread(target=start) for _ in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        wall = time.perf_counter() - began
+    slowest = max(took) if took else float("nan")
+    return (
+        f"{len(took)}/{count} up in {wall:5.1f} s; slowest start {slowest:5.1f} s; "
+        f"at most {fake.most_creating} creates at once; {fake.refused_creates} refused (429); "
+        f"{len(failed)} failed" + (f": {failed[0]}" if failed else "")
+    )
+
+
 SIDES = {"docker": [], "opensandbox": ["--harbor-sandbox=opensandbox"]}
 
 
@@ -126,7 +172,27 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=24)
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 8])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--storm", type=int, default=0)
+    parser.add_argument("--server-limit", type=int, default=16)
     arguments = parser.parse_args()
+    if arguments.storm:
+        limited = FakeOpenSandbox(
+            docker.from_env(), api_key="bench-key", max_creating=arguments.server_limit
+        )
+        limited.start()
+        os.environ["OPENSANDBOX_DOMAIN"] = limited.domain
+        os.environ["OPENSANDBOX_API_KEY"] = "bench-key"
+        try:
+            count = arguments.storm
+            print(f"machine: {os.cpu_count()} CPUs; server limit {arguments.server_limit}")
+            print(f"turns (defaults):  {storm(limited, count)}")
+            print(
+                "no cap:            "
+                + storm(limited, count, max_starting=count, starts_per_second=100_000)
+            )
+        finally:
+            limited.stop()
+        return
     fake = None
     if not os.environ.get("OPENSANDBOX_DOMAIN"):
         fake = FakeOpenSandbox(docker.from_env(), api_key="bench-key", grace_s=1.0)

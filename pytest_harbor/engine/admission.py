@@ -227,8 +227,8 @@ def _offline(task: Task, provider: SandboxProvider) -> str | None:
         return (
             "the task has a phase without the network (network_mode = no-network), "
             f"which the {provider.name} sandboxes cannot go without as the provider is "
-            "set (sandbox_provider_options: network on docker, network_policy on "
-            "opensandbox)"
+            "set (sandbox_provider_options.network on docker, "
+            "sandbox_provider_options.network_policy on opensandbox)"
         )
     return None
 

@@ -171,7 +171,7 @@ class OpenSandboxSandbox:
             "SHELL": self._shell,
             "NONCE": mark,
             "DIR": workdir or self._workdir,
-            "HOME": "" if self._env_has_home or "HOME" in (env or {}) else who.home,
+            "HOME": self._home_for(who, env),
             "INPUT": "",
             "PRE": pre,
             "KEEP": keep,
@@ -214,6 +214,10 @@ class OpenSandboxSandbox:
             timeout is not None and end.signalled and time.monotonic() - started >= timeout * 0.95
         )
         return outcome.result(end, timed_out)
+
+    def _home_for(self, who: Who, env: Mapping[str, str] | None) -> str:
+        """The HOME a command gets (empty: the one it has), as Docker sets it."""
+        return "" if self._env_has_home or "HOME" in (env or {}) else who.home
 
     def _put_input(self, stdin: bytes, *, as_root: bool) -> str:
         """Where a command's stdin waits for it: root's where only root may go; anyone
