@@ -88,6 +88,20 @@ class AgentLogs:
     sandbox_dir: str
     host_dir: Path
 
+    def place(self, relative: str) -> Path:
+        """`host_dir / relative`, its folders below `host_dir` made. `host_dir` itself is
+        never made again: a harness that outlived its call (abandoned at a deadline or an
+        interrupted run) may write only while the run still keeps its folder, and gets
+        FileNotFoundError once the run has cleared it."""
+        target = self.host_dir / relative
+        folder = self.host_dir
+        for part in Path(relative).parent.parts:
+            folder = folder / part
+            folder.mkdir(exist_ok=True)
+        if not self.host_dir.is_dir():
+            raise FileNotFoundError(f"{self.host_dir} is gone")
+        return target
+
 
 class ModelGateSlot(Protocol):
     def release(self) -> None: ...

@@ -302,9 +302,7 @@ def _keep_files(context: TurnContext, patterns: list[str]) -> dict[str, bytes]:
             if source is None:
                 continue
             data = source.read(_KEPT_FILE_CAP)
-            target = context.logs.host_dir / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
+            context.logs.place(relative).write_bytes(data)
             kept[relative] = data
     except (tarfile.TarError, SandboxError, OSError) as error:
         # What was copied is kept; the rest is lost with the sandbox (a cap reached

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import tarfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 from pytest_harbor.harnesses.base import (
+    AgentLogs,
     AgentRun,
     Harness,
     HarnessSession,
@@ -32,6 +33,7 @@ __all__ = ["OracleHarness"]
 
 SOLUTION_DIR = "/solution"
 ORACLE_LOG = "/logs/agent/oracle.txt"
+_LOG_NAME = "oracle.txt"  # kept as agent/<episode>/oracle.txt
 _LOG_TAIL_BYTES = 4000
 #: How long reading the end of the log may take.
 _TAIL_TIMEOUT_S = 10.0
@@ -119,17 +121,16 @@ class _OracleSession:
 
 def _ran(context: TurnContext, result: ExecResult, *, read_back: bool = False) -> AgentRun:
     sandbox = context.sandbox
-    target = context.logs.host_dir / "oracle.txt"
     log = result.stdout_bytes
     whole = len(log) <= _READ_BACK_BYTES and _NOT_REGULAR not in result.stderr
     if read_back and whole and not result.timed_out:
         # The log came back with the exec: kept as it is, its end the tail.
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(log)
+        with contextlib.suppress(FileNotFoundError):  # the run has cleared its folder
+            context.logs.place(_LOG_NAME).write_bytes(log)
         failed = result.exit_code != 0
         tail = log[-_LOG_TAIL_BYTES:].decode("utf-8", "replace") if failed else ""
         return AgentRun(exit_code=result.exit_code, timed_out=False, log_tail=tail)
-    trouble = _keep_log(sandbox, target)
+    trouble = _keep_log(sandbox, context.logs)
     log_tail = ""
     if result.exit_code != 0 or result.timed_out:
         if trouble is not None:
@@ -155,8 +156,8 @@ def _ran(context: TurnContext, result: ExecResult, *, read_back: bool = False) -
     return AgentRun(exit_code=result.exit_code, timed_out=result.timed_out, log_tail=log_tail)
 
 
-def _keep_log(sandbox: Sandbox, target: Path) -> str | None:
-    """solve.sh's output (stdout and stderr), copied to `target` through the engine's
+def _keep_log(sandbox: Sandbox, logs: AgentLogs) -> str | None:
+    """solve.sh's output (stdout and stderr), copied to `logs` through the engine's
     archive API within LOG_FILE_COPY: its first LOG_CAP_BYTES, the cut marked. Returns
     why it could not be kept when it is not a regular file (solve.sh may have made it
     anything: a FIFO that would hold every reader) or the copy broke off or reached its
@@ -170,8 +171,7 @@ def _keep_log(sandbox: Sandbox, target: Path) -> str | None:
                 source = archive.extractfile(member) if member.isreg() else None
                 if source is None:
                     return f"(solve.sh's log {ORACLE_LOG} is not a regular file: not read)"
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with target.open("wb") as handle:
+                with logs.place(_LOG_NAME).open("wb") as handle:
                     handle.write(source.read(LOG_CAP_BYTES))
                     if member.size > LOG_CAP_BYTES:
                         cut = member.size - LOG_CAP_BYTES

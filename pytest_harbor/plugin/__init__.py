@@ -382,7 +382,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     run = session.config.stash.get(HARBOR_RUN, None)
     if run is None:
         return
-    errors = run.wait_for_cleanup()
+    run.wait_for_cleanup()
+    errors = run.cleanup_errors()
     if errors:
         warnings.warn(
             HarborWarning(f"{len(errors)} sandbox(es) could not be removed: {'; '.join(errors)}"),

@@ -186,7 +186,12 @@ class ResultRecorder:
         if spend is not None and spend.budget_reached and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """After pytest's own: an interrupted run's last items are torn down there. Their
+        sandboxes are removed in the background and their harness sessions closed there:
+        what a session's close writes is staged before the staging is settled."""
+        self.run.wait_for_cleanup()
         state = self.state
         state.builds.close()
         if session.config.option.collectonly or not state.planned.manifests:

@@ -226,6 +226,7 @@ class HarborRun:
         self.started_early: list[Episode] = []
         self._cleanups: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
+        self._cleanup_errors: list[str] = []
         self._watched = False
 
     @property
@@ -397,19 +398,23 @@ class HarborRun:
 
         self._pending.append(self._cleanups.submit(clean))
 
-    def wait_for_cleanup(self) -> list[str]:
+    def wait_for_cleanup(self) -> None:
         """Wait until every released sandbox is gone, those started early for a trial that
-        never ran included; return the errors met."""
+        never ran included (their harness sessions closed: nothing of theirs writes to
+        the run's folders after this); the errors met are kept for cleanup_errors()."""
         for episode in self.started_early:
             self.release(episode)
         self.started_early = []
-        errors = []
         pending, self._pending = self._pending, []
         for future in pending:
             try:
                 future.result()
             except Exception as error:
-                errors.append(str(error))
+                self._cleanup_errors.append(str(error))
+
+    def cleanup_errors(self) -> list[str]:
+        """The errors met removing sandboxes since the last call."""
+        errors, self._cleanup_errors = self._cleanup_errors, []
         return errors
 
     @property
