@@ -14,7 +14,7 @@ from pytest_harbor.sandboxes.base import SEALED_BUSYBOX, ExecResult
 from pytest_harbor.sandboxes.opensandbox.execd import CommandEnd
 from pytest_harbor.sandboxes.output import EXEC_OUTPUT_CAP, CappedOutput
 
-__all__ = ["SETTING", "SPAWN", "CommandOutput", "command_line", "copy_lines"]
+__all__ = ["JOINED", "SETTING", "SPAWN", "CommandOutput", "command_line", "copy_lines"]
 
 #: The base64 line width of the relays (execd sends a line per event).
 _LINE = 3072
@@ -89,6 +89,19 @@ SPAWN = (
 [ -z "$1" ] || cd -- "$1" || exit 126
 shift
 run "$@"
+"""
+)
+
+
+#: A command whose input and output are joined to the engine (terminal.py): $1 its
+#: folder (empty: execd's), $2 the folder of its FIFOs, then the command, found on PATH.
+JOINED = (
+    _RUN
+    + """unset EXECD EXECD_ENVS EXECD_ACCESS_TOKEN
+[ -z "$1" ] || cd -- "$1" || exit 126
+f=$2
+shift 2
+run "$@" <"$f/in" >"$f/out" 2>"$f/err"
 """
 )
 

@@ -217,6 +217,39 @@ class Execd:
             return None
         return body if isinstance(body, dict) else None
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """What every request carries (the endpoint's headers and the access token)."""
+        return dict(self._client.headers)
+
+    def start_terminal(self) -> str:
+        """A terminal session (`/pty`, execd 1.0.10 and later): its id. Its shell, root's,
+        starts when its WebSocket is first joined."""
+        doing = "opening a terminal session"
+        try:
+            response = self._client.post(self.url + "/pty", json={})
+        except httpx.HTTPError as error:
+            raise self._unanswered(doing, error) from None
+        if response.status_code in (404, 405, 501):
+            raise ApiError(
+                f"{doing}: this execd has no terminal API (execd 1.0.10 and later have)",
+                response.status_code,
+            )
+        if response.status_code != 200:
+            raise refusal(response, doing)
+        try:
+            session = json.loads(response.content).get("session_id")
+        except (ValueError, AttributeError):
+            session = None
+        if not isinstance(session, str) or not session:
+            raise ApiError(f"{doing}: execd named no session")
+        return session
+
+    def end_terminal(self, session_id: str) -> None:
+        """Delete a terminal session (its process group is killed); never fails."""
+        with contextlib.suppress(httpx.HTTPError):
+            self._client.delete(f"{self.url}/pty/{_segment(session_id)}")
+
     def interrupt(self, command_id: str) -> None:
         """End a command execd runs (a client that goes away does not end it)."""
         with contextlib.suppress(httpx.HTTPError):

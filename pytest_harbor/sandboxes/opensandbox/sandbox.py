@@ -40,6 +40,7 @@ from pytest_harbor.sandboxes.opensandbox.commands import (
 )
 from pytest_harbor.sandboxes.opensandbox.egress import EgressPolicy, policy_of
 from pytest_harbor.sandboxes.opensandbox.execd import CommandEnd, DownloadStream, Execd
+from pytest_harbor.sandboxes.opensandbox.terminal import Joining, TerminalPipe, open_joined
 from pytest_harbor.sandboxes.opensandbox.users import Users, Who, parse_user
 
 __all__ = ["INPUT_FOLDER", "IO_FOLDER", "KEPT_FOLDER", "OpenSandboxSandbox"]
@@ -301,7 +302,7 @@ class OpenSandboxSandbox:
                 kept = [path for paths in self._kept.values() for path in paths]
                 work = [
                     *self._unpacks,
-                    *(f"$B rm -f -- {shlex.quote(path)}" for path in self._done_with),
+                    *(f"$B rm -rf -- {shlex.quote(path)}" for path in self._done_with),
                 ]
                 puts = self._puts
                 self._unpacks, self._done_with, self._kept, self._puts = [], [], {}, {}
@@ -342,6 +343,28 @@ class OpenSandboxSandbox:
         except ApiError as error:
             raise self._failed(error, "starting a command") from None
         return _Spawned(self._execd, command_id)
+
+    def open_pipe(
+        self,
+        command: Sequence[str],
+        *,
+        user: str | None = None,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> TerminalPipe:
+        spec = parse_user(user or self._user or "0:0")
+        try:
+            who = self._users.resolve(spec)
+        except ApiError as error:
+            raise self._failed(error, "reading its users") from None
+        if who is None:
+            raise SandboxError(f"sandbox {self._id}: unable to find user {spec.name}")
+        home = self._home_for(who, env)
+        joining = Joining(self._execd, self._root, self._finished_with, INPUT_FOLDER, self._id)
+        envs = {**(env or {}), **({"HOME": home} if home else {}), "EXECD_ACCESS_TOKEN": ""}
+        return open_joined(
+            joining, command, uid=who.uid, gid=who.gid, workdir=workdir or self._workdir, envs=envs
+        )
 
     # --------------------------------------------------------------------------- files
 
