@@ -235,7 +235,7 @@ class Execd:
                 f"{doing}: this execd has no terminal API (execd 1.0.10 and later have)",
                 response.status_code,
             )
-        if response.status_code != 200:
+        if response.status_code not in (200, 201):
             raise refusal(response, doing)
         try:
             session = json.loads(response.content).get("session_id")

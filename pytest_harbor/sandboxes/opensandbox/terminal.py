@@ -152,13 +152,16 @@ def connect_terminal(
 
     doing = "joining a command's input and output"
     try:
-        connection = connect(
-            terminal_address(execd_url, session_id),
-            additional_headers=dict(headers),
-            open_timeout=bounds.request_s,
-            close_timeout=2,
-            compression=None,
-            max_size=None,
+        # Entered as a context (what websockets 17.1 and later ask), closed by the pipe.
+        connection = contextlib.ExitStack().enter_context(
+            connect(
+                terminal_address(execd_url, session_id),
+                additional_headers=dict(headers),
+                open_timeout=bounds.request_s,
+                close_timeout=2,
+                compression=None,
+                max_size=None,
+            )
         )
     except InvalidStatus as error:
         status = error.response.status_code
