@@ -7,7 +7,8 @@ digest, /tmp/osb/DIGEST.md, gives the evidence): creation is synchronous, delete
 expired sandboxes are gone, command output comes as bare JSON lines split on newlines,
 exit codes only through `error.evalue`. What it does not do (snapshots, volumes,
 platforms) it refuses with the real server's kind of error; routes it does not have
-(metadata patches, /code, /session, /pty, file search and moves) answer 404. Egress
+(metadata patches, /code, /session, file search and moves) answer 404. Terminal
+sessions (/pty) run in pipe mode only, over a WebSocket (pty.py, websocket.py). Egress
 policies are refused unless it is made with an `egress_mode` (as a server with an egress
 image): then egress.py serves the sidecar's API and enforces its policy. On purpose, it
 stalls and cuts what faults.py says, and refuses creates past `max_creating`."""

@@ -84,6 +84,11 @@ class _Execution:
         )
         return frames
 
+    def send(self, data: bytes) -> None:
+        """Writes to the process's stdin (an exec made with stdin=True); OSError once the
+        fake closed the socket."""
+        self._raw.sendall(data)
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._raw.shutdown(socket.SHUT_RDWR)

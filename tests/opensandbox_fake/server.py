@@ -21,7 +21,9 @@ from tests.opensandbox_fake.execd import _Commands
 from tests.opensandbox_fake.faults import Fault, Faults, cut
 from tests.opensandbox_fake.files import _Files
 from tests.opensandbox_fake.lifecycle import _Lifecycle
+from tests.opensandbox_fake.pty import _Ptys, _PtySession
 from tests.opensandbox_fake.records import _Command, _Sandbox
+from tests.opensandbox_fake.websocket import ServerWebSocket
 from tests.opensandbox_fake.wire import (
     GO_JSON,
     _error,
@@ -43,7 +45,7 @@ _COMMAND_STATUS = re.compile(r"^/command/status/([^/]+)$")
 _COMMAND_LOGS = re.compile(r"^/command/([^/]+)/logs$")
 
 
-class FakeOpenSandbox(_Lifecycle, _Commands, _Files):
+class FakeOpenSandbox(_Lifecycle, _Commands, _Files, _Ptys):
     """An OpenSandbox server (Docker runtime, bridge network, server-proxied execd) on
     127.0.0.1, serving from a thread of its own between start() and stop().
 
@@ -71,6 +73,8 @@ class FakeOpenSandbox(_Lifecycle, _Commands, _Files):
         self._lock = threading.Lock()
         self._sandboxes: dict[str, _Sandbox] = {}
         self._commands: dict[str, _Command] = {}
+        self._ptys: dict[str, _PtySession] = {}
+        self._websockets: set[ServerWebSocket] = set()
         self._expirations: dict[str, datetime] = {}
         self._timers: dict[str, threading.Timer] = {}
         self._server: ThreadingHTTPServer | None = None
@@ -105,7 +109,8 @@ class FakeOpenSandbox(_Lifecycle, _Commands, _Files):
         self._thread.start()
 
     def stop(self) -> None:
-        """Stops serving, cancels the expiry timers and removes every container it made."""
+        """Stops serving, cancels the expiry timers, cuts the terminal sessions'
+        WebSockets and removes every container it made (with their shells)."""
         with self._lock:
             timers = list(self._timers.values())
             self._timers.clear()
@@ -115,6 +120,7 @@ class FakeOpenSandbox(_Lifecycle, _Commands, _Files):
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        self._end_ptys()
         for container in self.sandbox_containers():
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 container.remove(force=True)
@@ -265,6 +271,8 @@ class FakeOpenSandbox(_Lifecycle, _Commands, _Files):
             handler.reply(200, _go_json(command.status()), GO_JSON)
         elif method == "GET" and logs:
             self._logs(handler, sandbox, logs[1], query)
+        elif path == "/pty" or path.startswith("/pty/"):
+            self._serve_pty(handler, sandbox, method, path, query, body)
         else:
             handler.reply(404, b"404 page not found", "text/plain")
 
