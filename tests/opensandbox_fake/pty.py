@@ -119,12 +119,12 @@ class _PtyClient:
         self.ready.wait()
         if self.over.is_set():
             return
-        self.over.set()
         if code is None:
             self.socket.cut()
-            return
-        self.send_json({"type": "exit", "exit_code": code})
-        self.socket.finish(1000, "process exited")
+        else:
+            self.send_json({"type": "exit", "exit_code": code})
+            self.socket.finish(1000, "process exited")
+        self.over.set()
 
     def keep_alive(self) -> None:
         while not self.over.wait(PING_INTERVAL_S):
@@ -161,7 +161,7 @@ def _go_kind(value: object) -> str:
 
 def _parse_create(body: bytes) -> tuple[str, str]:
     """CreatePTYSessionRequest (cwd, command) as Go's json.Decoder reads it: the first
-    value only, no body at all allowed."""
+    value only, an empty body allowed."""
     text = body.decode("utf-8", "replace").lstrip(" \t\r\n")
     if not text:
         return "", ""
