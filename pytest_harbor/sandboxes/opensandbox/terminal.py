@@ -56,6 +56,8 @@ _JOINER = (
 #: then holds the output: back-pressure, not loss).
 _QUEUED_CHUNKS = 256
 _STDIN, _STDOUT, _STDERR = 0x00, 0x01, 0x02
+#: How long a close waits for execd to end the connection after the shell is killed.
+_CLOSE_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ def connect_terminal(
                 terminal_address(execd_url, session_id),
                 additional_headers=dict(headers),
                 open_timeout=bounds.request_s,
-                close_timeout=2,
+                close_timeout=1,
                 compression=None,
                 max_size=None,
             )
@@ -275,6 +277,11 @@ class TerminalPipe:
 
         with contextlib.suppress(WebSocketException, OSError):
             self._connection.send(json.dumps({"type": "signal", "signal": "SIGKILL"}))
+        # The killed shell's end closes the socket from execd's side at once; a close of
+        # ours before that would wait out its timeout (execd leaves a client-closed
+        # connection open).
+        if threading.current_thread() is not self._reader:
+            self._reader.join(timeout=_CLOSE_WAIT_S)
         with contextlib.suppress(WebSocketException, OSError):
             self._connection.close()
         self._ended_hook()
