@@ -24,7 +24,7 @@ import docker.errors
 import httpx
 import pytest
 
-from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL
+from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL, TASK_LABEL
 from pytest_harbor.run.reaper import reap_orphans
 from pytest_harbor.sandboxes import SandboxSpec
 from pytest_harbor.sandboxes.base import (
@@ -357,6 +357,30 @@ def test_a_server_that_will_not_answer_stops_the_run_with_one_message(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert words in result.stderr.str()
     assert value not in result.stderr.str() or variable == "OPENSANDBOX_DOMAIN"
+
+
+def test_naming_a_server_pool_stops_the_run_saying_why(
+    pytester: pytest.Pytester, environ: None, provider: OpenSandboxProvider, dataset: Dataset
+) -> None:
+    """A pooled sandbox's command daemon cannot be this run's alone (docs/opensandbox.md,
+    Server pools): the run stops before anything starts, naming the option, and the
+    server has no sandbox of the run's."""
+    dataset.task("pooled")
+    result = run_harbor(
+        pytester,
+        dataset,
+        "--harbor-sandbox=opensandbox",
+        '--harbor-set=sandbox_provider_options.pools={"debian:bookworm-slim": "warm"}',
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    said = result.stderr.str()
+    assert "sandbox_provider_options: pools: the opensandbox provider does not start" in said
+    assert "task executor" in said
+    assert not [
+        labels
+        for _, labels in provider.labelled(TASK_LABEL)
+        if labels[TASK_LABEL].startswith(f"{dataset.name}/")
+    ]
 
 
 def test_a_spawned_command_tells_its_exit_code_and_output(sandbox: OpenSandboxSandbox) -> None:

@@ -154,6 +154,22 @@ def test_create_refuses_what_the_real_server_refuses(api: httpx.Client) -> None:
             "message": "egress.image must be configured when networkPolicy is provided.",
         },
     )
+    # A pool's create needs no image, entrypoint or limits (schema.py), and the Docker
+    # runtime refuses it (docker_service.py).
+    pooled = api.post(
+        "/sandboxes",
+        json=create_body(
+            image=None, entrypoint=None, resourceLimits=None, extensions={"poolRef": "warm"}
+        ),
+    )
+    assert (pooled.status_code, pooled.json()) == (
+        400,
+        {
+            "code": "SANDBOX::UNSUPPORTED_POOL_REF",
+            "message": "poolRef is not supported by the Docker provider. "
+            "Use Kubernetes BatchSandbox provider instead.",
+        },
+    )
     missing = api.post("/sandboxes", json=create_body(image={"uri": "no-such-image:never"}))
     assert (missing.status_code, missing.json()["code"]) == (
         500,

@@ -15,7 +15,7 @@ from pytest_harbor.sandboxes.base import ProviderOptionsError
 from pytest_harbor.sandboxes.opensandbox.commands import CommandOutput
 from pytest_harbor.sandboxes.opensandbox.execd import CommandEnd, read_command_events
 from pytest_harbor.sandboxes.opensandbox.metadata import from_metadata, to_metadata
-from pytest_harbor.sandboxes.opensandbox.options import read_options
+from pytest_harbor.sandboxes.opensandbox.options import POOL_KEYS, read_options
 from pytest_harbor.sandboxes.opensandbox.provider import _cpu
 from pytest_harbor.sandboxes.opensandbox.users import Users, Who, parse_user
 
@@ -227,3 +227,16 @@ def test_the_server_and_key_come_from_the_environment() -> None:
     named = read_options({"api_key_env": "MY_KEY"})
     with pytest.raises(ProviderOptionsError, match="MY_KEY is not set"):
         named.key(environ)
+
+
+@pytest.mark.parametrize("key", POOL_KEYS)
+def test_a_server_pool_is_refused_by_name_with_the_reason(key: str) -> None:
+    """Whatever the value, well formed or not: a pooled sandbox's command daemon cannot
+    be this run's alone (docs/opensandbox.md, Server pools)."""
+    for value in ({"debian:bookworm-slim": "warm"}, "warm", None):
+        with pytest.raises(ProviderOptionsError) as raised:
+            read_options({"registry": "registry.example:5000", key: value})
+        message = str(raised.value)
+        assert message.startswith(f"{key}: the opensandbox provider does not start sandboxes")
+        assert "task executor" in message and "token" in message
+        assert "Server pools" in message

@@ -2,7 +2,8 @@
 
 The server's address and the name of the variable holding its key default to what the
 reference design and OpenSandbox's own SDK read from the environment; the key itself is
-never an option, so it is never written where the run records its settings."""
+never an option, so it is never written where the run records its settings. Neither is
+a server's pool: a pooled sandbox's command daemon cannot be the run's alone."""
 
 from __future__ import annotations
 
@@ -24,13 +25,31 @@ from pydantic import (
 from pytest_harbor.sandboxes.base import ProviderOptionsError
 from pytest_harbor.sandboxes.opensandbox.api import Bounds
 
-__all__ = ["DOMAIN_VARIABLES", "KEY_VARIABLES", "OpenSandboxOptions", "read_options"]
+__all__ = [
+    "DOMAIN_VARIABLES",
+    "KEY_VARIABLES",
+    "POOL_KEYS",
+    "OpenSandboxOptions",
+    "read_options",
+]
 
 #: Where the server's address is read from when the options name none: the reference's
 #: name first, then the OpenSandbox SDK's.
 DOMAIN_VARIABLES = ("OPENSANDBOX_DOMAIN", "OPEN_SANDBOX_DOMAIN")
 #: The variables the key is read from, in that order, unless `api_key_env` names one.
 KEY_VARIABLES = ("OPENSANDBOX_API_KEY", "OPEN_SANDBOX_API_KEY")
+
+#: The keys that would start sandboxes from the server's pools, refused saying why
+#: (docs/opensandbox.md, "Server pools").
+POOL_KEYS = ("pools", "pool", "pool_ref", "poolRef")
+_NO_POOLS = (
+    "the opensandbox provider does not start sandboxes from the server's pools: a pooled "
+    "sandbox gets the run's environment, and its command daemon the run's token, only "
+    "through the pool's task executor, which runs as root whatever any process in the "
+    "sandbox asks of it and keeps the token where every user reads it; without one, the "
+    "daemon answers without the run's token. Leave it out: each sandbox is created from "
+    "the task's image (docs/opensandbox.md, Server pools)"
+)
 
 _REGISTRY = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[a-z0-9._/-]+)?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
@@ -128,6 +147,9 @@ def read_options(options: Mapping[str, Any]) -> OpenSandboxOptions:
             "api_key: the key is a secret and the run records its options; name the "
             "variable that holds it instead (api_key_env), or set OPENSANDBOX_API_KEY"
         )
+    pooled = next((key for key in POOL_KEYS if key in options), None)
+    if pooled is not None:
+        raise ProviderOptionsError(f"{pooled}: {_NO_POOLS}")
     try:
         return OpenSandboxOptions.model_validate(dict(options))
     except ValidationError as error:
