@@ -1,11 +1,13 @@
 """The opensandbox provider against the docker provider on the same engine: a sandbox's
-start, one command (`echo ok`), the claim of a sandbox started ahead to its first
+start, one command (`echo ok`), a joined command (`cat`: its opening, a line there and
+back, its closing), the claim of a sandbox started ahead to its first
 command, and the wall time per episode over trivial tasks through the oracle at -n 2
 and -n 8, the two providers' runs taken in turns (so that the machine's load falls on
 both alike), with the median of the seed (the claim of the sandbox started ahead to the
 agent's start) from each run's rows. The opensandbox side runs against the fake server
 of the test suite (tests/opensandbox_fake/: the lifecycle API and execd's, over this
-machine's Docker engine, on 127.0.0.1), or a real server when OPENSANDBOX_DOMAIN is set.
+machine's Docker engine, on 127.0.0.1), or a real server when OPENSANDBOX_DOMAIN is set;
+with the fake, the CPU it spent serving each episode is printed too.
 
     .venv/bin/python bench/opensandbox.py [--starts 10] [--commands 200] [--tasks 24]
         [--workers 2 8] [--rounds 3]
@@ -43,6 +45,7 @@ from pytest_harbor.sandboxes import SandboxSpec
 from pytest_harbor.sandboxes.base import ProviderContext, SandboxProvider, TellsLiveness
 from pytest_harbor.sandboxes.docker import DockerProvider
 from pytest_harbor.sandboxes.opensandbox import opensandbox_provider
+from pytest_harbor.sandboxes.pipes import OpensPipes
 from tests.opensandbox_fake import FakeOpenSandbox
 
 LABELS = {"pytest-harbor.run": "bench-opensandbox"}
@@ -88,6 +91,22 @@ def sandboxes(name: str, provider: SandboxProvider, starts: int, commands: int) 
         sandbox.exec(["echo", "ok"], timeout=30)
         run = lambda: sandbox.exec(["echo", "ok"], timeout=30)  # noqa: E731
         print(f"{name:12s} one command    {median_ms(timed(run, commands))}")
+        assert isinstance(sandbox, OpensPipes)
+        opened, echoed, closed = [], [], []
+        for _ in range(max(3, starts)):
+            began = time.perf_counter()
+            pipe = sandbox.open_pipe(["cat"])
+            opened.append(time.perf_counter() - began)
+            began = time.perf_counter()
+            pipe.send(b"x\n")
+            pipe.receive(timeout=30)
+            echoed.append(time.perf_counter() - began)
+            began = time.perf_counter()
+            pipe.close()
+            closed.append(time.perf_counter() - began)
+        print(f"{name:12s} pipe: open     {median_ms(opened)}")
+        print(f"{name:12s} pipe: echo     {median_ms(echoed)}")
+        print(f"{name:12s} pipe: close    {median_ms(closed)}")
     finally:
         sandbox.stop()
 
@@ -132,12 +151,19 @@ def storm(fake: FakeOpenSandbox, count: int, **options: object) -> str:
 SIDES = {"docker": [], "opensandbox": ["--harbor-sandbox=opensandbox"]}
 
 
-def episodes(tasks: int, workers: list[int], rounds: int) -> dict[tuple[str, int], float]:
+def fake_cpu(per_episode: list[float]) -> str:
+    return f"; the fake server's CPU {statistics.median(per_episode) * 1000:4.0f} ms per episode"
+
+
+def episodes(
+    tasks: int, workers: list[int], rounds: int, *, fake_here: bool
+) -> dict[tuple[str, int], float]:
     """Per provider and worker count: the median over `rounds` of the wall time per
     episode, once pytest's own start-up (the same run with every item deselected) is
     taken off; the two providers' runs alternate."""
     costs: dict[tuple[str, int], list[float]] = {}
     seeds: dict[tuple[str, int], list[float]] = {}
+    served: dict[tuple[str, int], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-opensandbox-") as scratch:
         dataset = make_dataset(Path(scratch), tasks)
         for count in workers:
@@ -147,7 +173,11 @@ def episodes(tasks: int, workers: list[int], rounds: int) -> dict[tuple[str, int
                     extra = SIDES[name]
                     out = Path(scratch) / f"out-{name}-{count}-{round_}"
                     fixed, _, _ = pytest_run(dataset, count, out, *extra, "-k", "no-such-task")
+                    # This process's CPU while the run goes: the fake server's alone (the
+                    # benchmark itself only waits), when it serves the run.
+                    cpu = time.process_time()
                     elapsed, code, output = pytest_run(dataset, count, out, *extra)
+                    served.setdefault((name, count), []).append((time.process_time() - cpu) / tasks)
                     if code != 0:
                         sys.exit(f"the {name} run at -n {count} failed ({code}):\n{output[-3000:]}")
                     costs.setdefault((name, count), []).append((elapsed - fixed) / tasks)
@@ -161,6 +191,7 @@ def episodes(tasks: int, workers: list[int], rounds: int) -> dict[tuple[str, int
                     f"{name:12s} -n {count}: {statistics.median(spent) * 1000:6.0f} ms per "
                     f"episode (rounds: {', '.join(f'{cost * 1000:.0f}' for cost in spent)}); "
                     f"seed median {statistics.median(seeds[name, count]) * 1000:5.0f} ms"
+                    + (fake_cpu(served[name, count]) if name == "opensandbox" and fake_here else "")
                 )
     return {key: statistics.median(spent) for key, spent in costs.items()}
 
@@ -208,7 +239,9 @@ def main() -> None:
             arguments.starts,
             arguments.commands,
         )
-        costs = episodes(arguments.tasks, arguments.workers, arguments.rounds)
+        costs = episodes(
+            arguments.tasks, arguments.workers, arguments.rounds, fake_here=fake is not None
+        )
         for count in arguments.workers:
             ratio = costs["opensandbox", count] / costs["docker", count]
             print(f"-n {count}: an episode on opensandbox costs {ratio:4.2f}x the docker one's")
