@@ -152,6 +152,10 @@ class HarborSettings(BaseModel):
     reach: list[str] = []
     task_mcp_grants: Literal["off", "optional", "required"] = "off"
     turn_sessions: Literal["fresh", "continue"] = "fresh"
+    #: pytest-harbor's own: a multi-step episode's reward over the steps that ran (the
+    #: reference's rule) or over every declared step, one that did not run counting 0
+    #: (an agent cannot raise its mean by ending the episode early).
+    multi_step_rollup: Literal["ran", "declared"] = "ran"
     compose_variables: dict[str, str] = {}
     compose_overlay: ComposeOverlay | None = None
     agent_outcome_policy: AgentOutcomePolicy = AgentOutcomePolicy()

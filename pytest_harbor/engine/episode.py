@@ -264,7 +264,8 @@ class Episode:
         if attempt.survey is None:
             attempt.survey = self.launcher.survey(sandbox)
         attempt.users.learn(attempt.survey.ids, self._image_user())
-        if self._verifier.name in (SharedVerifier.name, SnapshotVerifier.name):
+        shares = self._verifier.name in (SharedVerifier.name, SnapshotVerifier.name)
+        if shares and not self.context.harness.trusted:
             refuse_secrets_beside_root(
                 self.task,
                 lambda turn: attempt.users.agent_id(turn, self._image_user),
@@ -412,8 +413,7 @@ class Episode:
             if room <= 0:
                 raise clock.timed_out("the agent")
             budget = room
-        # A harness that overruns gets a little time to wind down, from what the
-        # verifier's share leaves (at least a second).
+        # An overrunning harness winds down in what the verifier's share leaves (>= 1 s).
         spare = room - budget + grace_s
         return self._agent.run_turn(
             sandbox,

@@ -10,7 +10,7 @@ from pathlib import Path
 from pytest_harbor.engine.context import EpisodeContext
 from pytest_harbor.engine.failures import FailureKind
 from pytest_harbor.engine.results import EpisodeResult, PhaseTimings, TurnResult, TurnTimings
-from pytest_harbor.engine.rollup import roll_up
+from pytest_harbor.engine.rollup import RollUp, roll_up
 from pytest_harbor.engine.verification import VerifierRun
 from pytest_harbor.harnesses.base import AgentRun, Usage
 from pytest_harbor.tasks import Turn
@@ -88,6 +88,21 @@ def turn_result(
     )
 
 
+def _rolled(
+    context: EpisodeContext,
+    turns: Sequence[TurnResult],
+    stopped_after: str | None,
+    stop_reason: str | None,
+) -> RollUp:
+    """The turns rolled up by the task's strategy, over the declared steps with the strict
+    roll-up (`multi_step_rollup = declared`), else over those that ran."""
+    task = context.task
+    strategy = task.config.multi_step_reward_strategy or "mean"
+    strict = task.config.is_multi_step and context.settings.multi_step_rollup == "declared"
+    declared = [turn.name for turn in task.turns] if strict else None
+    return roll_up(turns, strategy, stopped_after, stop_reason, declared=declared)
+
+
 def episode_result(
     context: EpisodeContext,
     turns: Sequence[TurnResult],
@@ -102,8 +117,7 @@ def episode_result(
     of attempts given up for a retry."""
     task, clock, oracle = context.task, context.clock, context.harness.validates
     last = turns[-1]
-    strategy = task.config.multi_step_reward_strategy or "mean"
-    rolled = roll_up(turns, strategy, stopped_after, stop_reason)
+    rolled = _rolled(context, turns, stopped_after, stop_reason)
     exit_codes = [turn.agent_exit_code for turn in turns]
     usages = [turn.usage for turn in turns if turn.usage is not None]
     causes = [turn.failure_cause for turn in turns if turn.failure_cause]

@@ -27,15 +27,26 @@ def roll_up(
     strategy: str,
     stopped_after: str | None = None,
     stop_reason: str | None = None,
+    *,
+    declared: Sequence[str] | None = None,
 ) -> RollUp:
     """`mean`: over every turn that ran, a turn without a valid reward counting 0 on every
-    key and a key a turn lacks counting 0; `final`: the last turn that ran. One masked turn
-    masks the episode. The failure is the stopping turn's (`harbor:min_reward_missed` when
-    its only fault was its gate), else the first turn's that has one."""
+    key and a key a turn lacks counting 0; `final`: the last turn that ran. With the
+    `declared` steps (the strict roll-up), a step that did not run counts as a turn with
+    0 on every key: the mean is over every declared step, and `final` is the last declared
+    step's, 0 when it did not run. One masked turn masks the episode. The failure is the
+    stopping turn's (`harbor:min_reward_missed` when its only fault was its gate), else the
+    first turn's that has one."""
+    counted: Sequence[TurnResult | None] = turns
+    if declared is not None:
+        ran = {turn.step: turn for turn in turns}
+        counted = [ran.get(step) for step in declared]
     if strategy == "final":
-        reward, rewards = turns[-1].reward, turns[-1].verifier_rewards
+        last = counted[-1]
+        reward = last.reward if last is not None else 0.0
+        rewards = last.verifier_rewards if last is not None else _zeros(turns)
     else:
-        reward, rewards = _mean_rewards(turns)
+        reward, rewards = _mean_rewards(counted)
     kind, reason = _episode_failure(turns, stopped_after, stop_reason)
     modes = {turn.verifier_mode for turn in turns}
     return RollUp(
@@ -48,14 +59,26 @@ def roll_up(
     )
 
 
-def _mean_rewards(turns: Sequence[TurnResult]) -> tuple[float, dict[str, float] | None]:
-    """The mean reward and the mean of each key any turn has, a missing key counting 0;
-    no keys at all is None, as for a turn without a valid reward."""
-    keys = sorted({key for turn in turns for key in (turn.verifier_rewards or {})})
-    rewards = {
-        key: mean((turn.verifier_rewards or {}).get(key, 0.0) for turn in turns) for key in keys
-    }
-    return mean(turn.reward for turn in turns), rewards or None
+def _mean_rewards(
+    turns: Sequence[TurnResult | None],
+) -> tuple[float, dict[str, float] | None]:
+    """The mean reward and the mean of each key any turn has, a missing key counting 0 (a
+    step that did not run, None, counts 0 on every key); no keys at all is None, as for a
+    turn without a valid reward."""
+    ran = [turn for turn in turns if turn is not None]
+    keys = sorted({key for turn in ran for key in (turn.verifier_rewards or {})})
+    rewards = {key: mean(_key(turn, key) for turn in turns) for key in keys}
+    return mean(0.0 if turn is None else turn.reward for turn in turns), rewards or None
+
+
+def _key(turn: TurnResult | None, key: str) -> float:
+    return 0.0 if turn is None else (turn.verifier_rewards or {}).get(key, 0.0)
+
+
+def _zeros(turns: Sequence[TurnResult]) -> dict[str, float] | None:
+    """0 on every key a turn that ran had; None when none had any."""
+    keys = {key for turn in turns for key in (turn.verifier_rewards or {})}
+    return {key: 0.0 for key in sorted(keys)} or None
 
 
 def _episode_failure(

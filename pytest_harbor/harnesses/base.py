@@ -264,6 +264,10 @@ class Harness(Protocol):
     name: str
     #: True for the oracle: outcomes follow the validation contract (reward 1, exit 0).
     validates: ClassVar[bool] = False
+    #: True for a harness that runs only the task's own code or the engine's (the oracle,
+    #: `nop`, the author check's probe): nothing under evaluation shares a sandbox with
+    #: the verifier's secrets, so a root one is not refused beside them.
+    trusted: ClassVar[bool] = False
     #: Whether one session can carry on across the turns of a multi-step task.
     can_continue: ClassVar[bool] = False
     #: Whether the harness talks to a model (`--harbor-model` and `--harbor-model-url`).

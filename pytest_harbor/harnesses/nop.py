@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from pytest_harbor.harnesses.base import (
     AgentRun,
@@ -19,6 +19,7 @@ __all__ = ["NopHarness"]
 
 class NopHarness(Harness):
     name = "nop"
+    trusted: ClassVar[bool] = True
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         no_options(self.name, options or {})

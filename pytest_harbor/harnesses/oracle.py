@@ -65,6 +65,7 @@ class OracleHarness(Harness):
 
     name = "oracle"
     validates: ClassVar[bool] = True
+    trusted: ClassVar[bool] = True
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         no_options(self.name, options or {})

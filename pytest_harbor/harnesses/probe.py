@@ -22,7 +22,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pytest_harbor.harnesses.base import (
     AgentRun,
@@ -59,6 +59,7 @@ _ABSOLUTE = re.compile(r"(?<![\w/$.-])(/[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)+)")
 
 class ProbeHarness(Harness):
     name = "probe"
+    trusted: ClassVar[bool] = True
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         no_options(self.name, options or {})

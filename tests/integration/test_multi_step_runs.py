@@ -403,3 +403,23 @@ def test_a_partly_selected_episode_writes_a_partial_row_that_resume_runs_in_full
     (row,) = dataset.rows(pytester.path / "out")
     assert row["partial"] is False
     assert [turn["step"] for turn in row["turns"]] == ["01-a", "02-b"]
+
+
+def test_the_strict_rollup_counts_the_steps_an_early_stop_left_out(
+    pytester: pytest.Pytester, dataset: Dataset
+) -> None:
+    """Step one passes, step two's verifier writes no reward (the episode stops there),
+    step three never runs: over the steps that ran the mean is 0.5, above failing two
+    and three honestly (1/3); counted over the declared steps it is 1/3."""
+    multi_step(
+        dataset,
+        "stops-early",
+        {"one": ("true\n", PASS), "two": ("true\n", "true\n"), "three": ("true\n", PASS)},
+    )
+    run_harbor(pytester, dataset, "--harbor-results-dir=ran")
+    (row,) = dataset.rows(pytester.path / "ran")
+    assert (row["reward"], row["stopped_after_turn"]) == (0.5, "two")
+    run_harbor(pytester, dataset, "--harbor-set=multi_step_rollup=declared")
+    (row,) = dataset.rows(pytester.path / "out")
+    assert row["reward"] == pytest.approx(1 / 3)
+    assert row["stopped_after_turn"] == "two"

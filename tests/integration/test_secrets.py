@@ -134,6 +134,46 @@ def test_the_secrets_fingerprint_is_keyed_by_the_results_folder(
 
 
 ROOT_AGENT_KEYED = KEYED.replace('[agent]\nuser = "nobody"\n', "")
+#: An agent under evaluation that does what the task's solve.sh says, as the agent's user:
+#: the task's code, but run as an agent is (the oracle and `nop` are not refused).
+SOLVE_AS_AGENT = """
+from pytest_harbor.harnesses.base import AgentRun, Harness
+
+
+class _Session:
+    def run_turn(self, context):
+        script = (context.turn.solution_dir / "solve.sh").read_text()
+        ran = context.sandbox.exec(
+            ["bash", "-c", script], user=context.agent_user, workdir=context.workdir,
+            timeout=context.deadline.remaining(),
+        )
+        return AgentRun(exit_code=ran.exit_code)
+
+    def close(self, context):
+        pass
+
+
+class SolveAsAgent(Harness):
+    name = "solve-as-agent"
+
+    def __init__(self, options=None):
+        pass
+
+    def open_session(self, context):
+        return _Session()
+
+
+def pytest_harbor_harnesses():
+    return {"solve-as-agent": SolveAsAgent}
+"""
+AS_AGENT = "--harbor-agent=solve-as-agent"
+
+
+def as_agent(pytester: pytest.Pytester) -> str:
+    pytester.makeconftest(SOLVE_AS_AGENT)
+    return AS_AGENT
+
+
 #: A root agent's process left behind that copies every environment it can read.
 ENVIRONMENT_THIEF = (
     "cat > /tmp/steal.sh <<'EOF'\n"
@@ -156,14 +196,48 @@ def test_a_secret_is_not_handed_to_a_verifier_beside_a_root_agent(
         solve_sh=ENVIRONMENT_THIEF,
         test_sh='echo "$TOKEN" > /tmp/handed; echo 1 > /logs/verifier/reward.txt\n',
     )
-    result = run_harbor(pytester, dataset, "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN")
+    result = run_harbor(
+        pytester, dataset, as_agent(pytester), "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN"
+    )
     result.assert_outcomes(errors=1)
-    (failure,) = dataset.failures(pytester.path / "out")
+    (failure,) = dataset.failures(pytester.path / "out", validation=False)
     assert failure["failure_kind"] == "harbor:task_refused"
     reason = str(failure["failure_reason"])
     assert "API_TOKEN" in reason and "[verifier.environment]" in reason
     assert "[agent] user" in reason
     assert SECRET not in result.stdout.str()
+
+
+def test_the_oracle_and_nop_run_beside_a_secret_as_any_verification_does(
+    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """solve.sh is the task's own code, as trusted as the test.sh that gets the secret,
+    and `nop` is the engine's: a task author's oracle check of an LLM-judge task runs,
+    its secret masked everywhere, under a root agent as under any other."""
+    monkeypatch.setenv("MY_API_TOKEN", SECRET)
+    dataset.task(
+        "judged",
+        toml=ROOT_AGENT_KEYED,
+        solve_sh="echo 42 > /tmp/answer\n",
+        test_sh=(
+            f'echo "judge with $TOKEN"\n'
+            f'if [ "$TOKEN" = {SECRET} ] && [ -s /tmp/answer ]; then\n'
+            "  echo 1 > /logs/verifier/reward.txt\n"
+            "else echo 0 > /logs/verifier/reward.txt; fi\n"
+        ),
+    )
+    given = "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN"
+    oracle = run_harbor(pytester, dataset, given, "-rA")
+    oracle.assert_outcomes(passed=1)
+    (row,) = dataset.rows(pytester.path / "out")
+    assert row["reward"] == 1.0
+    assert SECRET not in oracle.stdout.str() + oracle.stderr.str()
+    written = [path for path in (pytester.path / "out").rglob("*") if path.is_file()]
+    assert written and not any(SECRET.encode() in path.read_bytes() for path in written)
+    nop = run_harbor(pytester, dataset, given, "--harbor-agent=nop")
+    assert dataset.failures(pytester.path / "out", validation=False) == [], nop.stdout.str()
+    (row,) = dataset.rows(pytester.path / "out", validation=False)
+    assert row["reward"] == 0.0
 
 
 #: A root agent's wrapper over the image's bash, which the verifier runs test.sh with:
@@ -195,11 +269,12 @@ def test_a_root_agent_verified_from_a_snapshot_gets_no_secret(
     result = run_harbor(
         pytester,
         dataset,
+        as_agent(pytester),
         "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN",
         "--harbor-set=verify_from_snapshot=true",
     )
     result.assert_outcomes(errors=1)
-    (failure,) = dataset.failures(pytester.path / "out")
+    (failure,) = dataset.failures(pytester.path / "out", validation=False)
     assert failure["failure_kind"] == "harbor:task_refused"
     reason = str(failure["failure_reason"])
     assert "snapshot" in reason and "[verifier.environment]" in reason
@@ -245,9 +320,11 @@ def test_a_root_agent_of_an_earlier_step_refuses_a_later_steps_secret(
             )
         },
     )
-    result = run_harbor(pytester, dataset, "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN")
+    result = run_harbor(
+        pytester, dataset, as_agent(pytester), "--harbor-set=secrets.API_TOKEN=env:MY_API_TOKEN"
+    )
     assert result.parseoutcomes().get("passed", 0) == 0
-    (failure,) = dataset.failures(pytester.path / "out")
+    (failure,) = dataset.failures(pytester.path / "out", validation=False)
     assert failure["failure_kind"] == "harbor:task_refused"
     assert "step 'two'" in str(failure["failure_reason"])
     assert "step 'one'" in str(failure["failure_reason"])

@@ -43,6 +43,29 @@ def test_final_takes_the_last_turn_that_ran() -> None:
     assert (rolled.reward, rolled.verifier_rewards) == (0.25, {"reward": 0.25, "x": 1.0})
 
 
+def test_an_early_stop_does_not_raise_the_strict_mean() -> None:
+    """Step 1 passed, step 2's verifier broke (no reward: the episode stops there), step 3
+    never ran: over the steps that ran that is 0.5, above the 1/3 of failing 2 and 3
+    honestly; over the declared steps it is 1/3 either way."""
+    stopped = [
+        turn("one", 1.0, {"reward": 1.0}),
+        turn("two", 0.0, None, failure_kind="harbor:verifier_timeout", failure_reason="hung"),
+    ]
+    honest = [turn("one", 1.0, {"reward": 1.0}), *(turn(s, 0.0, {"reward": 0.0}) for s in "ab")]
+    declared = ["one", "two", "three"]
+    assert roll_up(stopped, "mean", stopped_after="two").reward == pytest.approx(0.5)
+    strict = roll_up(stopped, "mean", stopped_after="two", declared=declared)
+    assert strict.reward == pytest.approx(1 / 3)
+    assert strict.verifier_rewards == pytest.approx({"reward": 1 / 3})
+    assert strict.failure_kind == "harbor:verifier_timeout"
+    assert roll_up(honest, "mean", declared=["one", "a", "b"]).reward == pytest.approx(1 / 3)
+    # `final` is the last declared step's: 0 when it did not run.
+    final = roll_up(stopped, "final", stopped_after="two", declared=declared)
+    assert (final.reward, final.verifier_rewards) == (0.0, {"reward": 0.0})
+    whole = [turn("one", 1.0, {"reward": 1.0}), turn("two", 0.5, {"reward": 0.5})]
+    assert roll_up(whole, "final", declared=["one", "two"]).reward == 0.5
+
+
 def test_a_masked_turn_masks_the_episode_and_modes_can_mix() -> None:
     turns = [
         turn("a", 1.0, {"reward": 1.0}, verifier_mode="shared"),
