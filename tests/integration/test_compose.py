@@ -536,3 +536,38 @@ def test_services_build_their_own_stage_of_a_named_dockerfile_with_their_args(
         for image in docker_client.images.list(filters=ours):
             docker_client.images.remove(image.id, force=True)
     assert left_by(docker_client, dataset.name) == []
+
+
+@pytest.mark.parametrize("builder", ["buildkit", "classic"])
+def test_a_service_only_buildkit_builds_fails_with_the_classic_builder_saying_so(
+    pytester: pytest.Pytester, dataset: Dataset, docker_client: docker.DockerClient, builder: str
+) -> None:
+    """Harbor builds a Compose task's services with BuildKit: a `COPY` of two sources to a
+    destination without a trailing `/` builds there, and here with `builder=buildkit`; the
+    classic builder refuses it, and the failure names the setting that picks BuildKit."""
+    unique = dataset.name
+    compose_task(
+        dataset,
+        "two-sources",
+        "services:\n  main:\n    build:\n      context: .\n"
+        f'      labels: ["org.example.dataset={unique}"]\n',
+        toml="[verifier]\ntimeout_sec = 60\n",
+        dockerfile=f"FROM {BASE_IMAGE}\nCOPY a.txt b.txt /copied\n",
+        extra_files={"environment/a.txt": "a\n", "environment/b.txt": "b\n"},
+        test_sh="test -e /copied && echo 1 > /logs/verifier/reward.txt\n",
+    )
+    ours = {"label": f"org.example.dataset={unique}"}
+    try:
+        result = run_harbor(
+            pytester, dataset, f"--harbor-set=sandbox_provider_options.builder={builder}"
+        )
+        if builder == "buildkit":
+            result.assert_outcomes(passed=1)
+            return
+        result.assert_outcomes(errors=1)
+        reason = str(dataset.failures(pytester.path / "out")[0]["failure_reason"])
+        assert "the destination must be a directory and end with a /" in reason
+        assert "--harbor-set sandbox_provider_options.builder=buildkit" in reason
+    finally:
+        for image in docker_client.images.list(filters=ours):
+            docker_client.images.remove(image.id, force=True)

@@ -4,6 +4,7 @@ took is recorded for the next, and a build that fails is tried once in a run."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -111,6 +112,50 @@ def test_either_builder_makes_a_tasks_image_and_the_run_says_which(
     result.assert_outcomes(passed=1)
     name = {"buildkit": "BuildKit (docker buildx)", "classic": "the classic builder"}[builder]
     result.stdout.fnmatch_lines([f"images made ahead for 1 task, built with {name}"])
+
+
+#: A Dockerfile the classic builder refuses and BuildKit (Harbor's builder, through Compose)
+#: builds: a COPY of two sources to a destination without a trailing `/`.
+TWO_SOURCES = f"FROM {BASE_IMAGE}\nCOPY a.txt b.txt /copied\n"
+
+
+def buildx_answers() -> bool:
+    try:
+        return subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+def two_sources_task(dataset: Dataset, built_images: list[Path]) -> None:
+    task = dataset.task(
+        "two-sources",
+        toml="[verifier]\ntimeout_sec = 60\n",
+        dockerfile=TWO_SOURCES,
+        extra_files={"environment/a.txt": "a\n", "environment/b.txt": "b\n"},
+        test_sh="test -e /copied && echo 1 > /logs/verifier/reward.txt\n",
+    )
+    built_images.append(task / "environment")
+
+
+def test_a_build_the_classic_builder_refuses_says_how_to_build_with_buildkit(
+    pytester: pytest.Pytester, dataset: Dataset, built_images: list[Path]
+) -> None:
+    two_sources_task(dataset, built_images)
+    result = run_harbor(pytester, dataset)
+    result.assert_outcomes(errors=1)
+    reason = str(dataset.failures(pytester.path / "out")[0]["failure_reason"])
+    assert "the destination must be a directory and end with a /" in reason
+    assert "built with the classic builder" in reason
+    assert "--harbor-set sandbox_provider_options.builder=buildkit" in reason
+
+
+@pytest.mark.skipif(not buildx_answers(), reason="docker buildx does not answer here")
+def test_a_build_the_classic_builder_refuses_builds_with_buildkit(
+    pytester: pytest.Pytester, dataset: Dataset, built_images: list[Path]
+) -> None:
+    two_sources_task(dataset, built_images)
+    result = run_harbor(pytester, dataset, "--harbor-set=sandbox_provider_options.builder=buildkit")
+    result.assert_outcomes(passed=1)
 
 
 @pytest.mark.parametrize("quiet", [False, True])

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from pytest_harbor.sandboxes import ProviderContext, ProviderOptionsError, make_provider
+from pytest_harbor.sandboxes.base import NamesBuilder
+from pytest_harbor.sandboxes.docker.builders import builder_hint
 
 _SCHEMES = "expected unix://PATH, tcp://HOST:PORT or ssh://USER@HOST"
 _ENGINE_KEYS = "(an engine takes capacity, cert_path, name, socket, tls_verify, url)"
@@ -162,3 +164,18 @@ def test_an_ssh_engine_without_paramiko_is_refused_before_its_other_keys(
 ) -> None:
     monkeypatch.setattr("pytest_harbor.sandboxes.docker.options._can_ssh", lambda: False)
     assert _refusal(options, tmp_path) == f"hosts[0].url: {_SSH}"
+
+
+def test_a_failed_builds_hint_names_a_setting_that_picks_the_other_builder(tmp_path: Path) -> None:
+    """The setting a failed classic build names is one the docker provider takes, and it
+    picks BuildKit; a failed BuildKit build names the setting it ran under."""
+    hint = builder_hint("classic")
+    assert hint.startswith("built with the classic builder")
+    setting = hint.split("--harbor-set ", 1)[1].split()[0]
+    key, value = setting.split("=")
+    assert key == "sandbox_provider_options.builder"
+    context = ProviderContext(run_id="r", scratch_dir=tmp_path)
+    provider = make_provider("docker", {key.split(".")[1]: value}, context=context)
+    assert isinstance(provider, NamesBuilder)
+    assert provider.builder == "buildkit"
+    assert builder_hint("buildkit").startswith(f"built with BuildKit ({key}=buildkit)")

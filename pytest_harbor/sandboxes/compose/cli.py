@@ -110,8 +110,7 @@ def compose_config(
         message = done.stderr.strip() or done.stdout.strip()
         if "is not a docker command" in message or "unknown shorthand flag" in message:
             raise ComposeUnavailable(
-                "Docker Compose v2 is not installed (`docker compose`); "
-                ".ci/setup --tests installs it"
+                "Docker Compose v2 is not installed (`docker compose`); .ci/setup installs it"
             )
         raise ValueError(message.splitlines()[-1] if message else "docker compose config failed")
     data: dict[str, Any] = json.loads(done.stdout)

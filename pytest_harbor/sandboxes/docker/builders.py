@@ -30,12 +30,36 @@ from pytest_harbor.sandboxes.docker.engine import (
 
 __all__ = [
     "ClassicBuild",
+    "builder_hint",
     "buildkit_build",
     "buildx_options",
     "classic_options",
     "failed_build",
     "note_failed_build",
 ]
+
+
+#: The setting that picks a builder, as a run's command line gives it.
+BUILDER_SETTING = "sandbox_provider_options.builder"
+
+
+def builder_hint(builder: str) -> str:
+    """The last line of a failed build's message: which builder ran, and how to get the
+    other. The two read some Dockerfiles differently (the classic builder refuses a `COPY`
+    of several sources to a destination without a trailing `/`, which BuildKit, Harbor's
+    builder through Compose, accepts), so a task that builds under Harbor can fail here."""
+    if builder == "buildkit":
+        return (
+            f"built with BuildKit ({BUILDER_SETTING}=buildkit), its RUN steps offline; "
+            "without that setting the classic builder builds, its steps on the sandboxes' "
+            "network"
+        )
+    return (
+        "built with the classic builder (the docker provider's default), which refuses some "
+        "Dockerfiles BuildKit (Harbor's and docker build's builder) accepts; "
+        f"--harbor-set {BUILDER_SETTING}=buildkit builds with BuildKit (the docker buildx "
+        "plugin), its RUN steps offline"
+    )
 
 
 def buildx_options(options: BuildOptions, dockerfile: Path | None) -> list[str]:
@@ -122,7 +146,9 @@ def buildkit_build(
             + tail_lines(output.splitlines())
         ) from None
     if process.returncode != 0:
-        raise SandboxStartError(f"{what} failed:\n{tail_lines(output.splitlines())}")
+        raise SandboxStartError(
+            f"{what} failed:\n{tail_lines(output.splitlines())}\n{builder_hint('buildkit')}"
+        )
 
 
 def _failure_file(tag: str) -> Path:

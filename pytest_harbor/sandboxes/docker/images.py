@@ -35,6 +35,7 @@ from pytest_harbor.sandboxes.base import (
 )
 from pytest_harbor.sandboxes.docker.builders import (
     ClassicBuild,
+    builder_hint,
     buildkit_build,
     buildx_options,
     classic_options,
@@ -450,7 +451,9 @@ class EngineImages:
             )
         if build.error is not None:
             build.remove_steps()
-            raise SandboxStartError(f"{what} failed: {build.error}\n{tail_lines(build.log)}")
+            raise SandboxStartError(
+                f"{what} failed: {build.error}\n{tail_lines(build.log)}\n" + builder_hint("classic")
+            )
 
     def _confined(self, context: Path, options: BuildOptions) -> BuildOptions:
         """A task's build (anything but the engine's helper image) reaches what a sandbox
