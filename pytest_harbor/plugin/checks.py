@@ -241,12 +241,9 @@ def _early_stop_pays(task: Task) -> list[Problem]:
         Problem(
             "early-stop-pays",
             f"step{'s' if many else ''} {names} of {len(steps)} {'have' if many else 'has'} "
-            "no min_reward under the mean roll-up: an agent that passes the steps before and "
-            "then breaks the step's verifier ends the episode there and scores more than "
-            f"one that fails it honestly (passing the {first} step(s) before "
-            f"{steps[first].name}: {first / (first + 1):.2g} against {first / (end + 1):.2g}); "
-            f"give {'them' if many else 'it'} a min_reward, or use "
-            'multi_step_reward_strategy = "final"',
+            "no min_reward under the mean roll-up: breaking the verifier of "
+            f"{steps[first].name} after passing the steps before scores "
+            f"{first / (first + 1):.2g}, failing it honestly {first / (end + 1):.2g}",
         )
     ]
 

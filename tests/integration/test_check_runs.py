@@ -82,7 +82,8 @@ def test_the_check_finds_each_broken_task_and_lf_runs_them_again(
             "solution/ or tests/: the image's LABEL org.example.release-note holds "
             "`QX5-harbor-2291-delta`",
             "  early-quit * early-stop-pays * step prices of 3 has no min_reward under the "
-            "mean roll-up: *(passing the 1 step(s) before prices: 0.5 against 0.33)*",
+            "mean roll-up: breaking the verifier of prices after passing the steps before "
+            "scores 0.5, failing it honestly 0.33",
             "  exists-only * probe-scores * an agent creating only /app/report.txt scores 1: "
             "the verifier checks that files exist, not what they hold",
             "  filled-only * probe-scores * an agent creating only /app/out/release.json "

@@ -358,7 +358,10 @@ def test_an_ungated_middle_step_under_the_mean_roll_up_is_a_risk(tmp_path: Path)
     (found,) = _checked(task)
     assert found.kind == "early-stop-pays"
     assert found.detail.startswith("step parse of 3 has no min_reward under the mean roll-up: ")
-    assert "(passing the 1 step(s) before parse: 0.5 against 0.33)" in found.detail
+    assert found.detail.endswith(
+        "breaking the verifier of parse after passing the steps before scores 0.5, failing "
+        "it honestly 0.33"
+    )
 
 
 def test_a_gate_that_stops_nothing_is_no_gate(tmp_path: Path) -> None:
@@ -372,7 +375,9 @@ def test_a_gate_that_stops_nothing_is_no_gate(tmp_path: Path) -> None:
     (found,) = _checked(task)
     assert found.detail.startswith("steps b, c of 5 have no min_reward")
     # Failing b honestly goes on through c to the gate of d: 1 of 4 turns.
-    assert "(passing the 1 step(s) before b: 0.5 against 0.25)" in found.detail
+    assert found.detail.endswith(
+        "verifier of b after passing the steps before scores 0.5, failing it honestly 0.25"
+    )
 
 
 @pytest.mark.parametrize(
