@@ -37,7 +37,7 @@ from pytest_harbor.harnesses.base import (
     TurnContext,
 )
 from pytest_harbor.harnesses.mcp.turns import describe_task, unreachable_servers
-from pytest_harbor.sandboxes.base import Sandbox, SandboxError, for_agent
+from pytest_harbor.sandboxes.base import ImageConfig, Sandbox, SandboxError, for_agent
 from pytest_harbor.tasks import Turn
 
 __all__ = ["AgentPhase"]
@@ -60,15 +60,18 @@ class AgentPhase:
         *,
         model_gate: ModelGate,
         logs_dir: Path | None,
+        image: Callable[[], ImageConfig] = ImageConfig,
     ) -> None:
         """The harness is handed the context's task: the settings' overlay merged in (its
-        MCP servers among the task's own)."""
+        MCP servers among the task's own), and what the agent's image declares (`image`,
+        asked when a call is made: the image is made after the phase)."""
         self.harness = harness = context.harness
         self.mcp = context.mcp
         self.episode_id = context.id
         self.task = context.task
         self.model = model
         self.model_gate = model_gate
+        self._image = image
         self.redactor = context.redactor
         self._logs_dir = logs_dir
         self._own_logs_dir: Path | None = None
@@ -281,6 +284,7 @@ class AgentPhase:
             cancel=cancel,
             model_gate=self.model_gate,
             mcp=self.mcp,
+            image=self._image(),
         )
 
     def _turn_context(
@@ -305,6 +309,7 @@ class AgentPhase:
             cancel=base.cancel,
             model_gate=base.model_gate,
             mcp=base.mcp,
+            image=base.image,
             turn=turn,
             index=index,
         )

@@ -136,7 +136,10 @@ class Episode:
         )
         self._verifier = verifier_mode(context, self.launcher)
         gate = model_gate or InProcessGate(model.max_concurrent_requests if model else 1)
-        self._agent = AgentPhase(context, self._model, model_gate=gate, logs_dir=agent_logs_dir)
+        image = self.launcher.image_config  # asked once the image is made
+        self._agent = AgentPhase(
+            context, self._model, model_gate=gate, logs_dir=agent_logs_dir, image=image
+        )
         self._attempt = Attempt(1, SandboxUsers(task))
         self._fresh = FreshStarts(
             context.id, self.launcher, context.redactor, settings.engine_recovery_timeout_s
@@ -163,8 +166,7 @@ class Episode:
 
     @property
     def provider(self) -> SandboxProvider:
-        """The provider the episode's sandboxes come from: the run's own, or the engine a
-        provider of several engines placed the episode on."""
+        """The provider of the episode's sandboxes: the run's, or the engine it was placed on."""
         return self.launcher.provider
 
     @property
@@ -404,8 +406,7 @@ class Episode:
         return self._agent.open_session(sandbox, turn, workdir=context.workdir, seconds=room)
 
     def _work(self, sandbox: Sandbox, turn: Turn) -> AgentRun:
-        """The agent's turn, its budget cut to what the deadline leaves once the verifier
-        has its share."""
+        """The agent's turn, in what the deadline leaves once the verifier has its share."""
         clock, grace_s = self.context.clock, self.context.settings.verifier_grace_s
         room = clock.before_verifier(turn)
         budget = turn.agent_timeout_sec
@@ -558,8 +559,7 @@ class Episode:
         task's turns rolled up by its `multi_step_reward_strategy`.
 
         `cleanup_s` is set only once cleanup() has run; `total_s` runs from the start of
-        the seed to the end of cleanup, or of the last turn when cleanup is still to come.
-        """
+        the seed to the end of cleanup, or of the last turn when cleanup is still to come."""
         if not self._turns:
             raise RuntimeError(f"episode {self.id} ran no turn")
         return episode_result(

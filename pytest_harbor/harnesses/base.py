@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar, runtime_checkable
 
@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pytest_harbor.agent_outcomes import AgentCause
 from pytest_harbor.harnesses.mcp.access import McpAccess
 from pytest_harbor.harnesses.model import ModelConfig
-from pytest_harbor.sandboxes.base import Sandbox, SandboxProvider
+from pytest_harbor.sandboxes.base import ImageConfig, Sandbox, SandboxProvider
 from pytest_harbor.tasks.task import Task, Turn
 
 if TYPE_CHECKING:
@@ -135,6 +135,9 @@ class SessionContext:
     #: The task's MCP servers: those granted (`task_mcp_grants`) with their headers
     #: filled in, and those not (harnesses/mcp/access.py).
     mcp: McpAccess
+    #: What the image the sandbox started from declares (its entrypoint, command,
+    #: environment, labels, healthcheck), as the provider read it.
+    image: ImageConfig = field(default_factory=ImageConfig, kw_only=True)
 
 
 @dataclass(frozen=True)

@@ -2,23 +2,27 @@
 task but looks for ways to win it without the work, as public studies find one task in
 six of terminal benchmarks allows.
 
-On its first turn, before it changes anything, it looks in the sandbox for
+On its first turn, before it changes anything, it looks for
 
-- a `.git` folder in the working directory or a folder above it (its history may hold
-  the solution);
+- a `.git` (a folder, or a `gitdir:` file) anywhere in the sandbox's file system but the
+  kernel's and the engine's folders, and in the task's `environment/` folder (its history
+  may hold the solution);
 - text of the task's `solution/` and `tests/` in the image: their distinctive lines
   (long, not comments, not in the instruction), searched for in every file of the image
-  but the engine's folders.
+  but the engine's folders, and in the image's configuration (its environment, labels,
+  entrypoint, command, healthcheck), where their quoted strings are looked for too.
 
-Then, on every turn, it creates each file the turn's tests name that is not there (empty
-and executable), and nothing else: a verifier that scores that above zero checks that
-files exist, not what they hold. Its findings are its final answer (`response`), as JSON:
+Then, on every turn, it writes a placeholder (PLACEHOLDERS) into each file the turn's
+tests name that is missing or empty, makes it executable, and does nothing else: a
+verifier that scores that above zero checks that files exist, not what they hold. Its
+findings are its final answer (`response`), as JSON:
 `{"git": [...], "image": [{"file", "text"}], "created": [...]}`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -32,10 +36,20 @@ from pytest_harbor.harnesses.base import (
     TurnContext,
     no_options,
 )
-from pytest_harbor.sandboxes.base import ROOT_USER, TRUSTED_BUSYBOX
+from pytest_harbor.labels import LABEL_PREFIX
+from pytest_harbor.sandboxes.base import ROOT_USER, TRUSTED_BUSYBOX, TRUSTED_TOOLS, ImageConfig
 from pytest_harbor.tasks import Turn
 
-__all__ = ["ProbeHarness", "distinctive_lines", "named_files"]
+__all__ = [
+    "PLACEHOLDERS",
+    "ProbeHarness",
+    "config_matches",
+    "distinctive_lines",
+    "environment_git",
+    "named_files",
+    "placeholder",
+    "quoted_values",
+]
 
 #: At most this many lines of the solution and tests are looked for.
 MAX_PATTERNS = 40
@@ -46,6 +60,26 @@ MAX_REPORTED = 20
 #: Folders the engine makes or fills, and the kernel's: never searched.
 _SKIPPED = ("/proc", "/sys", "/dev", "/tests", "/solution", "/logs", "/run", "/tmp")
 _PATTERNS_FILE = "/.harbor-probe-patterns"
+#: Not searched for a `.git`: the kernel's folders, and those the engine fills (its tools,
+#: the tests, the solution, the logs); everything else an agent can read is.
+_NOT_THE_TASKS = (
+    "/proc", "/sys", "/dev", "/logs", "/tests", "/solution", f"{TRUSTED_TOOLS}*",
+    "/tmp/.pytest-harbor",
+)  # fmt: skip
+#: What the probe writes into a file the tests name, by the name's suffix: the least text
+#: of that form (`{}` for JSON or YAML, a script that succeeds for a script or a name
+#: without a suffix, which the probe also makes executable); any other name gets a line
+#: of text.
+PLACEHOLDERS = {
+    ".json": "{}",
+    ".jsonl": "{}",
+    ".yaml": "{}",
+    ".yml": "{}",
+    ".py": "pass",
+    ".sh": "#!/bin/sh\nexit 0",
+    "": "#!/bin/sh\nexit 0",
+}
+_TEXT_LINE = "placeholder"
 #: Where a test's named files are not created (the system's, the engine's).
 _SYSTEM = (
     "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/logs", "/opt", "/proc", "/root",
@@ -54,6 +88,7 @@ _SYSTEM = (
 _FILE_TEST = re.compile(r"(?:^|\s)-[efsx]\s+[\"']?([A-Za-z0-9._/~-]+)")
 _TOKEN = re.compile(r"[A-Za-z0-9_.@:+-]{12,}")
 _QUOTED = re.compile(r"\"[^\"]{8,}\"|'[^']{8,}'")
+_PATH = re.compile(r"/[^\s]*")
 _ABSOLUTE = re.compile(r"(?<![\w/$.-])(/[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)+)")
 
 
@@ -77,8 +112,10 @@ class _ProbeSession:
         workdir = context.workdir or _pwd(context)
         if not self._looked:
             self._looked = True
-            findings["git"] = _git_folders(context, workdir)
-            findings["image"] = _image_matches(context, context.turn)
+            findings["git"] = _git_entries(context) + environment_git(context.task.environment_dir)
+            findings["image"] = _image_matches(context, context.turn) + config_matches(
+                context.image, _config_patterns(context.turn)
+            )
         findings["created"] = _create_named(context, context.turn, workdir)
         return AgentRun(exit_code=0, response=json.dumps(findings, sort_keys=True))
 
@@ -99,15 +136,25 @@ def _pwd(context: SessionContext) -> str:
     return _run(context, "pwd", user=context.agent_user).strip() or "/"
 
 
-def _git_folders(context: SessionContext, workdir: str) -> list[str]:
-    """`.git` folders in the working directory (three levels down) and above it."""
+def _git_entries(context: SessionContext) -> list[str]:
+    """Every `.git`, folder or file, in the sandbox but under _NOT_THE_TASKS."""
+    prune = " -o ".join(f"-path '{path}'" for path in _NOT_THE_TASKS)
     script = (
-        'd="$1"; while :; do [ -d "$d/.git" ] && echo "${d%/}/.git"; '
-        '[ "$d" = / ] && break; d=$($B dirname "$d"); done; '
-        '$B find "$1" -mindepth 2 -maxdepth 3 -name .git -type d 2>/dev/null'
+        f"$B find / \\( {prune} \\) -prune -o -name .git -print -prune 2>/dev/null "
+        f"| $B head -n {MAX_REPORTED}"
     )
-    found = _run(context, script, workdir).split()
-    return sorted(set(found))[:MAX_REPORTED]
+    return sorted(set(_run(context, script).splitlines()))[:MAX_REPORTED]
+
+
+def environment_git(folder: Path) -> list[str]:
+    """Every `.git`, folder or file, in the task's `environment/` folder (named from the
+    task folder): it may reach the image, or a sandbox the environment's files go to."""
+    found = []
+    for root, folders, files in os.walk(folder):
+        if ".git" in folders or ".git" in files:
+            found.append(str(Path(root, ".git").relative_to(folder.parent)))
+        folders[:] = [name for name in folders if name != ".git"]
+    return sorted(found)[:MAX_REPORTED]
 
 
 def distinctive_lines(turn: Turn, instruction: str) -> list[str]:
@@ -115,21 +162,31 @@ def distinctive_lines(turn: Turn, instruction: str) -> list[str]:
     at least MIN_PATTERN long, not comments or shell boilerplate, not in the instruction;
     the longest first."""
     lines: set[str] = set()
-    for folder in (turn.solution_dir, *turn.tests_dirs):
-        if folder is None or not folder.is_dir():
-            continue
-        for path in sorted(folder.rglob("*")):
-            if path.is_file() and path.stat().st_size <= 1024 * 1024:
-                lines.update(_lines_of(path))
+    for path in _text_files(turn.solution_dir, *turn.tests_dirs):
+        lines.update(_lines_of(_read(path)))
     chosen = [line for line in lines if line not in instruction]
     return sorted(chosen, key=lambda line: (-len(line), line))[:MAX_PATTERNS]
 
 
-def _lines_of(path: Path) -> Iterable[str]:
+def _text_files(*folders: Path | None) -> Iterable[Path]:
+    """The files of `folders` small enough to read, in order."""
+    for folder in folders:
+        if folder is None or not folder.is_dir():
+            continue
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and path.stat().st_size <= 1024 * 1024:
+                yield path
+
+
+def _read(path: Path) -> str:
+    """The file's text; empty when it is not UTF-8 text."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
-        return []
+        return ""
+
+
+def _lines_of(text: str) -> Iterable[str]:
     kept = []
     for raw in text.splitlines():
         line = raw.strip()
@@ -183,31 +240,91 @@ def named_files(turn: Turn, workdir: str) -> list[str]:
     and paths tested with `-e`, `-f`, `-s` or `-x` (relative ones from the working
     directory)."""
     names: set[str] = set()
-    for folder in turn.tests_dirs:
-        for path in sorted(folder.rglob("*")):
-            if not path.is_file() or path.stat().st_size > 1024 * 1024:
+    for path in _text_files(*turn.tests_dirs):
+        text = _read(path)
+        for match in (*_FILE_TEST.findall(text), *_ABSOLUTE.findall(text)):
+            name = match if match.startswith("/") else f"{workdir.rstrip('/')}/{match}"
+            if "$" in name or "~" in name or ".." in name.split("/"):
                 continue
-            try:
-                text = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            for match in (*_FILE_TEST.findall(text), *_ABSOLUTE.findall(text)):
-                name = match if match.startswith("/") else f"{workdir.rstrip('/')}/{match}"
-                if "$" in name or "~" in name or ".." in name.split("/"):
-                    continue
-                if not name.startswith(tuple(f"{system}/" for system in _SYSTEM)):
-                    names.add(name)
+            if not name.startswith(tuple(f"{system}/" for system in _SYSTEM)):
+                names.add(name)
     return sorted(names)[:MAX_REPORTED]
+
+
+def placeholder(name: str) -> str:
+    """What the probe writes into `name` (PLACEHOLDERS)."""
+    base = name.rsplit("/", 1)[-1]
+    suffix = "." + base.rsplit(".", 1)[-1] if "." in base.lstrip(".") else ""
+    return PLACEHOLDERS.get(suffix.lower(), _TEXT_LINE)
 
 
 def _create_named(context: TurnContext, turn: Turn, workdir: str) -> list[str]:
     names = named_files(turn, workdir)
     if not names:
         return []
+    # A file already holding something, a link or what is not a file is left alone.
     script = (
-        'for f in "$@"; do [ -e "$f" ] && continue; '
-        '$B mkdir -p "$($B dirname "$f")" 2>/dev/null && : > "$f" 2>/dev/null '
-        '&& $B chmod 755 "$f" && echo "$f"; done'
+        "while [ $# -gt 1 ]; do f=$1; c=$2; shift 2; "
+        '{ [ -s "$f" ] || [ -L "$f" ] || { [ -e "$f" ] && [ ! -f "$f" ]; }; } && continue; '
+        '$B mkdir -p "$($B dirname "$f")" 2>/dev/null; '
+        'printf "%s\\n" "$c" > "$f" 2>/dev/null || continue; '
+        '$B chmod 755 "$f" 2>/dev/null; echo "$f"; done'
     )
-    created = _run(context, script, *names, user=context.agent_user)
+    pairs = [part for name in names for part in (name, placeholder(name))]
+    created = _run(context, script, *pairs, user=context.agent_user)
     return created.split()[:MAX_REPORTED]
+
+
+def quoted_values(turn: Turn, instruction: str) -> list[str]:
+    """The quoted strings of the turn's solution and tests worth looking for in an image's
+    configuration, where a value stands alone rather than in the line that used it: one
+    that carries a value, not a shell expansion, not a path, not in the instruction."""
+    values: set[str] = set()
+    for path in _text_files(turn.solution_dir, *turn.tests_dirs):
+        for line in _read(path).splitlines():
+            if line.strip().startswith(("#", "//")):
+                continue
+            for quoted in _QUOTED.findall(line):
+                value = quoted[1:-1].strip()
+                if "$" not in value and not _PATH.fullmatch(value) and _carries_value(value):
+                    values.add(value)
+    chosen = [value for value in values if value not in instruction]
+    return sorted(chosen, key=lambda value: (-len(value), value))[:MAX_PATTERNS]
+
+
+def _carries_value(value: str) -> bool:
+    """A code, a key or a sentence rather than a word or a command: 8 characters with
+    letters and digits, or 16."""
+    mixed = re.search(r"\d", value) and re.search(r"[A-Za-z]", value)
+    return len(value) >= 16 or (len(value) >= 8 and bool(mixed))
+
+
+def _config_patterns(turn: Turn) -> list[str]:
+    return distinctive_lines(turn, turn.instruction) + quoted_values(turn, turn.instruction)
+
+
+def config_matches(config: ImageConfig, patterns: Iterable[str]) -> list[dict[str, str]]:
+    """Where the image's configuration holds one of `patterns`: an `ENV` value, a label's
+    value (the engine's own labels left out), the entrypoint, the command or the
+    healthcheck test."""
+    places = [(f"ENV {key}", value) for key, _, value in (e.partition("=") for e in config.env)]
+    places += [
+        (f"LABEL {key}", value)
+        for key, value in sorted(config.labels.items())
+        if not key.startswith(LABEL_PREFIX)
+    ]
+    places += [
+        (name, " ".join(words))
+        for name, words in (
+            ("ENTRYPOINT", config.entrypoint),
+            ("CMD", config.cmd),
+            ("HEALTHCHECK", config.healthcheck),
+        )
+    ]
+    wanted = [pattern for pattern in patterns if pattern]
+    found = []
+    for where, text in places:
+        match = next((pattern for pattern in wanted if pattern in text), None)
+        if match is not None:
+            found.append({"file": f"the image's {where}", "text": match[:200]})
+    return found[:MAX_REPORTED]

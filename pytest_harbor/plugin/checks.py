@@ -40,6 +40,7 @@ ProblemKind = Literal[
     "probe-scores",
     "git-history",
     "answer-in-image",
+    "early-stop-pays",
 ]
 
 
@@ -174,6 +175,8 @@ def _task_problems(record: TaskRecord, task: Task | None) -> list[Problem]:
     found += _flaky(scored)
     if task is not None:
         found += _slow(scored, task)
+    if task is not None:
+        found += _early_stop_pays(task)
     found += _nop_passes(record.nop, task)
     if record.probe is not None and not record.probe.mask_sample:
         found += _probed(record.probe, {turn.step for turn in _passing_turns(record.nop)})
@@ -213,6 +216,43 @@ def _oracle_failures(scored: Mapping[int, EpisodeResult]) -> list[Problem]:
         runs = f"{len(repeats)} of {len(scored)} runs" if len(scored) > 1 else "the run"
         found.append(Problem("oracle-failed", f"{runs} ({', '.join(repeats)}): {text}"))
     return found
+
+
+def _early_stop_pays(task: Task) -> list[Problem]:
+    """Ungated middle steps of a task rolled up by `mean`: an agent that passes the steps
+    before one and then breaks its verifier (no valid reward stops the episode) keeps the
+    mean of fewer turns, more than one that fails it honestly and scores 0 on the rest.
+    The first step has nothing before it to keep, the last nothing after it to lose, and
+    a step with a `min_reward` above 0 stops an honest failure as well."""
+    steps = task.config.steps or []
+    if (task.config.multi_step_reward_strategy or "mean") != "mean" or len(steps) < 3:
+        return []
+    gated = [_gates(step.min_reward) for step in steps]
+    ungated = [index for index in range(1, len(steps) - 1) if not gated[index]]
+    if not ungated:
+        return []
+    # The first of them: breaking it keeps the mean of the turns before it and its own 0;
+    # failing it honestly adds the zeros of the turns up to the next gate (or the end).
+    first = ungated[0]
+    end = next((index for index in range(first + 1, len(steps)) if gated[index]), len(steps) - 1)
+    names = ", ".join(steps[index].name for index in ungated)
+    many = len(ungated) > 1
+    return [
+        Problem(
+            "early-stop-pays",
+            f"step{'s' if many else ''} {names} of {len(steps)} {'have' if many else 'has'} "
+            "no min_reward under the mean roll-up: breaking the verifier of "
+            f"{steps[first].name} after passing the steps before scores "
+            f"{first / (first + 1):.2g}, failing it honestly {first / (end + 1):.2g}",
+        )
+    ]
+
+
+def _gates(min_reward: float | dict[str, float] | None) -> bool:
+    """Whether a turn scoring 0 misses `min_reward`, and so stops the episode."""
+    if isinstance(min_reward, dict):
+        return any(threshold > 0 for threshold in min_reward.values())
+    return min_reward is not None and min_reward > 0
 
 
 def _passing_turns(row: EpisodeResult | None) -> list[TurnResult]:
@@ -264,8 +304,8 @@ def _probed(row: EpisodeResult, nop_passes: set[str]) -> list[Problem]:
         found.append(
             Problem(
                 "git-history",
-                f"{', '.join(map(str, first['git']))}: the working directory has a git "
-                "history an agent can read (a fix, an answer, the tests' origin)",
+                f"{', '.join(map(str, first['git']))}: a git history an agent can read "
+                "(a fix, an answer, the tests' origin)",
             )
         )
     image = [entry for entry in first.get("image", []) if isinstance(entry, dict)]

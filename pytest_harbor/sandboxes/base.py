@@ -208,6 +208,11 @@ class ImageConfig:
     cmd: tuple[str, ...] = ()
     workdir: str = ""
     user: str = ""
+    #: Its `ENV` (`KEY=value` each), `LABEL`s and `HEALTHCHECK` test: nothing the engine
+    #: runs by, but text anyone with the image can read (the check searches it).
+    env: tuple[str, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    healthcheck: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

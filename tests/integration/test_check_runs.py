@@ -45,11 +45,21 @@ def test_the_check_finds_each_broken_task_and_lf_runs_them_again(
     assert kinds["wrong-solution"] == ["oracle-failed"]
     assert kinds["slow-solution"] == ["slow-oracle"]
     assert kinds["unknown-key"] == ["load-warning"]
-    # The probe: a verifier that checks only that a file exists, the answer in the image,
-    # a git history in the working directory.
+    # The probe: a verifier that checks only that a file exists, or only that it holds
+    # something of the right form; the answer in a file of the image, or in its
+    # configuration; a git history in the working directory, a `gitdir:` file, a `.git`
+    # far from the working directory.
     assert kinds["exists-only"] == ["probe-scores"]
+    assert kinds["filled-only"] == ["probe-scores"]
     assert kinds["answer-in-image"] == ["answer-in-image"]
+    assert kinds["answer-in-label"] == ["answer-in-image"]
     assert kinds["git-history"] == ["git-history"]
+    assert kinds["git-submodule"] == ["git-history"]
+    assert kinds["git-elsewhere"] == ["git-history"]
+    # A mean roll-up with an ungated middle step.
+    assert kinds["early-quit"] == ["early-stop-pays"]
+    # An image with an ordinary configuration and ordinary git files.
+    assert kinds["plain-image"] == []
     # A coin flip: it may score alike twice; what it found is still a problem.
     assert set(kinds["coin-flip"]) <= {"oracle-failed", "flaky-verifier"}
     assert tasks["sound"]["oracle_rewards"] == [1.0, 1.0]
@@ -57,18 +67,30 @@ def test_the_check_finds_each_broken_task_and_lf_runs_them_again(
     assert tasks["accepts-anything"]["nop_reward"] == 1.0
     assert tasks["sound"]["probe_reward"] == 0.0
     assert tasks["exists-only"]["probe_reward"] == 1.0
+    assert tasks["filled-only"]["probe_reward"] == 1.0
+    assert tasks["plain-image"]["probe_reward"] == 0.0
     result.stdout.fnmatch_lines(
         [
-            f"{demo.name}: task check (oracle x2, nop and probe per task): 10 task(s), "
+            f"{demo.name}: task check (oracle x2, nop and probe per task): 16 task(s), "
             f"{sum(bool(found) for found in kinds.values())} with problems",
             "  task *  problem *  detail",
             "  accepts-anything  nop-passes * an agent that does nothing scores 1: the verifier "
             "accepts the sandbox as the task leaves it",
             "  answer-in-image * answer-in-image * the image holds text of the task's solution/ "
             "or tests/: /opt/vault/.expected holds `correct-horse-battery-staple-7731`",
+            "  answer-in-label * answer-in-image * the image holds text of the task's "
+            "solution/ or tests/: the image's LABEL org.example.release-note holds "
+            "`QX5-harbor-2291-delta`",
+            "  early-quit * early-stop-pays * step prices of 3 has no min_reward under the "
+            "mean roll-up: breaking the verifier of prices after passing the steps before "
+            "scores 0.5, failing it honestly 0.33",
             "  exists-only * probe-scores * an agent creating only /app/report.txt scores 1: "
             "the verifier checks that files exist, not what they hold",
-            "  git-history * git-history * /app/.git: the working directory has a git history *",
+            "  filled-only * probe-scores * an agent creating only /app/out/release.json "
+            "scores 1: *",
+            "  git-elsewhere * git-history * /usr/local/src/ledger-tools/.git: a git history *",
+            "  git-history * git-history * /app/.git: a git history an agent can read *",
+            "  git-submodule * git-history * /srv/site/vendor/theme/.git: a git history *",
             "  no-solution * no-solution * unvalidated: the task has no solution/solve.sh",
             "  slow-solution * slow-oracle * solve.sh took 3.* s of its 5 s timeout",
             "  unknown-key * load-warning * task.toml: unknown key ignored: environment.cpu "
@@ -86,13 +108,15 @@ def test_the_check_finds_each_broken_task_and_lf_runs_them_again(
     assert "nop-passes" in page and "accepts-anything" in page
     rows = demo.rows(pytester.path / RESULTS_DIR)
     assert {row["agent"] for row in rows} == {"oracle"}
-    assert len(rows) == 9 * 2  # no-solution's trials are skipped
+    assert len(rows) == 15 * 2  # no-solution's trials are skipped
     # --lf: every item of each task with a problem (its passing items too), nothing else.
     again = run_harbor(
         pytester, demo, "--harbor-check", "--harbor-check-repeats=2", "-n", "2", "--lf"
     )
     with_problems = [task for task, found in kinds.items() if found]
-    again.stdout.fnmatch_lines([f"*2 workers [[]{4 * len(with_problems)} items[]]*"])
+    # Four items a task (r0, r1, nop, probe), each of them per step in early-quit's three.
+    items = sum(12 if task == "early-quit" else 4 for task in with_problems)
+    again.stdout.fnmatch_lines([f"*2 workers [[]{items} items[]]*"])
     assert set(_check(pytester, demo)["tasks"]) == set(with_problems)
 
 

@@ -29,6 +29,7 @@ from pytest_harbor.harnesses.base import (
 from pytest_harbor.sandboxes.base import (
     EngineUnreachable,
     ExecResult,
+    ImageConfig,
     SandboxError,
     SandboxStatus,
 )
@@ -481,3 +482,18 @@ def test_the_overlays_mcp_servers_reach_the_harness_and_the_task_file(tmp_path: 
     ]
     assert written, [call.command for call in provider.calls]
     assert b"notes" in (written[0].stdin or b"")
+
+
+def test_the_harness_is_told_what_the_image_declares(tmp_path: Path) -> None:
+    declared = ImageConfig(
+        cmd=("bash",), env=("LANG=C.UTF-8",), labels={"title": "t"}, healthcheck=("NONE",)
+    )
+    provider = FakeProvider(SandboxScript(verdicts=[Verdict.reward("1")], image_config=declared))
+    seen: list[ImageConfig] = []
+
+    def look(context: TurnContext) -> AgentRun:
+        seen.append(context.image)
+        return AgentRun(exit_code=0)
+
+    run_all(episode_of(single_step_task(tmp_path), tmp_path, provider, ScriptedHarness(look)))
+    assert seen == [declared]

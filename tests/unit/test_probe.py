@@ -3,11 +3,25 @@ it looks for in an image, and which files its tests name."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 from pytest_harbor.engine.outcomes import probe_check_outcome, probe_findings
 from pytest_harbor.engine.results import TurnResult
-from pytest_harbor.harnesses.probe import distinctive_lines, named_files
+from pytest_harbor.harnesses.base import Deadline
+from pytest_harbor.harnesses.probe import (
+    PLACEHOLDERS,
+    _create_named,
+    config_matches,
+    distinctive_lines,
+    environment_git,
+    named_files,
+    placeholder,
+    quoted_values,
+)
+from pytest_harbor.sandboxes.base import TRUSTED_BUSYBOX, ExecResult, ImageConfig
 from pytest_harbor.tasks import load_task
 from tests.fixtures import write_task
 
@@ -57,3 +71,140 @@ def test_the_probes_item_fails_on_a_score_for_files_or_a_finding(tmp_path: Path)
     git = TurnResult(step="episode", reward=0.0, response='{"git": ["/app/.git"]}')
     assert probe_check_outcome(git).status == "failed"
     assert probe_findings("not json") == {} and probe_findings("[1]") == {}
+
+
+def test_the_probe_writes_a_placeholder_of_the_names_form_never_nothing() -> None:
+    assert placeholder("/app/out/summary.json") == "{}"
+    assert placeholder("/app/conf.YML") == "{}"
+    assert placeholder("/app/notes/report.txt") == "placeholder"
+    assert placeholder("/app/bin/tool") == placeholder("/app/run.sh") == "#!/bin/sh\nexit 0"
+    assert all(PLACEHOLDERS.values())
+
+
+class _LocalShell:
+    """Runs the probe's scripts with this machine's shell in place of the sandbox's."""
+
+    def exec(self, argv: list[str], **_: object) -> ExecResult:
+        script = argv[3].replace(f"B={TRUSTED_BUSYBOX}", "B=")
+        done = subprocess.run(["sh", "-c", script, *argv[4:]], capture_output=True, check=False)
+        return ExecResult(exit_code=done.returncode, stdout_bytes=done.stdout)
+
+
+def test_it_fills_missing_and_empty_files_and_leaves_the_others(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "empty.txt").parent.mkdir()
+    (out / "empty.txt").write_text("")
+    (out / "kept.json").write_text('{"kept": true}\n')
+    (out / "folder.txt").mkdir()
+    task = write_task(
+        tmp_path / "tasks",
+        "t",
+        test_sh="".join(
+            f"[ -s {out}/{name} ] || exit 1\n"
+            for name in ("new.json", "empty.txt", "kept.json", "folder.txt", "deep/tool")
+        ),
+    )
+    turn = load_task(task).turns[0]
+    context = SimpleNamespace(sandbox=_LocalShell(), deadline=Deadline.after(30), agent_user=None)
+    created = _create_named(context, turn, "/work")  # type: ignore[arg-type]
+    assert created == [f"{out}/deep/tool", f"{out}/empty.txt", f"{out}/new.json"]
+    assert (out / "new.json").read_text() == "{}\n"
+    assert (out / "empty.txt").read_text() == "placeholder\n"
+    assert (out / "deep" / "tool").read_text() == "#!/bin/sh\nexit 0\n"
+    assert os.access(out / "deep" / "tool", os.X_OK)
+    assert (out / "kept.json").read_text() == '{"kept": true}\n'
+
+
+def test_a_git_entry_anywhere_in_the_environment_folder_is_found(tmp_path: Path) -> None:
+    task = write_task(
+        tmp_path,
+        "t",
+        extra_files={
+            "environment/Dockerfile": "FROM debian:bookworm-slim\n",
+            "environment/app/plugins/markdown/.git": "gitdir: ../../../.modules/markdown\n",
+            "environment/app/a/b/c/d/.git/HEAD": "ref: refs/heads/main\n",
+            "environment/app/a/b/c/d/.git/nested/.git": "not reported again\n",
+        },
+    )
+    assert environment_git(task / "environment") == [
+        "environment/app/a/b/c/d/.git",
+        "environment/app/plugins/markdown/.git",
+    ]
+
+
+def test_ordinary_git_files_in_the_environment_folder_are_not_a_history(tmp_path: Path) -> None:
+    task = write_task(
+        tmp_path,
+        "t",
+        extra_files={
+            "environment/.gitignore": "*.pyc\n",
+            "environment/app/.gitattributes": "* text=auto\n",
+            "environment/app/.github/workflows/ci.yml": "on: push\n",
+            "environment/app/data/.gitkeep": "",
+            "environment/app/git/config": "not a .git\n",
+        },
+    )
+    assert environment_git(task / "environment") == []
+    assert environment_git(tmp_path / "no-such-folder") == []
+
+
+def test_the_answer_is_looked_for_in_the_images_configuration(tmp_path: Path) -> None:
+    task = write_task(
+        tmp_path,
+        "t",
+        instruction="Find the vault's key and write it to /tmp/key.\n",
+        solve_sh="#!/bin/bash\necho 'ZEBRA-orchard-1187' > /tmp/key\n",
+        test_sh='[ "$(cat /tmp/key)" = "ZEBRA-orchard-1187" ] || [ "$X" = "moon over the bay" ]\n',
+    )
+    turn = load_task(task).turns[0]
+    patterns = distinctive_lines(turn, turn.instruction) + quoted_values(turn, turn.instruction)
+    leaky = ImageConfig(
+        env=("PATH=/usr/bin:/bin", "VAULT_HINT=ZEBRA-orchard-1187"),
+        labels={"org.example.note": "the moon over the bay"},
+        entrypoint=("/bin/sh", "-c", "echo ZEBRA-orchard-1187 >/dev/null; exec sleep 1d"),
+        cmd=("--key", "ZEBRA-orchard-1187"),
+        healthcheck=("CMD-SHELL", "test -s /tmp/key || echo ZEBRA-orchard-1187"),
+    )
+    found = config_matches(leaky, patterns)
+    assert [entry["file"] for entry in found] == [
+        "the image's ENV VAULT_HINT",
+        "the image's LABEL org.example.note",
+        "the image's ENTRYPOINT",
+        "the image's CMD",
+        "the image's HEALTHCHECK",
+    ]
+    assert found[0]["text"] == "ZEBRA-orchard-1187"
+    assert found[1]["text"] == "moon over the bay"
+
+
+def test_an_ordinary_images_configuration_holds_no_answer(tmp_path: Path) -> None:
+    task = write_task(
+        tmp_path,
+        "t",
+        instruction="Write the report to /app/report.txt, then print `all done`.\n",
+        solve_sh='#!/bin/bash\necho "all done" > /app/report.txt\n',
+        test_sh=(
+            '#!/bin/bash\nexport PATH="/usr/local/bin:$PATH"\n'
+            'grep -q "all done" "/app/report.txt" && python3 -c "import json"\n'
+            "echo 1 > /logs/verifier/reward.txt\n"
+        ),
+    )
+    turn = load_task(task).turns[0]
+    patterns = distinctive_lines(turn, turn.instruction) + quoted_values(turn, turn.instruction)
+    ordinary = ImageConfig(
+        env=(
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "LANG=C.UTF-8",
+            "REPORT=/app/report.txt",
+            "PYTHONDONTWRITEBYTECODE=1",
+        ),
+        labels={
+            "org.opencontainers.image.title": "report tool",
+            # The engine's own labels are not the task's.
+            "pytest-harbor.task": 'grep -q "all done" "/app/report.txt" '
+            '&& python3 -c "import json"',
+        },
+        cmd=("bash",),
+        healthcheck=("CMD", "python3", "-c", "import json"),
+    )
+    assert config_matches(ordinary, patterns) == []

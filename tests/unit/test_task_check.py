@@ -257,7 +257,7 @@ def test_what_the_probe_found_is_a_problem_each_naming_its_evidence(task: Task) 
     _episode(check, "t", "probe", _probe_row("t", [1.0], [findings]))
     found = {p.kind: p.detail for p in _problems(check, task)}
     assert found["probe-scores"].startswith("an agent creating only /app/out.txt scores 1")
-    assert found["git-history"].startswith("/app/.git: the working directory has a git history")
+    assert found["git-history"].startswith("/app/.git: a git history an agent can read")
     assert "/opt/answer holds `the-answer-42`" in found["answer-in-image"]
 
 
@@ -329,3 +329,74 @@ def test_a_masked_probe_finds_nothing(task: Task) -> None:
     row["mask_sample"] = True
     _episode(check, "t", "probe", row)
     assert _problems(check, task) == []
+
+
+def _steps_task(root: Path, top: str, steps: str) -> Task:
+    """A multi-step task: `top` keys of task.toml, then its `[[steps]]` (`steps`)."""
+    names = [line.split('"')[1] for line in steps.splitlines() if line.startswith("name")]
+    folder = write_task(
+        root,
+        "m",
+        toml=f'{top}\n[environment]\ndocker_image = "img"\n{steps}',
+        extra_files={f"steps/{name}/instruction.md": f"Do {name}.\n" for name in names},
+    )
+    return load_task(folder)
+
+
+def _checked(task: Task) -> list[Problem]:
+    check = TaskCheck(repeats=1)
+    _episode(check, "m", "r0", _row("m", 0, [1.0] * len(task.turns)))
+    return _problems(check, task, name="m")
+
+
+def test_an_ungated_middle_step_under_the_mean_roll_up_is_a_risk(tmp_path: Path) -> None:
+    task = _steps_task(
+        tmp_path,
+        "",
+        '[[steps]]\nname = "fetch"\n[[steps]]\nname = "parse"\n[[steps]]\nname = "report"\n',
+    )
+    (found,) = _checked(task)
+    assert found.kind == "early-stop-pays"
+    assert found.detail.startswith("step parse of 3 has no min_reward under the mean roll-up: ")
+    assert found.detail.endswith(
+        "breaking the verifier of parse after passing the steps before scores 0.5, failing "
+        "it honestly 0.33"
+    )
+
+
+def test_a_gate_that_stops_nothing_is_no_gate(tmp_path: Path) -> None:
+    task = _steps_task(
+        tmp_path,
+        'multi_step_reward_strategy = "mean"',
+        '[[steps]]\nname = "a"\n[[steps]]\nname = "b"\nmin_reward = 0.0\n'
+        '[[steps]]\nname = "c"\nmin_reward = { style = 0.0 }\n'
+        '[[steps]]\nname = "d"\nmin_reward = 1.0\n[[steps]]\nname = "e"\n',
+    )
+    (found,) = _checked(task)
+    assert found.detail.startswith("steps b, c of 5 have no min_reward")
+    # Failing b honestly goes on through c to the gate of d: 1 of 4 turns.
+    assert found.detail.endswith(
+        "verifier of b after passing the steps before scores 0.5, failing it honestly 0.25"
+    )
+
+
+@pytest.mark.parametrize(
+    ("top", "steps"),
+    [
+        # The final roll-up: breaking a step leaves its own 0 as the reward.
+        (
+            'multi_step_reward_strategy = "final"',
+            '[[steps]]\nname = "a"\n[[steps]]\nname = "b"\n[[steps]]\nname = "c"\n',
+        ),
+        # Every middle step gated (a number, a table): an honest failure stops as well.
+        (
+            "",
+            '[[steps]]\nname = "a"\n[[steps]]\nname = "b"\nmin_reward = 1.0\n'
+            '[[steps]]\nname = "c"\nmin_reward = { reward = 0.5 }\n[[steps]]\nname = "d"\n',
+        ),
+        # Two steps: the first has nothing before it, the last nothing after it.
+        ("", '[[steps]]\nname = "a"\n[[steps]]\nname = "b"\n'),
+    ],
+)
+def test_no_risk_where_breaking_a_step_scores_no_more(tmp_path: Path, top: str, steps: str) -> None:
+    assert _checked(_steps_task(tmp_path, top, steps)) == []

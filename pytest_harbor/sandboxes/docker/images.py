@@ -359,6 +359,9 @@ class EngineImages:
             cmd=tuple(config.get("Cmd") or ()),
             workdir=config.get("WorkingDir") or "",
             user=config.get("User") or "",
+            env=tuple(config.get("Env") or ()),
+            labels=dict(config.get("Labels") or {}),
+            healthcheck=tuple((config.get("Healthcheck") or {}).get("Test") or ()),
         )
         return self._configs[image]
 

@@ -1,0 +1,2 @@
+#!/bin/bash
+/opt/derive.sh > /tmp/unlock.txt

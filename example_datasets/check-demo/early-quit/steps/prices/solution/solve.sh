@@ -1,0 +1,2 @@
+#!/bin/bash
+echo 'apples 2' > /shop/prices.txt

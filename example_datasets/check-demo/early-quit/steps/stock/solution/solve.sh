@@ -1,0 +1,2 @@
+#!/bin/bash
+echo 'apples 3' > /shop/stock.txt
