@@ -316,6 +316,10 @@ class ResultRecorder:
         if isinstance(lastfailed, dict):
             for nodeid in state.check.failed_nodeids(state.problems):
                 lastfailed[nodeid] = True
+            # The cache plugin saved its list before this hook (trylast): save it again.
+            cache = session.config.cache
+            if cache is not None and not hasattr(session.config, "workerinput"):
+                cache.set("cache/lastfailed", {str(key): True for key in lastfailed})
 
     def _write_reports(self, config: pytest.Config, summaries: list[Path]) -> None:
         """The HTML report: one per taskset beside its summary, or one file for the run.
