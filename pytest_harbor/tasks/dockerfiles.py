@@ -31,11 +31,12 @@ from pathlib import Path
 from pytest_harbor.tasks.errors import TaskLoadError
 from pytest_harbor.tasks.registries import registry_problem
 
-__all__ = ["MAX_DOCKERFILE_BYTES", "check_dockerfile", "check_dockerfile_text"]
+__all__ = ["DIRECTIVE", "MAX_DOCKERFILE_BYTES", "check_dockerfile", "check_dockerfile_text"]
 
 #: A Dockerfile larger than this is refused before it is read.
 MAX_DOCKERFILE_BYTES = 1 << 20
-_DIRECTIVE = re.compile(r"^#\s*([a-zA-Z]+)\s*=\s*(\S*)\s*$")
+#: A parser directive, one of the comment lines before anything else (`# escape=\``).
+DIRECTIVE = re.compile(r"^#\s*([a-zA-Z]+)\s*=\s*(\S*)\s*$")
 #: Docker's own Dockerfile frontends (any version, optionally pinned by digest).
 _OWN_FRONTEND = re.compile(
     r"^(docker\.io/)?docker/dockerfile(-upstream)?(:[\w][\w.-]*)?(@sha256:[0-9a-f]{64})?$"
@@ -107,7 +108,7 @@ def check_dockerfile_text(
     number = 0
     # Parser directives: the comment lines before anything else.
     for number, line in enumerate(lines, 1):
-        found = _DIRECTIVE.match(line.strip())
+        found = DIRECTIVE.match(line.strip())
         if not found:
             break
         name, value = found.group(1).lower(), found.group(2)

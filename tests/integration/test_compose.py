@@ -538,36 +538,59 @@ def test_services_build_their_own_stage_of_a_named_dockerfile_with_their_args(
     assert left_by(docker_client, dataset.name) == []
 
 
-@pytest.mark.parametrize("builder", ["buildkit", "classic"])
-def test_a_service_only_buildkit_builds_fails_with_the_classic_builder_saying_so(
+#: A sidecar built as Harbor's cookbook builds one: from a folder of its own, whose
+#: Dockerfile copies two files into its working directory (`COPY a b .`, which only
+#: BuildKit reads as written), served once healthy.
+SIDECAR_SERVICES = """\
+services:
+  main:
+    depends_on:
+      side:
+        condition: service_healthy
+  side:
+    build:
+      context: ./side
+      labels: ["org.example.dataset={unique}"]
+    command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/srv"]
+    healthcheck:
+      test: ["CMD", "/bin/busybox", "wget", "-q", "-O", "/dev/null", "http://127.0.0.1:8080/b.txt"]
+      interval: 1s
+      retries: 30
+"""
+
+
+@pytest.mark.parametrize("builder", ["auto", "classic", "buildkit"])
+def test_a_sidecar_copying_several_files_into_its_folder_builds_with_every_builder(
     pytester: pytest.Pytester, dataset: Dataset, docker_client: docker.DockerClient, builder: str
 ) -> None:
-    """Harbor builds a Compose task's services with BuildKit: a `COPY` of two sources to a
-    destination without a trailing `/` builds there, and here with `builder=buildkit`; the
-    classic builder refuses it, and the failure names the setting that picks BuildKit."""
+    """Harbor builds a Compose task's services with BuildKit; `COPY a b .` builds here too,
+    with either builder, and the files land in the folder."""
     unique = dataset.name
     compose_task(
         dataset,
-        "two-sources",
-        "services:\n  main:\n    build:\n      context: .\n"
-        f'      labels: ["org.example.dataset={unique}"]\n',
+        "sidecar",
+        SIDECAR_SERVICES.format(unique=unique),
         toml="[verifier]\ntimeout_sec = 60\n",
-        dockerfile=f"FROM {BASE_IMAGE}\nCOPY a.txt b.txt /copied\n",
-        extra_files={"environment/a.txt": "a\n", "environment/b.txt": "b\n"},
-        test_sh="test -e /copied && echo 1 > /logs/verifier/reward.txt\n",
+        dockerfile=f"FROM {BASE_IMAGE}\n",
+        solve_sh="true\n",
+        extra_files={
+            "environment/side/Dockerfile": (
+                f"FROM busybox:musl\nLABEL case={unique}\nWORKDIR /srv\nCOPY a.txt b.txt .\n"
+            ),
+            "environment/side/a.txt": "a\n",
+            "environment/side/b.txt": "b\n",
+        },
+        test_sh=(
+            "exec 3<>/dev/tcp/side/8080\n"
+            "printf 'GET /a.txt HTTP/1.0\\r\\n\\r\\n' >&3\n"
+            "[ \"$(sed '1,/^\\r$/d' <&3)\" = a ] && echo 1 > /logs/verifier/reward.txt\n"
+        ),
     )
     ours = {"label": f"org.example.dataset={unique}"}
     try:
-        result = run_harbor(
+        run_harbor(
             pytester, dataset, f"--harbor-set=sandbox_provider_options.builder={builder}"
-        )
-        if builder == "buildkit":
-            result.assert_outcomes(passed=1)
-            return
-        result.assert_outcomes(errors=1)
-        reason = str(dataset.failures(pytester.path / "out")[0]["failure_reason"])
-        assert "the destination must be a directory and end with a /" in reason
-        assert "--harbor-set sandbox_provider_options.builder=buildkit" in reason
+        ).assert_outcomes(passed=1)
     finally:
         for image in docker_client.images.list(filters=ours):
             docker_client.images.remove(image.id, force=True)

@@ -114,9 +114,16 @@ def test_either_builder_makes_a_tasks_image_and_the_run_says_which(
     result.stdout.fnmatch_lines([f"images made ahead for 1 task, built with {name}"])
 
 
-#: A Dockerfile the classic builder refuses and BuildKit (Harbor's builder, through Compose)
-#: builds: a COPY of two sources to a destination without a trailing `/`.
-TWO_SOURCES = f"FROM {BASE_IMAGE}\nCOPY a.txt b.txt /copied\n"
+#: A Dockerfile BuildKit (Harbor's builder, through Compose) builds and the classic builder
+#: refuses as written: a COPY of two sources to a destination without a trailing `/`.
+TWO_SOURCES = f"FROM {BASE_IMAGE}\nWORKDIR /app\nCOPY a.txt b.txt .\n"
+
+#: A Dockerfile only BuildKit reads (a flag of its own), whose RUN step says what network
+#: it had.
+BUILDKIT_ONLY = (
+    f"FROM {BASE_IMAGE}\nCOPY --chmod=0755 a.txt /copied\n"
+    "RUN ls /sys/class/net | tr '\\n' ' ' > /networks\n"
+)
 
 
 def buildx_answers() -> bool:
@@ -126,35 +133,57 @@ def buildx_answers() -> bool:
         return False
 
 
-def two_sources_task(dataset: Dataset, built_images: list[Path]) -> None:
+def copying_task(dataset: Dataset, built_images: list[Path], dockerfile: str, test_sh: str) -> None:
     task = dataset.task(
-        "two-sources",
+        "copying",
         toml="[verifier]\ntimeout_sec = 60\n",
-        dockerfile=TWO_SOURCES,
+        # An image of its own: another test's build of the same file is no answer.
+        dockerfile=f"{dockerfile}LABEL case={dataset.name}\n",
         extra_files={"environment/a.txt": "a\n", "environment/b.txt": "b\n"},
-        test_sh="test -e /copied && echo 1 > /logs/verifier/reward.txt\n",
+        test_sh=f"{test_sh} && echo 1 > /logs/verifier/reward.txt\n",
     )
     built_images.append(task / "environment")
 
 
-def test_a_build_the_classic_builder_refuses_says_how_to_build_with_buildkit(
+def test_several_sources_copy_into_a_folder_under_the_classic_builder(
     pytester: pytest.Pytester, dataset: Dataset, built_images: list[Path]
 ) -> None:
-    two_sources_task(dataset, built_images)
-    result = run_harbor(pytester, dataset)
+    copying_task(
+        dataset,
+        built_images,
+        TWO_SOURCES,
+        'test "$(cat /app/a.txt /app/b.txt)" = "$(printf "a\\nb")"',
+    )
+    result = run_harbor(pytester, dataset, "--harbor-set=sandbox_provider_options.builder=classic")
+    result.assert_outcomes(passed=1)
+
+
+def test_a_dockerfile_the_classic_builder_cannot_read_says_how_to_build_with_buildkit(
+    pytester: pytest.Pytester, dataset: Dataset, built_images: list[Path]
+) -> None:
+    copying_task(dataset, built_images, BUILDKIT_ONLY, "test -x /copied")
+    result = run_harbor(pytester, dataset, "--harbor-set=sandbox_provider_options.builder=classic")
     result.assert_outcomes(errors=1)
     reason = str(dataset.failures(pytester.path / "out")[0]["failure_reason"])
-    assert "the destination must be a directory and end with a /" in reason
+    assert "the --chmod option requires BuildKit" in reason
     assert "built with the classic builder" in reason
     assert "--harbor-set sandbox_provider_options.builder=buildkit" in reason
 
 
 @pytest.mark.skipif(not buildx_answers(), reason="docker buildx does not answer here")
-def test_a_build_the_classic_builder_refuses_builds_with_buildkit(
-    pytester: pytest.Pytester, dataset: Dataset, built_images: list[Path]
+@pytest.mark.parametrize("builder", ["auto", "buildkit"])
+def test_a_dockerfile_only_buildkit_reads_builds_with_its_steps_offline(
+    pytester: pytest.Pytester, dataset: Dataset, built_images: list[Path], builder: str
 ) -> None:
-    two_sources_task(dataset, built_images)
-    result = run_harbor(pytester, dataset, "--harbor-set=sandbox_provider_options.builder=buildkit")
+    """By default (`auto`) the classic builder's refusal hands the build to BuildKit, whose
+    RUN steps have no network but the loopback, as with `builder = "buildkit"`."""
+    copying_task(
+        dataset, built_images, BUILDKIT_ONLY, 'test -x /copied && test "$(cat /networks)" = "lo "'
+    )
+    options = (
+        [] if builder == "auto" else [f"--harbor-set=sandbox_provider_options.builder={builder}"]
+    )
+    result = run_harbor(pytester, dataset, *options)
     result.assert_outcomes(passed=1)
 
 

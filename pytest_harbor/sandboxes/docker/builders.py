@@ -30,8 +30,10 @@ from pytest_harbor.sandboxes.docker.engine import (
 
 __all__ = [
     "ClassicBuild",
+    "ClassicRefusal",
     "builder_hint",
     "buildkit_build",
+    "buildx_answers",
     "buildx_options",
     "classic_options",
     "failed_build",
@@ -60,6 +62,30 @@ def builder_hint(builder: str) -> str:
         f"--harbor-set {BUILDER_SETTING}=buildkit builds with BuildKit (the docker buildx "
         "plugin), its RUN steps offline"
     )
+
+
+class ClassicRefusal(SandboxStartError):
+    """The classic builder refused a Dockerfile's form (a flag or syntax of BuildKit's),
+    before or instead of running its steps: BuildKit may read it."""
+
+    def __init__(self, message: str, *, refusal: str) -> None:
+        super().__init__(message)
+        self.refusal = refusal
+
+
+def buildx_answers(endpoint: Endpoint | None = None) -> bool:
+    """Whether `docker buildx` answers for the engine at `endpoint`."""
+    try:
+        answer = subprocess.run(
+            ["docker", "buildx", "version"],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=30,
+            env=cli_environment(endpoint),
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return answer.returncode == 0
 
 
 def buildx_options(options: BuildOptions, dockerfile: Path | None) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import os
 import tempfile
@@ -35,13 +36,16 @@ from pytest_harbor.sandboxes.base import (
 )
 from pytest_harbor.sandboxes.docker.builders import (
     ClassicBuild,
+    ClassicRefusal,
     builder_hint,
     buildkit_build,
+    buildx_answers,
     buildx_options,
     classic_options,
     failed_build,
     note_failed_build,
 )
+from pytest_harbor.sandboxes.docker.dockerfiles import classic_dockerfile, only_buildkit_reads
 from pytest_harbor.sandboxes.docker.engine import (
     ENGINE_ERRORS,
     KILL_GRACE_S,
@@ -83,6 +87,7 @@ class EngineImages:
         self.peers: list[EngineImages] = []
         self._builder_option = builder
         self._builder: str | None = None
+        self._buildx: bool | None = None
         self._present: set[str] = set()
         self._tags: dict[tuple[Path, BuildOptions], str] = {}
         self._configs: dict[str, ImageConfig] = {}
@@ -379,7 +384,8 @@ class EngineImages:
                 what = f"building the dockerfile_inline of {source.context_dir}"
             if options.target is not None:
                 what += f" (target {options.target})"
-            self._run_build(
+            build = functools.partial(
+                self._run_build,
                 source.context_dir,
                 tag=tag,
                 # The run's labels win over the file's.
@@ -389,8 +395,28 @@ class EngineImages:
                 budget_name="[environment].build_timeout_sec",
                 nocache=options.no_cache,
                 options=options,
-                dockerfile=dockerfile,
             )
+            try:
+                if self.builder == "buildkit":
+                    build(dockerfile=dockerfile)
+                else:
+                    build(dockerfile=_in_classic_words(source.context_dir, dockerfile, scratch))
+            except ClassicRefusal as refusal:
+                if self._builder_option != "auto":
+                    raise
+                if not self._buildx_answers():
+                    raise SandboxStartError(
+                        f"{refusal}\n(docker buildx does not answer here: with its plugin "
+                        "installed, BuildKit builds what the classic builder cannot read)"
+                    ) from None
+                log.info("%s: the classic builder cannot read it; building with BuildKit", what)
+                try:
+                    build(dockerfile=dockerfile, builder="buildkit")
+                except SandboxStartError as error:
+                    raise SandboxStartError(
+                        f"the classic builder cannot read it ({refusal.refusal}), so BuildKit "
+                        f"built it, its RUN steps offline: {error}"
+                    ) from None
         if not self._has_image(tag):
             raise SandboxStartError(f"{what} produced no image {tag}")
 
@@ -415,9 +441,11 @@ class EngineImages:
         nocache: bool = False,
         options: BuildOptions | None = None,
         dockerfile: Path | None = None,
+        builder: str | None = None,
     ) -> None:
-        options = self._confined(context, options or BuildOptions())
-        if self.builder == "buildkit":
+        builder = builder or self.builder
+        options = self._confined(context, options or BuildOptions(), builder)
+        if builder == "buildkit":
             buildkit_build(
                 context,
                 tag=tag,
@@ -454,11 +482,20 @@ class EngineImages:
             )
         if build.error is not None:
             build.remove_steps()
-            raise SandboxStartError(
-                f"{what} failed: {build.error}\n{tail_lines(build.log)}\n" + builder_hint("classic")
+            message = f"{what} failed: {build.error}\n{tail_lines(build.log)}\n" + builder_hint(
+                "classic"
             )
+            if only_buildkit_reads(build.error):
+                raise ClassicRefusal(message, refusal=build.error)
+            raise SandboxStartError(message)
 
-    def _confined(self, context: Path, options: BuildOptions) -> BuildOptions:
+    def _buildx_answers(self) -> bool:
+        """Whether the buildx CLI plugin answers for this engine (asked once)."""
+        if self._buildx is None:
+            self._buildx = buildx_answers(self.endpoint)
+        return self._buildx
+
+    def _confined(self, context: Path, options: BuildOptions, builder: str) -> BuildOptions:
         """A task's build (anything but the engine's helper image) reaches what a sandbox
         does: the classic builder's steps join the network the border holds (`guard()`,
         which holds it first), BuildKit's steps go offline (on the engine's own driver they
@@ -466,7 +503,7 @@ class EngineImages:
         keeps none."""
         if self.guard is None or context == HELPER_CONTEXT or options.network == "none":
             return options
-        network = "none" if self.builder == "buildkit" else self.guard()
+        network = "none" if builder == "buildkit" else self.guard()
         return dataclasses.replace(options, network=network)
 
     def remove_image(self, image: str) -> None:
@@ -476,6 +513,22 @@ class EngineImages:
             pass
         except ENGINE_ERRORS as error:
             raise SandboxError(f"cannot remove image {image[:19]}: {explain(error)}") from None
+
+
+def _in_classic_words(context: Path, dockerfile: Path | None, scratch: str) -> Path | None:
+    """The Dockerfile to give the classic builder: `dockerfile` (the context's own when
+    None) or, when BuildKit and the classic builder read its form differently, a copy in
+    the classic builder's words in `scratch` (docker-py sends it inside the context)."""
+    path = dockerfile or context / "Dockerfile"
+    try:
+        rewritten = classic_dockerfile(path.read_text())
+    except (OSError, UnicodeDecodeError):
+        return dockerfile
+    if rewritten is None:
+        return dockerfile
+    copy = Path(scratch) / "classic.Dockerfile"
+    copy.write_text(rewritten)
+    return copy
 
 
 def _check_applets(api: docker.APIClient, helper: str, image: str) -> None:
