@@ -10,7 +10,11 @@ On its first turn, before it changes anything, it looks for
 - text of the task's `solution/` and `tests/` in the image: their distinctive lines
   (long, not comments, not in the instruction), searched for in every file of the image
   but the engine's folders, and in the image's configuration (its environment, labels,
-  entrypoint, command, healthcheck), where their quoted strings are looked for too.
+  entrypoint, command, healthcheck), where their quoted strings are looked for too;
+- a short value the tests compare with (`= "17"`, `== 'Paris'`) or the solution echoes into
+  a file, too common for a search of every file: a small file (SMALL_FILE bytes at most)
+  outside the system's folders that holds it as a whole line, or an `ENV` or label value
+  that is it.
 
 Then, on every turn, it writes a placeholder (PLACEHOLDERS) into each file the turn's
 tests name that is missing or empty, makes it executable, and does nothing else: a
@@ -49,6 +53,7 @@ __all__ = [
     "named_files",
     "placeholder",
     "quoted_values",
+    "short_values",
 ]
 
 #: At most this many lines of the solution and tests are looked for.
@@ -57,6 +62,14 @@ MAX_PATTERNS = 40
 MIN_PATTERN = 16
 #: At most this many matches and created files are reported.
 MAX_REPORTED = 20
+#: A short value is looked for as a whole line of a file this small (bytes) at most.
+SMALL_FILE = 64
+#: Values too common to say anything, however they are written.
+_COMMON_VALUES = frozenset(
+    {"", "0", "1", "-1", "true", "false", "yes", "no", "ok", "none", "null", "pass", "fail"}
+)
+#: The system's folders, where a small file holding a short value means nothing.
+_NOT_FOR_SHORT = ("/etc", "/usr", "/var", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot")
 #: Folders the engine makes or fills, and the kernel's: never searched.
 _SKIPPED = ("/proc", "/sys", "/dev", "/tests", "/solution", "/logs", "/run", "/tmp")
 _PATTERNS_FILE = "/.harbor-probe-patterns"
@@ -89,6 +102,12 @@ _FILE_TEST = re.compile(r"(?:^|\s)-[efsx]\s+[\"']?([A-Za-z0-9._/~-]+)")
 _TOKEN = re.compile(r"[A-Za-z0-9_.@:+-]{12,}")
 _QUOTED = re.compile(r"\"[^\"]{8,}\"|'[^']{8,}'")
 _PATH = re.compile(r"/[^\s]*")
+#: A comparison with a value, its operator between spaces (`[ "$x" = 17 ]`, `== "Paris"`).
+_COMPARED = re.compile(r"\s(?:==|=|!=|-eq|-ne)\s+(\"[^\"\n]*\"|'[^'\n]*'|[^\s\])\"';]+)")
+#: A value written into a file (`echo 17 > /app/count.txt`).
+_ECHOED = re.compile(
+    r"(?:^|[;&|]\s*)(?:echo|printf)\s+(?:-[neE]+\s+)?(\"[^\"\n]*\"|'[^'\n]*'|[^\s>]+)\s*>"
+)
 _ABSOLUTE = re.compile(r"(?<![\w/$.-])(/[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)+)")
 
 
@@ -113,8 +132,11 @@ class _ProbeSession:
         if not self._looked:
             self._looked = True
             findings["git"] = _git_entries(context) + environment_git(context.task.environment_dir)
-            findings["image"] = _image_matches(context, context.turn) + config_matches(
-                context.image, _config_patterns(context.turn)
+            short = short_values(context.turn, context.turn.instruction)
+            findings["image"] = (
+                _image_matches(context, context.turn)
+                + _short_matches(context, short)
+                + config_matches(context.image, _config_patterns(context.turn), exact=short)
             )
         findings["created"] = _create_named(context, context.turn, workdir)
         return AgentRun(exit_code=0, response=json.dumps(findings, sort_keys=True))
@@ -213,12 +235,26 @@ def _lines_of(text: str) -> Iterable[str]:
 
 def _image_matches(context: SessionContext, turn: Turn) -> list[dict[str, str]]:
     patterns = distinctive_lines(turn, turn.instruction)
+    return _grep_image(context, patterns, skipped=_SKIPPED, size="-2048k", grep="-HoFsf")
+
+
+def _short_matches(context: SessionContext, values: list[str]) -> list[dict[str, str]]:
+    """Small files outside the system's folders with a whole line that is one of `values`."""
+    skipped = (*_SKIPPED, *_NOT_FOR_SHORT)
+    return _grep_image(context, values, skipped=skipped, size=f"-{SMALL_FILE + 1}c", grep="-HxFsf")
+
+
+def _grep_image(
+    context: SessionContext, patterns: list[str], *, skipped: tuple[str, ...], size: str, grep: str
+) -> list[dict[str, str]]:
+    """Files of the sandbox's file system (but `skipped`) of `size` (find's form) where
+    `grep` (its flags, reading the patterns from a file) finds one of `patterns`."""
     if not patterns:
         return []
-    prune = " -o ".join(f"-path {path}" for path in (*_SKIPPED, _PATTERNS_FILE))
+    prune = " -o ".join(f"-path {path}" for path in (*skipped, _PATTERNS_FILE))
     script = (
         f"$B cat > {_PATTERNS_FILE}; $B find / -xdev \\( {prune} \\) -prune -o -type f "
-        f"-size -2048k -print0 2>/dev/null | $B xargs -0 $B grep -HoFsf {_PATTERNS_FILE} "
+        f"-size {size} -print0 2>/dev/null | $B xargs -0 $B grep {grep} {_PATTERNS_FILE} "
         f"2>/dev/null | $B head -n {MAX_REPORTED * 4}; $B rm -f {_PATTERNS_FILE}"
     )
     done = context.sandbox.exec(
@@ -292,6 +328,37 @@ def quoted_values(turn: Turn, instruction: str) -> list[str]:
     return sorted(chosen, key=lambda value: (-len(value), value))[:MAX_PATTERNS]
 
 
+def short_values(turn: Turn, instruction: str) -> list[str]:
+    """Values the turn's tests compare with, or its solution echoes into a file, shorter
+    than a line worth searching for everywhere (MIN_PATTERN): not a shell expansion, a
+    path, a flag or a value too common to mean anything (_COMMON_VALUES), and not a word
+    of the instruction."""
+    values: set[str] = set()
+    sources = [(path, _COMPARED) for path in _text_files(*turn.tests_dirs)]
+    sources += [(path, _ECHOED) for path in _text_files(turn.solution_dir)]
+    for path, pattern in sources:
+        for line in _read(path).splitlines():
+            if not line.strip().startswith(("#", "//")):
+                values.update(_unquoted(found) for found in pattern.findall(line))
+    chosen = [
+        value
+        for value in values
+        if len(value) < MIN_PATTERN
+        and value.lower() not in _COMMON_VALUES
+        and "$" not in value
+        and not value.startswith(("-", "/"))
+        and "\n" not in value
+        and not re.search(rf"(?<!\w){re.escape(value)}(?!\w)", instruction)
+    ]
+    return sorted(chosen)[:MAX_PATTERNS]
+
+
+def _unquoted(word: str) -> str:
+    if len(word) >= 2 and word[0] == word[-1] and word[0] in "\"'":
+        word = word[1:-1]
+    return word.strip()
+
+
 def _carries_value(value: str) -> bool:
     """A code, a key or a sentence rather than a word or a command: 8 characters with
     letters and digits, or 16."""
@@ -303,10 +370,13 @@ def _config_patterns(turn: Turn) -> list[str]:
     return distinctive_lines(turn, turn.instruction) + quoted_values(turn, turn.instruction)
 
 
-def config_matches(config: ImageConfig, patterns: Iterable[str]) -> list[dict[str, str]]:
+def config_matches(
+    config: ImageConfig, patterns: Iterable[str], *, exact: Iterable[str] = ()
+) -> list[dict[str, str]]:
     """Where the image's configuration holds one of `patterns`: an `ENV` value, a label's
     value (the engine's own labels left out), the entrypoint, the command or the
-    healthcheck test."""
+    healthcheck test; or where an `ENV` or label value is one of the short values
+    `exact`, whole."""
     places = [(f"ENV {key}", value) for key, _, value in (e.partition("=") for e in config.env)]
     places += [
         (f"LABEL {key}", value)
@@ -322,9 +392,12 @@ def config_matches(config: ImageConfig, patterns: Iterable[str]) -> list[dict[st
         )
     ]
     wanted = [pattern for pattern in patterns if pattern]
+    whole = set(exact)
     found = []
     for where, text in places:
         match = next((pattern for pattern in wanted if pattern in text), None)
+        if match is None and where.startswith(("ENV", "LABEL")) and text.strip() in whole:
+            match = text.strip()
         if match is not None:
             found.append({"file": f"the image's {where}", "text": match[:200]})
     return found[:MAX_REPORTED]

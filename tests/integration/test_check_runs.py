@@ -53,6 +53,7 @@ def test_the_check_finds_each_broken_task_and_lf_runs_them_again(
     assert kinds["filled-only"] == ["probe-scores"]
     assert kinds["answer-in-image"] == ["answer-in-image"]
     assert kinds["answer-in-label"] == ["answer-in-image"]
+    assert kinds["short-answer"] == ["answer-in-image"]
     assert kinds["git-history"] == ["git-history"]
     assert kinds["git-submodule"] == ["git-history"]
     assert kinds["git-elsewhere"] == ["git-history"]
@@ -71,7 +72,7 @@ def test_the_check_finds_each_broken_task_and_lf_runs_them_again(
     assert tasks["plain-image"]["probe_reward"] == 0.0
     result.stdout.fnmatch_lines(
         [
-            f"{demo.name}: task check (oracle x2, nop and probe per task): 16 task(s), "
+            f"{demo.name}: task check (oracle x2, nop and probe per task): 17 task(s), "
             f"{sum(bool(found) for found in kinds.values())} with problems",
             "  task *  problem *  detail",
             "  accepts-anything  nop-passes * an agent that does nothing scores 1: the verifier "
@@ -92,6 +93,8 @@ def test_the_check_finds_each_broken_task_and_lf_runs_them_again(
             "  git-history * git-history * /app/.git: a git history an agent can read *",
             "  git-submodule * git-history * /srv/site/vendor/theme/.git: a git history *",
             "  no-solution * no-solution * unvalidated: the task has no solution/solve.sh",
+            "  short-answer * answer-in-image * the image holds text of the task's solution/ "
+            "or tests/: /app/.tally holds `9`",
             "  slow-solution * slow-oracle * solve.sh took 3.* s of its 5 s timeout",
             "  unknown-key * load-warning * task.toml: unknown key ignored: environment.cpu "
             "(line 14): did you mean environment.cpus?",
@@ -108,7 +111,7 @@ def test_the_check_finds_each_broken_task_and_lf_runs_them_again(
     assert "nop-passes" in page and "accepts-anything" in page
     rows = demo.rows(pytester.path / RESULTS_DIR)
     assert {row["agent"] for row in rows} == {"oracle"}
-    assert len(rows) == 15 * 2  # no-solution's trials are skipped
+    assert len(rows) == 16 * 2  # no-solution's trials are skipped
     # --lf: every item of each task with a problem (its passing items too), nothing else.
     again = run_harbor(
         pytester, demo, "--harbor-check", "--harbor-check-repeats=2", "-n", "2", "--lf"

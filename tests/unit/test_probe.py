@@ -20,6 +20,7 @@ from pytest_harbor.harnesses.probe import (
     named_files,
     placeholder,
     quoted_values,
+    short_values,
 )
 from pytest_harbor.sandboxes.base import TRUSTED_BUSYBOX, ExecResult, ImageConfig
 from pytest_harbor.tasks import load_task
@@ -208,3 +209,39 @@ def test_an_ordinary_images_configuration_holds_no_answer(tmp_path: Path) -> Non
         healthcheck=("CMD", "python3", "-c", "import json"),
     )
     assert config_matches(ordinary, patterns) == []
+
+
+def test_short_values_the_tests_compare_with_or_the_solution_writes_are_looked_for(
+    tmp_path: Path,
+) -> None:
+    task = write_task(
+        tmp_path,
+        "t",
+        instruction="Count the errors in /app/log.txt and write the count to /app/count.txt.\n",
+        solve_sh="#!/bin/bash\necho 17 > /app/count.txt\nprintf 'Paris' > /app/city.txt\n",
+        test_sh=(
+            '[ "$(cat /app/count.txt)" = "17" ] && [ "$(cat /app/city.txt)" == Paris ]\n'
+            '[ "$n" -eq 3 ] && [ "$x" != "$y" ] && [ "$ok" = 1 ] && [ "$flag" = "true" ]\n'
+            'python3 -c "assert len(rows) == 4" && timeout=10 && [ "$p" = /app/count.txt ]\n'
+            "# [ x = commented ]\n"
+        ),
+    )
+    turn = load_task(task).turns[0]
+    # `1`, `true` too common; `$y` an expansion; `timeout=10` no comparison; a path; a
+    # comment; `4)"` is cut where the word ends.
+    assert short_values(turn, turn.instruction) == ["17", "3", "4", "Paris"]
+    # A value the instruction names is no answer hidden in the image.
+    assert "17" not in short_values(turn, "There are 17 errors.")
+
+
+def test_a_short_value_is_found_whole_in_the_images_env_or_labels_only(tmp_path: Path) -> None:
+    config = ImageConfig(
+        env=("PATH=/usr/bin", "EXPECTED_COUNT=17", "PORT=1789"),
+        labels={"org.example.count": " 17 ", "org.example.build": "build 17"},
+        cmd=("sleep", "17"),
+    )
+    found = config_matches(config, [], exact=["17"])
+    assert [entry["file"] for entry in found] == [
+        "the image's ENV EXPECTED_COUNT",
+        "the image's LABEL org.example.count",
+    ]
