@@ -6,7 +6,6 @@ pid comes first on its stderr, and closing the pipe ends the command's process g
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 from collections.abc import Callable
 
@@ -15,29 +14,22 @@ from docker.utils.socket import STDOUT as _STDOUT
 
 from pytest_harbor.sandboxes.base import SandboxError
 from pytest_harbor.sandboxes.docker.stream import ExecConnection
-from pytest_harbor.sandboxes.output import CappedOutput
+from pytest_harbor.sandboxes.pipes import QueuedPipe
 
 __all__ = ["PID_FIRST", "DockerPipe"]
 
 #: Says the shell's pid on stderr, then becomes the command.
 PID_FIRST = 'echo "$$" >&2; exec "$@"'
-#: The most output chunks waiting to be received before the reader stops reading (the
-#: engine then holds the command's output: back-pressure, not loss).
-_QUEUED_CHUNKS = 256
 
 
-class DockerPipe:
+class DockerPipe(QueuedPipe):
     """A running command's stdin (`send`) and stdout (`receive`); see the module."""
 
     def __init__(self, connection: ExecConnection, kill: Callable[[int], None], what: str) -> None:
         self._connection = connection
         self._kill = kill
-        self._what = what
-        self._chunks: queue.Queue[bytes] = queue.Queue(maxsize=_QUEUED_CHUNKS)
-        self._err = CappedOutput(8192)
+        super().__init__(what)
         self._pid: int | None = None
-        self._closed = threading.Event()
-        self._ended = False
         self._reader = threading.Thread(target=self._read, name="harbor-pipe", daemon=True)
         self._reader.start()
 
@@ -45,12 +37,7 @@ class DockerPipe:
         try:
             for stream, data in self._connection.frames():
                 if stream == _STDOUT:
-                    while not self._closed.is_set():
-                        try:
-                            self._chunks.put(data, timeout=0.5)
-                            break
-                        except queue.Full:
-                            continue
+                    self._put(data)
                 elif stream == _STDERR:
                     self._err.append(data)
                     if self._pid is None:
@@ -58,8 +45,7 @@ class DockerPipe:
         except (OSError, ValueError):
             pass  # closed under us, or a torn frame: the output ends here
         finally:
-            with contextlib.suppress(queue.Full):
-                self._chunks.put_nowait(b"")
+            self._end()
 
     def _take_pid(self) -> None:
         line, newline, _ = bytes(self._err.head).partition(b"\n")
@@ -74,22 +60,6 @@ class DockerPipe:
             self._connection.send(data)
         except OSError as error:
             raise SandboxError(f"{self._what}: the pipe broke ({error})") from None
-
-    def receive(self, timeout: float | None = None) -> bytes:
-        """The next output of the command; b"" once it ended or the pipe was closed.
-        TimeoutError when nothing came within `timeout` seconds."""
-        if self._ended:
-            return b""
-        try:
-            chunk = self._chunks.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError(f"{self._what}: no output within {timeout:g} s") from None
-        if not chunk:
-            self._ended = True
-        return chunk
-
-    def stderr_tail(self) -> str:
-        return self._err.value().decode("utf-8", errors="replace")[-2000:]
 
     def close(self) -> None:
         if self._closed.is_set():

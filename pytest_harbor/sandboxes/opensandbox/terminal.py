@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import queue
 import secrets
 import shlex
 import threading
@@ -34,7 +33,7 @@ from pytest_harbor.sandboxes.base import SEALED_BUSYBOX, ExecResult, SandboxErro
 from pytest_harbor.sandboxes.opensandbox.api import ApiError, Bounds
 from pytest_harbor.sandboxes.opensandbox.commands import JOINED, command_line
 from pytest_harbor.sandboxes.opensandbox.execd import Execd
-from pytest_harbor.sandboxes.output import CappedOutput
+from pytest_harbor.sandboxes.pipes import QueuedPipe
 
 __all__ = [
     "Joining",
@@ -52,9 +51,6 @@ _JOINER = (
     'f=$1 S=$2; exec 3<&0; $S cat -- "$f/err" >&2 & $S cat <&3 >"$f/in" 3<&- & '
     '$S cat -- "$f/out" 3<&-; $S sleep 0.2; exit 0'
 )
-#: The most output chunks waiting to be received before the reader stops reading (execd
-#: then holds the output: back-pressure, not loss).
-_QUEUED_CHUNKS = 256
 _STDIN, _STDOUT, _STDERR = 0x00, 0x01, 0x02
 #: How long a close waits for execd to end the connection after the shell is killed.
 _CLOSE_WAIT_S = 1.0
@@ -194,19 +190,15 @@ def _json(message: str | bytes) -> dict[str, Any]:
     return frame if isinstance(frame, dict) else {}
 
 
-class TerminalPipe:
+class TerminalPipe(QueuedPipe):
     """A joined command's stdin (`send`) and stdout (`receive`) over a terminal session's
     WebSocket (see the module); `ended` runs once when it is closed."""
 
     def __init__(self, connection: Any, ended: Callable[[], None], what: str) -> None:
         self._connection = connection
         self._ended_hook = ended
-        self._what = what
-        self._chunks: queue.Queue[bytes] = queue.Queue(maxsize=_QUEUED_CHUNKS)
-        self._err = CappedOutput(8192)
-        self._closed = threading.Event()
+        super().__init__(what)
         self._close_lock = threading.Lock()
-        self._ended = False
         self._reader = threading.Thread(target=self._read, name="harbor-terminal", daemon=True)
         self._reader.start()
 
@@ -225,22 +217,13 @@ class TerminalPipe:
                 if not message:
                     continue
                 if message[0] == _STDOUT:
-                    self._queue(bytes(message[1:]))
+                    self._put(bytes(message[1:]))
                 elif message[0] == _STDERR:
                     self._err.append(bytes(message[1:]))
         except (WebSocketException, OSError):
             pass  # closed under us, or cut: the output ends here
         finally:
-            with contextlib.suppress(queue.Full):
-                self._chunks.put_nowait(b"")
-
-    def _queue(self, data: bytes) -> None:
-        while data and not self._closed.is_set():
-            try:
-                self._chunks.put(data, timeout=0.5)
-                return
-            except queue.Full:
-                continue
+            self._end()
 
     def send(self, data: bytes) -> None:
         from websockets.exceptions import WebSocketException
@@ -251,22 +234,6 @@ class TerminalPipe:
             self._connection.send(bytes([_STDIN]) + data)
         except (WebSocketException, OSError) as error:
             raise SandboxError(f"{self._what}: the pipe broke ({error})") from None
-
-    def receive(self, timeout: float | None = None) -> bytes:
-        """The next output of the command; b"" once it ended or the pipe was closed.
-        TimeoutError when nothing came within `timeout` seconds."""
-        if self._ended:
-            return b""
-        try:
-            chunk = self._chunks.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError(f"{self._what}: no output within {timeout:g} s") from None
-        if not chunk:
-            self._ended = True
-        return chunk
-
-    def stderr_tail(self) -> str:
-        return self._err.value().decode("utf-8", errors="replace")[-2000:]
 
     def close(self) -> None:
         with self._close_lock:
