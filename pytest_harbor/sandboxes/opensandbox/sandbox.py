@@ -41,7 +41,7 @@ from pytest_harbor.sandboxes.opensandbox.commands import (
 from pytest_harbor.sandboxes.opensandbox.egress import EgressPolicy, policy_of
 from pytest_harbor.sandboxes.opensandbox.execd import CommandEnd, DownloadStream, Execd
 from pytest_harbor.sandboxes.opensandbox.terminal import Joining, TerminalPipe, open_joined
-from pytest_harbor.sandboxes.opensandbox.users import Users, Who, parse_user
+from pytest_harbor.sandboxes.opensandbox.users import Users, UserSpec, Who, parse_user
 
 __all__ = ["INPUT_FOLDER", "IO_FOLDER", "KEPT_FOLDER", "OpenSandboxSandbox"]
 
@@ -141,6 +141,15 @@ class OpenSandboxSandbox:
             command, user=user, workdir=workdir, env=env, timeout=timeout, stdin=stdin
         )
 
+    def _who(self, user: str | None) -> tuple[Who | None, UserSpec]:
+        """The numbers a command as `user` (the sandbox's user when None) runs with, None
+        when a name is not in the sandbox's files; and the user as parsed."""
+        spec = parse_user(user or self._user or "0:0")
+        try:
+            return self._users.resolve(spec), spec
+        except ApiError as error:
+            raise self._failed(error, "reading its users") from None
+
     def _exec(
         self,
         command: Sequence[str],
@@ -154,11 +163,7 @@ class OpenSandboxSandbox:
     ) -> ExecResult:
         """exec(); without `recover`, a stream that fails is an ApiError at once (the
         reading back of a command's copy does not read back its own)."""
-        spec = parse_user(user or self._user or "0:0")
-        try:
-            who = self._users.resolve(spec)
-        except ApiError as error:
-            raise self._failed(error, "reading its users") from None
+        who, spec = self._who(user)
         if who is None:
             message = f"unable to find user {spec.name}: no matching entries in passwd file\n"
             return ExecResult(exit_code=126, stderr_bytes=message.encode())
@@ -352,11 +357,7 @@ class OpenSandboxSandbox:
         workdir: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> TerminalPipe:
-        spec = parse_user(user or self._user or "0:0")
-        try:
-            who = self._users.resolve(spec)
-        except ApiError as error:
-            raise self._failed(error, "reading its users") from None
+        who, spec = self._who(user)
         if who is None:
             raise SandboxError(f"sandbox {self._id}: unable to find user {spec.name}")
         home = self._home_for(who, env)
