@@ -9,16 +9,24 @@ import http.client
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from pytest_harbor.relay.reports import GrantReport, GrantRequest, RelayStart, RunSpend
+from pytest_harbor.relay.reports import (
+    RELAY_FOLDER_PREFIX,
+    GrantReport,
+    GrantRequest,
+    RelayStart,
+    RunSpend,
+)
 from pytest_harbor.relay.upstream import RELAY_BASE
 
 __all__ = ["RelayAddress", "RelayClient", "RelayError", "RelayProcess"]
@@ -125,7 +133,8 @@ class RelayProcess:
     def start(cls, start: RelayStart | dict[str, Any], *, log: Path) -> RelayProcess:
         """Start the relay with `start` (its control socket chosen here, in a folder only
         this user may enter, when `start` is a dict without one); raises RelayError."""
-        folder = Path(tempfile.mkdtemp(prefix="pytest-harbor-relay-"))
+        _sweep_stale_folders(Path(tempfile.gettempdir()))
+        folder = Path(tempfile.mkdtemp(prefix=RELAY_FOLDER_PREFIX))
         values = start.model_dump() if isinstance(start, RelayStart) else dict(start)
         values.setdefault("control_socket", str(folder / "control.sock"))
         config = RelayStart.model_validate(values)
@@ -177,6 +186,39 @@ class RelayProcess:
             os.unlink(self.address.control_socket)
         with contextlib.suppress(OSError):
             self._folder.rmdir()
+
+
+#: A relay's folder younger than this may be a run's that is still starting its relay.
+_STALE_S = 120.0
+
+
+def _sweep_stale_folders(temp: Path) -> None:
+    """The folders of relays that are gone (killed with their run, before they could
+    remove their own): this user's, older than _STALE_S, whose socket no one answers."""
+    for folder in temp.glob(f"{RELAY_FOLDER_PREFIX}*"):
+        try:
+            info = folder.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            if time.time() - info.st_mtime < _STALE_S:
+                continue
+            control = folder / "control.sock"
+            if control.exists() and _answers(control):
+                continue
+            control.unlink(missing_ok=True)
+            folder.rmdir()
+        except OSError:
+            continue  # another run's sweep took it, or something else is in it
+
+
+def _answers(control: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(control))
+        except OSError:
+            return False
+    return True
 
 
 def _read_line(process: subprocess.Popen[bytes], seconds: float) -> bytes:

@@ -56,6 +56,11 @@ class Counts(BaseModel):
         )
 
 
+#: The prefix of the folder a run makes for its relay's control socket; the relay removes
+#: such a folder, with the socket, as it ends, so that a run killed mid-way leaves neither.
+RELAY_FOLDER_PREFIX = "pytest-harbor-relay-"
+
+
 class RelayStart(BaseModel):
     """What the relay's process is started with (on its input, never its command line:
     the key is in it)."""

@@ -34,7 +34,7 @@ from pytest_harbor.relay.calls import Exchanges, refusal_body
 from pytest_harbor.relay.cassettes import request_key
 from pytest_harbor.relay.ledger import MOST_AT_ONCE, Budget, Grant, Ledger
 from pytest_harbor.relay.prices import PriceTable, default_prices, load_prices
-from pytest_harbor.relay.reports import Counts, GrantRequest, RelayStart
+from pytest_harbor.relay.reports import RELAY_FOLDER_PREFIX, Counts, GrantRequest, RelayStart
 from pytest_harbor.relay.upstream import AUTH_HEADERS, Upstream
 from pytest_harbor.relay.usage import CallUsage
 from pytest_harbor.relay.wire import (
@@ -353,11 +353,12 @@ async def _run(start: RelayStart, prices: PriceTable, say: Callable[[str], None]
     port = await relay.listen("127.0.0.1")
     control = await relay.serve_control(start.control_socket)
     os.chmod(start.control_socket, 0o600)
-    say(json.dumps({"port": port}))
     loop = asyncio.get_running_loop()
     ended = asyncio.Event()
+    # Before the port is said: the run may be killed the moment it has it.
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, ended.set)
+    say(json.dumps({"port": port}))
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     waiting = asyncio.ensure_future(reader.read())
@@ -365,6 +366,17 @@ async def _run(start: RelayStart, prices: PriceTable, say: Callable[[str], None]
     await asyncio.wait([waiting, stopping], return_when=asyncio.FIRST_COMPLETED)
     control.close()
     relay.close()
+    _remove_socket(Path(start.control_socket))
+
+
+def _remove_socket(socket: Path) -> None:
+    """The control socket goes as the relay ends (its run may be gone, killed), and the
+    folder the run made for it (RELAY_FOLDER_PREFIX) with it, when nothing else is there."""
+    with contextlib.suppress(OSError):
+        socket.unlink()
+    if socket.parent.name.startswith(RELAY_FOLDER_PREFIX):
+        with contextlib.suppress(OSError):
+            socket.parent.rmdir()
 
 
 def main() -> None:

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +22,7 @@ import httpx
 import pytest
 
 from pytest_harbor.relay import RelayClient
+from pytest_harbor.relay.control import _sweep_stale_folders
 from tests.anthropic_server import MessagesRequest, ScriptedMessages, text
 from tests.model_server import ChatRequest, Reply, ScriptedModel, answer, error
 from tests.relay_fixture import KEY, MODEL, Start, grant
@@ -230,7 +234,8 @@ def test_a_recording_keeps_no_secret_an_answer_carries(relay: Start, tmp_path: P
 
 
 def test_the_relay_ends_with_the_process_that_started_it(tmp_path: Path) -> None:
-    """A run killed at any moment leaves no relay behind: its input closes."""
+    """A run killed at any moment leaves no relay behind: its input closes, and it
+    removes its control socket and the folder the run made for it."""
     log = str(tmp_path / "r.log")
     code = (
         "import sys, time\n"
@@ -238,14 +243,16 @@ def test_the_relay_ends_with_the_process_that_started_it(tmp_path: Path) -> None
         "from pytest_harbor.relay import RelayProcess\n"
         "p = RelayProcess.start({'upstream': 'http://127.0.0.1:9/v1'}, "
         f"log=Path({log!r}))\n"
-        "print(p.process.pid, flush=True)\n"
+        "print(p.process.pid, p.address.control_socket, flush=True)\n"
         "time.sleep(60)\n"
     )
     parent = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, env={**os.environ}
     )
     assert parent.stdout is not None
-    pid = int(parent.stdout.readline())
+    said, control = parent.stdout.readline().split()
+    pid, folder = int(said), Path(control.decode()).parent
+    assert folder.name.startswith("pytest-harbor-relay-") and folder.is_dir()
     os.kill(pid, 0)  # it runs
     parent.send_signal(signal.SIGKILL)
     parent.wait()
@@ -259,3 +266,47 @@ def test_the_relay_ends_with_the_process_that_started_it(tmp_path: Path) -> None
     else:
         os.kill(pid, signal.SIGKILL)
         pytest.fail("the relay outlived the process that started it")
+    assert not folder.exists(), "the relay left its control socket's folder"
+
+
+def test_a_relay_start_sweeps_the_folders_of_relays_killed_outright() -> None:
+    """A relay killed with SIGKILL cannot remove its folder: the next run's start does,
+    when it is old enough and its socket answers no one; nothing else is touched."""
+    old = time.time() - 600
+    # Short: a socket's path has at most 107 bytes.
+    tmp_path = Path(tempfile.mkdtemp(prefix="relays-"))
+
+    def relay_folder(name: str, *, listening: bool = False, age: float = old) -> Path:
+        folder = tmp_path / f"pytest-harbor-relay-{name}"
+        folder.mkdir()
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(folder / "control.sock"))
+        if listening:
+            server.listen(1)
+            held.append(server)
+        else:
+            server.close()
+        os.utime(folder, (age, age))
+        return folder
+
+    held: list[socket.socket] = []
+    try:
+        dead = relay_folder("dead")
+        young = relay_folder("young", age=time.time())
+        live = relay_folder("live", listening=True)
+        crowded = relay_folder("crowded")
+        (crowded / "other").write_text("not the relay's")
+        os.utime(crowded, (old, old))
+        empty = tmp_path / "pytest-harbor-relay-empty"
+        empty.mkdir()
+        os.utime(empty, (old, old))
+        unrelated = tmp_path / "something-else"
+        unrelated.mkdir()
+        os.utime(unrelated, (old, old))
+        _sweep_stale_folders(tmp_path)
+        assert not dead.exists() and not empty.exists()
+        assert young.exists() and live.exists() and crowded.exists() and unrelated.exists()
+    finally:
+        for server in held:
+            server.close()
+        shutil.rmtree(tmp_path)
