@@ -287,7 +287,10 @@ def test_expect_100_continue_does_not_hand_one_episode_s_answer_to_another(
         got = raw(
             client.address.port,
             request("POST", "/v1/chat/completions", agent, body, headers=("Expect: 100-continue",)),
-            read_for=2.0,
+            # Until the agent has its answer, however slow the machine: a read cut short
+            # leaves the call half taken, which is not this attack.
+            read_for=15.0,
+            until=b"answer to the agent",
         )
         innocent = httpx.post(
             f"{client.host_url}/chat/completions",
