@@ -28,19 +28,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_harbor.labels import LABEL_PREFIX
+from pytest_harbor.tasks.dockerfile_text import read_dockerfile
 from pytest_harbor.tasks.errors import TaskLoadError
 from pytest_harbor.tasks.registries import registry_problem
 
-__all__ = ["DIRECTIVE", "MAX_DOCKERFILE_BYTES", "check_dockerfile", "check_dockerfile_text"]
+__all__ = ["MAX_DOCKERFILE_BYTES", "check_dockerfile", "check_dockerfile_text"]
 
 #: A Dockerfile larger than this is refused before it is read.
 MAX_DOCKERFILE_BYTES = 1 << 20
-#: A parser directive, one of the comment lines before anything else (`# escape=\``).
-DIRECTIVE = re.compile(r"^#\s*([a-zA-Z]+)\s*=\s*(\S*)\s*$")
 #: Docker's own Dockerfile frontends (any version, optionally pinned by digest).
 _OWN_FRONTEND = re.compile(
     r"^(docker\.io/)?docker/dockerfile(-upstream)?(:[\w][\w.-]*)?(@sha256:[0-9a-f]{64})?$"
 )
+#: Label keys a Dockerfile may not give: pytest-harbor's own and Compose's.
+RESERVED_LABELS = (LABEL_PREFIX, "com.docker.compose.")
 _MOUNT_TYPES = frozenset({"bind", "tmpfs"})
 _NETWORKS = frozenset({"default", "none"})
 _WHY = {
@@ -102,53 +104,23 @@ def check_dockerfile_text(
 ) -> str | None:
     """What in the Dockerfile `text` asks for more than a task may have (`line N: ...`),
     or None. `args` are the build's arguments; `allow_remote_add` lets `ADD` fetch a URL
-    or a git repository."""
-    escape = "\\"
-    lines = text.splitlines()
-    number = 0
-    # Parser directives: the comment lines before anything else.
-    for number, line in enumerate(lines, 1):
-        found = DIRECTIVE.match(line.strip())
-        if not found:
-            break
-        name, value = found.group(1).lower(), found.group(2)
-        if name == "escape" and value in ("\\", "`"):
-            escape = value
-        elif name == "syntax" and not _OWN_FRONTEND.match(value):
+    or a git repository. The file is read as Docker's parser reads it (dockerfile_text)."""
+    read = read_dockerfile(text)
+    if read.problem is not None:
+        return read.problem
+    for number, name, value in read.directives:
+        if name == "syntax" and not _OWN_FRONTEND.match(value):
             return (
                 f"line {number}: # syntax={value} names an image whose code would run the "
                 "build; only Docker's own frontend (docker/dockerfile) may be named"
             )
-    instructions = _instructions(lines, escape)
+    instructions = [(instruction.line, instruction.text) for instruction in read.instructions]
     build = _Build(_values(instructions, args or {}), allow_remote_add)
     for number, instruction in instructions:
         problem = _check_instruction(instruction, build)
         if problem is not None:
             return f"line {number}: {problem}"
     return None
-
-
-def _instructions(lines: list[str], escape: str) -> list[tuple[int, str]]:
-    """The instructions with their first line's number: continued lines joined, comment
-    lines (which may sit inside a continuation) left out."""
-    found: list[tuple[int, str]] = []
-    parts: list[str] = []
-    first = 0
-    for number, raw in enumerate(lines, 1):
-        line = raw.strip()
-        if line.startswith("#") or (not line and not parts):
-            continue
-        if not parts:
-            first = number
-        if line.endswith(escape):
-            parts.append(line[: -len(escape)])
-            continue
-        parts.append(line)
-        found.append((first, " ".join(parts)))
-        parts = []
-    if parts:
-        found.append((first, " ".join(parts)))
-    return found
 
 
 def _split(instruction: str) -> tuple[str, str]:
@@ -233,7 +205,27 @@ def _check_add(rest: str, build: _Build) -> str | None:
     return None
 
 
+def _check_label(rest: str, build: _Build) -> str | None:
+    """A label of pytest-harbor's own or Compose's (which the run's sweeps and Compose
+    read on a container, and a container inherits from its image), in any value its
+    variables may take."""
+    try:
+        words = shlex.split(rest)
+    except ValueError:
+        words = rest.split()
+    for word in words:
+        key = word.partition("=")[0]
+        keys = _expansions(_plain(key), build.values)
+        if keys is None:
+            return f"LABEL {key}: its variables cannot be read here; write the key out"
+        reserved = sorted(k for k in keys if k.strip().lower().startswith(RESERVED_LABELS))
+        if reserved:
+            return f"LABEL {reserved[0]}: a label of pytest-harbor's or Compose's own"
+    return None
+
+
 _CHECKS: dict[str, Callable[[str, _Build], str | None]] = {
+    "LABEL": _check_label,
     "RUN": _check_run,
     "FROM": _check_from,
     "COPY": _check_copy,

@@ -29,6 +29,7 @@ from pytest_harbor.sandboxes.docker.engine import (
 )
 
 __all__ = [
+    "BUILDER_SETTING",
     "ClassicBuild",
     "ClassicRefusal",
     "builder_hint",
@@ -200,6 +201,11 @@ def note_failed_build(tag: str, run: str, error: str) -> None:
             _failure_file(tag).write_text(json.dumps({"run": run, "error": error}))
 
 
+#: What a classic build keeps of its output: its last lines, each cut to so many characters.
+LOG_LINES = 200
+LINE_CHARS = 2000
+
+
 class ClassicBuild:
     """One image build, followed event by event (run() in a thread of its own)."""
 
@@ -209,7 +215,10 @@ class ClassicBuild:
     def __init__(self, api: docker.APIClient, **arguments: Any) -> None:
         self._api = api
         self._arguments = arguments
+        #: The last lines of the build's output (LOG_LINES, each cut at LINE_CHARS): a step
+        #: that prints without end costs the run no more.
         self.log: list[str] = []
+        self._steps: list[str] = []
         self.error: str | None = None
         self._step_container: str | None = None
 
@@ -217,7 +226,7 @@ class ClassicBuild:
         try:
             for event in self._api.build(**self._arguments):
                 text = str(event.get("stream", ""))
-                self.log.extend(text.splitlines())
+                self._keep(text.splitlines())
                 running = self._STEP_CONTAINER.search(text)
                 if running:
                     self._step_container = running.group(1)
@@ -228,11 +237,19 @@ class ClassicBuild:
         except TRANSPORT_ERRORS as error:
             self.error = str(error)
 
+    def _keep(self, lines: list[str]) -> None:
+        for line in lines:
+            step = self._STEP_IMAGE.match(line.strip())
+            if step is not None:
+                self._steps.append(step.group(1))
+        self.log.extend(line[:LINE_CHARS] for line in lines[-LOG_LINES:])
+        if len(self.log) > 2 * LOG_LINES:
+            del self.log[:-LOG_LINES]
+
     def remove_steps(self) -> None:
         """After a failed build: the untagged images its finished steps left (kept by the
         builder as a cache) go, latest first; tagged ones and those still used stay."""
-        steps = [m.group(1) for line in self.log if (m := self._STEP_IMAGE.match(line.strip()))]
-        for image in reversed(steps):
+        for image in reversed(self._steps):
             with contextlib.suppress(docker.errors.APIError):
                 if not self._api.inspect_image(image).get("RepoTags"):
                     self._api.remove_image(image)

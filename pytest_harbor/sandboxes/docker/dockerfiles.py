@@ -14,73 +14,46 @@ from __future__ import annotations
 import json
 import re
 
-from pytest_harbor.tasks.dockerfiles import DIRECTIVE
+from pytest_harbor.tasks.dockerfile_text import read_dockerfile
 
 __all__ = ["classic_dockerfile", "only_buildkit_reads"]
 
-_COMMENT = re.compile(r"^\s*#")
 
-#: What the classic builder answers to a Dockerfile it cannot read and BuildKit may:
-#: a flag or syntax of BuildKit's (`--chmod`, `--mount`, `--link`, heredocs) fails the
-#: parse or names BuildKit; several sources the rewrite could not reach (a wildcard).
+#: What the classic builder answers, first thing in its error, to a Dockerfile it cannot
+#: read and BuildKit may: a flag of BuildKit's (`--chmod`, `--mount`, `--link`) named, a
+#: failed parse (a heredoc), several sources the rewrite could not reach (a wildcard). A
+#: step that ran and failed says "The command '...' returned a non-zero code", whatever
+#: its command holds.
 _ONLY_BUILDKIT = re.compile(
-    r"requires BuildKit|dockerfile parse error|with more than one source file", re.IGNORECASE
+    r"^(?:the --[a-z-]+ option requires BuildKit\b|dockerfile parse error line \d+: "
+    r"|When using (?:COPY|ADD) with more than one source file\b)",
+    re.IGNORECASE,
 )
 
 
 def only_buildkit_reads(error: str) -> bool:
     """Whether the classic builder's `error` is a refusal of the Dockerfile's form (which
     BuildKit may read), rather than a step that ran and failed."""
-    return _ONLY_BUILDKIT.search(error) is not None
+    return _ONLY_BUILDKIT.match(error.strip()) is not None
 
 
 def classic_dockerfile(text: str) -> str | None:
     """`text` with each `COPY` or `ADD` of several sources to a destination without a
-    trailing `/` given that `/`; None when no instruction needs it."""
-    lines = text.splitlines()
-    escape = _escape_character(lines)
-    continued = re.compile(re.escape(escape) + r"[ \t]*$")
+    trailing `/` given that `/`; None when no instruction needs it. The file is read as
+    Docker reads it (tasks/dockerfile_text.py), so an instruction of the copy is one of
+    the file's, and each keeps its first line."""
+    read = read_dockerfile(text)
+    lines = list(read.lines)
     changed = False
-    index = 0
-    while index < len(lines):
-        first = index
-        line = lines[index].lstrip()
-        index += 1
-        if not line or _COMMENT.match(line):
-            continue
-        logical, ends = _trim(line, continued)
-        while not ends and index < len(lines):
-            raw = lines[index]
-            index += 1
-            if _COMMENT.match(raw) or not raw.strip():
-                continue
-            more, ends = _trim(raw, continued)
-            logical += more
-        rewritten = _directory_destination(logical)
+    for instruction in read.instructions:
+        rewritten = _directory_destination(instruction.text)
         if rewritten is not None:
-            lines[first:index] = [rewritten] + [""] * (index - first - 1)
+            span = instruction.end - instruction.line + 1
+            lines[instruction.line - 1 : instruction.end] = [rewritten] + [""] * (span - 1)
             changed = True
     if not changed:
         return None
     return "\n".join(lines) + "\n"
-
-
-def _escape_character(lines: list[str]) -> str:
-    """The escape character the file's directives name (a backslash by default). The
-    directives are the comments of the form `# name=value` before anything else."""
-    for line in lines:
-        directive = DIRECTIVE.match(line.strip())
-        if directive is None:
-            break
-        if directive.group(1).lower() == "escape" and directive.group(2) in ("\\", "`"):
-            return directive.group(2)
-    return "\\"
-
-
-def _trim(line: str, continued: re.Pattern[str]) -> tuple[str, bool]:
-    """A physical line without its continuation mark; whether the instruction ends on it."""
-    trimmed, marks = continued.subn("", line)
-    return trimmed, marks == 0
 
 
 def _directory_destination(instruction: str) -> str | None:

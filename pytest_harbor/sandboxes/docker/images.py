@@ -35,6 +35,7 @@ from pytest_harbor.sandboxes.base import (
     SandboxStartError,
 )
 from pytest_harbor.sandboxes.docker.builders import (
+    BUILDER_SETTING,
     ClassicBuild,
     ClassicRefusal,
     builder_hint,
@@ -58,6 +59,8 @@ from pytest_harbor.sandboxes.images import build_lock, image_tag_for
 from pytest_harbor.threads import join
 
 log = harbor_logger()
+
+_BUDGET = "[environment].build_timeout_sec"
 
 #: The applets of the trusted busybox the engine's scripts run (engine/scripts.py and the
 #: docker provider's keep-alive and exec wrapper).
@@ -391,16 +394,18 @@ class EngineImages:
                 # The run's labels win over the file's.
                 labels={**dict(options.labels), **source.labels},
                 what=what,
-                budget=source.build_timeout_sec,
-                budget_name="[environment].build_timeout_sec",
                 nocache=options.no_cache,
                 options=options,
+                budget_name=_BUDGET,
             )
+            started = time.monotonic()
+            budget = source.build_timeout_sec
             try:
-                if self.builder == "buildkit":
-                    build(dockerfile=dockerfile)
+                if self._builder_for(options, what) == "buildkit":
+                    build(dockerfile=dockerfile, builder="buildkit", budget=budget)
                 else:
-                    build(dockerfile=_in_classic_words(source.context_dir, dockerfile, scratch))
+                    classic = _in_classic_words(source.context_dir, dockerfile, scratch)
+                    build(dockerfile=classic, budget=budget)
             except ClassicRefusal as refusal:
                 if self._builder_option != "auto":
                     raise
@@ -409,9 +414,20 @@ class EngineImages:
                         f"{refusal}\n(docker buildx does not answer here: with its plugin "
                         "installed, BuildKit builds what the classic builder cannot read)"
                     ) from None
+                # What is left of the build's budget: a refusal the classic builder made
+                # after running steps does not buy BuildKit a second budget.
+                left = budget - (time.monotonic() - started)
+                if left <= 0:
+                    raise
                 log.info("%s: the classic builder cannot read it; building with BuildKit", what)
                 try:
-                    build(dockerfile=dockerfile, builder="buildkit")
+                    build(
+                        dockerfile=dockerfile,
+                        builder="buildkit",
+                        budget=left,
+                        budget_name=f"what the classic builder left of [environment]"
+                        f".build_timeout_sec ({budget:g} s)",
+                    )
                 except SandboxStartError as error:
                     raise SandboxStartError(
                         f"the classic builder cannot read it ({refusal.refusal}), so BuildKit "
@@ -488,6 +504,25 @@ class EngineImages:
             if only_buildkit_reads(build.error):
                 raise ClassicRefusal(message, refusal=build.error)
             raise SandboxStartError(message)
+
+    def _builder_for(self, options: BuildOptions, what: str) -> str:
+        """The builder of a task's build: the run's; BuildKit for one with `extra_hosts` or
+        no network, as the classic builder's cache keys a step by its command alone (its
+        layer would serve another task's build of the same lines made without them)."""
+        if self.builder == "buildkit" or not (options.extra_hosts or options.network == "none"):
+            return self.builder
+        if self._builder_option == "auto" and self._buildx_answers():
+            return "buildkit"
+        raise SandboxStartError(
+            f"{what}: a build with extra_hosts or network: none is built with BuildKit, "
+            "whose cache keys a step by them (the classic builder's does not: its layer "
+            "would serve another task's build of the same lines); "
+            + (
+                "docker buildx does not answer here"
+                if self._builder_option == "auto"
+                else f"the run's {BUILDER_SETTING} is classic"
+            )
+        )
 
     def _buildx_answers(self) -> bool:
         """Whether the buildx CLI plugin answers for this engine (asked once)."""

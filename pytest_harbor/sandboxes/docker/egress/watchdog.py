@@ -82,11 +82,11 @@ def sweep(engine: Engine, labels: list[str]) -> int:
     """Remove what carries every one of `labels`; how many were removed."""
     filters = json.dumps({"label": labels})
     removed = 0
+    # A container is never a cache, whatever its labels say: it inherits its image's, which
+    # a task's Dockerfile or an install layer (pytest-harbor.cache=layer) gives it.
     for container in _listed(
         engine.call("GET", "/containers/json", {"all": "1", "filters": filters})
     ):
-        if _cached(container):
-            continue
         engine.call("DELETE", f"/containers/{container['Id']}", {"force": "1", "v": "1"})
         removed += 1
     for network in _listed(engine.call("GET", "/networks", {"filters": filters})):
