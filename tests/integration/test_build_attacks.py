@@ -1,0 +1,224 @@
+"""Attacks on how a hostile task's image build is contained (tasks/dockerfiles.py, which
+judges a task's Dockerfile; sandboxes/docker/images.py and builders.py, which build it).
+Each test is a task's file trying to get past a promise of the threat model, and passes
+when the promise holds; an attack that gets through is marked xfail (strict)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+from pytest_harbor.labels import RUN_LABEL
+from pytest_harbor.sandboxes.base import ImageSource, SandboxStartError
+from pytest_harbor.sandboxes.docker.provider import DockerProvider
+from pytest_harbor.sandboxes.images import image_tag_for
+from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
+from tests.integration.test_border import LineServer
+
+pytestmark = pytest.mark.docker
+
+RUN = f"build-attack-{uuid.uuid4().hex[:8]}"
+#: This machine's loopback, and its address on the engine's default bridge.
+HOST_ADDRESSES = ("127.0.0.1", "172.17.0.1")
+
+
+@pytest.fixture
+def dataset(harbor_dataset: Dataset) -> Dataset:
+    return harbor_dataset
+
+
+@pytest.fixture(params=HOST_ADDRESSES)
+def host_server(request: pytest.FixtureRequest) -> Iterator[LineServer]:
+    """A server of the test process on an address only this machine serves."""
+    server = LineServer(request.param, "host-secret")
+    server.address = request.param  # type: ignore[attr-defined]
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _run_task(
+    pytester: pytest.Pytester, dataset: Dataset, built_images: list[Path], dockerfile: str
+) -> pytest.RunResult:
+    task = dataset.task(
+        "hostile",
+        toml="[verifier]\ntimeout_sec = 60\n[environment]\nbuild_timeout_sec = 60\n",
+        dockerfile=dockerfile,
+    )
+    built_images.append(task / "environment")
+    return run_harbor(pytester, dataset)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an empty line inside a continuation ends the instruction for the Dockerfile check "
+    "but not for Docker: `ADD \\` + empty line + `http://127.0.0.1:PORT/x /x` passes the "
+    "check and the engine fetches the URL itself, over this machine's network",
+)
+def test_an_empty_continuation_line_does_not_let_add_fetch_from_this_machine(
+    pytester: pytest.Pytester,
+    dataset: Dataset,
+    built_images: list[Path],
+    host_server: LineServer,
+) -> None:
+    address = host_server.address  # type: ignore[attr-defined]
+    _run_task(
+        pytester,
+        dataset,
+        built_images,
+        f"FROM {BASE_IMAGE}\nADD \\\n\nhttp://{address}:{host_server.port}/leak /leak\n",
+    )
+    assert host_server.answered == 0, "the build fetched a URL of this machine"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an empty line inside a continuation hides a FROM of a registry on this machine "
+    "from the Dockerfile check; the engine pulls from it over this machine's network",
+)
+def test_an_empty_continuation_line_does_not_let_from_pull_from_this_machine(
+    pytester: pytest.Pytester,
+    dataset: Dataset,
+    built_images: list[Path],
+    host_server: LineServer,
+) -> None:
+    address = host_server.address  # type: ignore[attr-defined]
+    _run_task(
+        pytester,
+        dataset,
+        built_images,
+        f"FROM \\\n\n{address}:{host_server.port}/stolen:latest\nRUN true\n",
+    )
+    assert host_server.answered == 0, "the build pulled from a registry on this machine"
+
+
+def test_a_checked_add_of_a_url_of_this_machine_is_refused_before_the_build(
+    pytester: pytest.Pytester,
+    dataset: Dataset,
+    built_images: list[Path],
+    host_server: LineServer,
+) -> None:
+    # The same ADD written plainly, or with the escape directive's games: the check
+    # reads it and the build never starts.
+    address = host_server.address  # type: ignore[attr-defined]
+    url = f"http://{address}:{host_server.port}/leak"
+    _run_task(
+        pytester,
+        dataset,
+        built_images,
+        f"# syntax=docker/dockerfile:1\n# escape=`\nFROM {BASE_IMAGE}\nRUN echo \\\nADD {url} /l\n",
+    )
+    assert host_server.answered == 0
+
+
+# ------------------------------------------------------------ the fallback to BuildKit
+
+
+@pytest.fixture
+def provider_and_context(
+    tmp_path: Path, docker_client: docker.DockerClient
+) -> Iterator[tuple[DockerProvider, Path]]:
+    context = tmp_path / "environment"
+    context.mkdir()
+    yield DockerProvider(), context
+    for tag in (image_tag_for(context),):
+        with contextlib.suppress(docker.errors.APIError):
+            docker_client.images.remove(tag, force=True)
+
+
+def _source(context: Path, budget: float) -> ImageSource:
+    return ImageSource(
+        docker_image=None,
+        context_dir=context,
+        build_timeout_sec=budget,
+        labels={RUN_LABEL: RUN},
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a RUN step that fails after printing nothing but whose command names 'requires "
+    "BuildKit' is read as the classic builder refusing the file's form: the build is done "
+    "again by BuildKit, each with the whole build_timeout_sec, so a build takes twice it",
+)
+def test_a_build_takes_no_more_than_its_budget_under_the_fallback(
+    provider_and_context: tuple[DockerProvider, Path],
+) -> None:
+    provider, context = provider_and_context
+    (context / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nRUN sleep 5; echo {uuid.uuid4().hex}; exit 1 # requires BuildKit\n"
+    )
+    started = time.monotonic()
+    with pytest.raises(SandboxStartError):
+        provider.prepare_image(_source(context, 6))
+    took = time.monotonic() - started
+    assert took < 9, f"the build took {took:.1f} s of a 6 s budget"
+
+
+def test_a_build_that_never_ends_is_stopped_under_the_fallback(
+    provider_and_context: tuple[DockerProvider, Path],
+) -> None:
+    # COPY --chmod makes the classic builder refuse the file, so BuildKit builds it; its
+    # step never ends.
+    provider, context = provider_and_context
+    (context / "a").write_text("a\n")
+    (context / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nCOPY --chmod=644 a /a\nRUN echo {uuid.uuid4().hex}; sleep 3600\n"
+    )
+    started = time.monotonic()
+    with pytest.raises(SandboxStartError, match="longer than"):
+        provider.prepare_image(_source(context, 5))
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize("builder", ["classic", "fallback"])
+def test_a_symlink_in_the_context_copies_no_file_of_this_machine(
+    provider_and_context: tuple[DockerProvider, Path],
+    docker_client: docker.DockerClient,
+    builder: str,
+) -> None:
+    provider, context = provider_and_context
+    secret = context.parent / "secret.txt"
+    secret.write_text("host-secret\n")
+    (context / "link").symlink_to(secret)
+    (context / "folder").symlink_to(context.parent)
+    flag = "--chmod=644 " if builder == "fallback" else ""
+    (context / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\n"
+        f"COPY {flag}link folder/secret.txt* /copied/\n"
+        "RUN cat /copied/* 2>/dev/null > /found.txt; true\n"
+    )
+    with contextlib.suppress(SandboxStartError):
+        image = provider.prepare_image(_source(context, 60))
+        output = docker_client.containers.run(
+            image, ["cat", "/found.txt"], remove=True, labels={RUN_LABEL: RUN}, network_mode="none"
+        )
+        assert b"host-secret" not in output
+
+
+@pytest.mark.parametrize("flag", ["", "--chmod=644 "])
+def test_a_copy_from_outside_the_context_is_refused(
+    provider_and_context: tuple[DockerProvider, Path],
+    docker_client: docker.DockerClient,
+    flag: str,
+) -> None:
+    provider, context = provider_and_context
+    (context.parent / "secret.txt").write_text("host-secret\n")
+    (context / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nCOPY {flag}../secret.txt ../../secret.txt* /copied/\n"
+        "RUN cat /copied/* 2>/dev/null > /found.txt; true\n"
+    )
+    with contextlib.suppress(SandboxStartError):
+        image = provider.prepare_image(_source(context, 60))
+        output = docker_client.containers.run(
+            image, ["cat", "/found.txt"], remove=True, labels={RUN_LABEL: RUN}, network_mode="none"
+        )
+        assert b"host-secret" not in output
