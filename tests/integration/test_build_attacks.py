@@ -312,3 +312,29 @@ def test_a_hidden_cache_mount_carries_nothing_from_one_tasks_build_to_another(
     provider.prepare_image(planter)
     image = provider.prepare_image(reader)
     assert problems != [None, None] or b"planted" not in _read(docker_client, image, "/got")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the Dockerfile check splits lines at \\r, \\f and \\v (str.splitlines()), which "
+    "Docker reads as white space: `ADD\\fhttp://127.0.0.1:PORT/x /x` passes the check and "
+    "the engine fetches the URL itself, over this machine's network",
+)
+@pytest.mark.parametrize("space", ["\r", "\f", "\v"], ids=["cr", "form-feed", "vertical-tab"])
+def test_a_character_docker_reads_as_white_space_does_not_let_add_fetch_from_this_machine(
+    pytester: pytest.Pytester,
+    dataset: Dataset,
+    built_images: list[Path],
+    space: str,
+) -> None:
+    server = LineServer("127.0.0.1", "host-secret")
+    try:
+        _run_task(
+            pytester,
+            dataset,
+            built_images,
+            f"FROM {BASE_IMAGE}\nADD{space}http://127.0.0.1:{server.port}/leak /leak\n",
+        )
+        assert server.answered == 0, "the build fetched a URL of this machine"
+    finally:
+        server.close()
