@@ -17,6 +17,7 @@ import pytest
 
 from pytest_harbor.labels import RUN_LABEL
 from pytest_harbor.sandboxes.base import BuildOptions, ImageSource, SandboxStartError
+from pytest_harbor.sandboxes.docker.builders import ClassicBuild
 from pytest_harbor.sandboxes.docker.provider import DockerProvider
 from pytest_harbor.sandboxes.images import image_tag_for
 from pytest_harbor.tasks.dockerfiles import check_dockerfile_text
@@ -338,3 +339,36 @@ def test_a_character_docker_reads_as_white_space_does_not_let_add_fetch_from_thi
         assert server.answered == 0, "the build fetched a URL of this machine"
     finally:
         server.close()
+
+
+# ------------------------------------------------------------ what a build's output costs the run
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the classic builder's every line of output is kept in memory (ClassicBuild.log) "
+    "for the length of the build: a RUN step that prints without end grows the run's own "
+    "process until it is killed, and no other task scores (BuildKit's log is clipped)",
+)
+def test_what_a_build_step_prints_costs_the_run_a_bounded_memory(
+    provider_and_context: tuple[DockerProvider, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider, context = provider_and_context
+    builds: list[ClassicBuild] = []
+    real = ClassicBuild.__init__
+
+    def kept(self: ClassicBuild, *args: object, **kwargs: object) -> None:
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+        builds.append(self)
+
+    monkeypatch.setattr(ClassicBuild, "__init__", kept)
+    # 40 MB in 200-character lines, then the step fails.
+    (context / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nRUN echo {uuid.uuid4().hex}; "
+        "head -c 40000000 /dev/zero | tr '\\0' a | fold -w 200; exit 1\n"
+    )
+    with pytest.raises(SandboxStartError):
+        provider.prepare_image(_source(context, 60))
+    assert builds
+    kept_bytes = sum(len(line) for build in builds for line in build.log)
+    assert kept_bytes < 8_000_000, f"{kept_bytes} bytes of a step's output kept in memory"
