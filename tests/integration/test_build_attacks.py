@@ -24,12 +24,14 @@ from pytest_harbor.sandboxes.images import image_tag_for
 from pytest_harbor.tasks.dockerfiles import check_dockerfile_text
 from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
 from tests.integration.test_border import LineServer
+from tests.unit.test_border_rules import watchdog
 
 pytestmark = pytest.mark.docker
 
 RUN = f"build-attack-{uuid.uuid4().hex[:8]}"
 #: This machine's loopback, and its address on the engine's default bridge.
 HOST_ADDRESSES = ("127.0.0.1", "172.17.0.1")
+DOCKER_SOCKET = "/var/run/docker.sock"
 
 
 @pytest.fixture
@@ -402,3 +404,41 @@ def test_a_build_past_its_budget_leaves_nothing_working(
         for thread in threading.enumerate():
             if thread.name == "harbor-build":
                 thread.join(60)
+
+
+# ------------------------------------------------------------ labels a task's image gives
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a Dockerfile's LABEL may give pytest-harbor's own labels (a Compose build's "
+    "`labels` may not): `LABEL pytest-harbor.cache=x` passes to every container of the "
+    "image, and the sweep after a crashed run (egress/watchdog.py) leaves those behind",
+)
+def test_a_tasks_image_cannot_keep_its_sandboxes_from_the_sweep(
+    provider_and_context: tuple[DockerProvider, Path], docker_client: docker.DockerClient
+) -> None:
+    provider, context = provider_and_context
+    (context / "Dockerfile").write_text(
+        f'FROM {BASE_IMAGE}\nLABEL pytest-harbor.cache="tools" nonce="{uuid.uuid4().hex}"\n'
+    )
+    run = f"{RUN}-{uuid.uuid4().hex[:6]}"
+    image = provider.prepare_image(
+        ImageSource(
+            docker_image=None,
+            context_dir=context,
+            build_timeout_sec=60,
+            labels={RUN_LABEL: run},
+        )
+    )
+    # A sandbox of the run, as the provider labels it.
+    container = docker_client.containers.create(
+        image, ["sleep", "60"], labels={RUN_LABEL: run}, network_mode="none"
+    )
+    try:
+        watchdog.sweep(watchdog.Engine(DOCKER_SOCKET), [f"{RUN_LABEL}={run}"])
+        left = docker_client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run}"})
+        assert not left, "a sandbox of the crashed run is left behind"
+    finally:
+        with contextlib.suppress(docker.errors.APIError):
+            container.remove(force=True)
