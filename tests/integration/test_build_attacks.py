@@ -381,17 +381,19 @@ def test_what_a_build_step_prints_costs_the_run_a_bounded_memory(
     strict=True,
     reason="the classic builder's context is made and sent by docker-py in the build's "
     "thread; a large (sparse) file in the task folder keeps it writing a tar to this "
-    "machine's disk after the build's budget is past and the task has failed: the budget "
-    "stops only a RUN step's container",
+    "machine's disk after the build's budget is past and the task has failed (and the "
+    "build then goes on, and tags an image nothing removes): the budget stops only a RUN "
+    "step's container",
 )
 def test_a_build_past_its_budget_leaves_nothing_working(
-    provider_and_context: tuple[DockerProvider, Path],
+    provider_and_context: tuple[DockerProvider, Path], docker_client: docker.DockerClient
 ) -> None:
     provider, context = provider_and_context
     (context / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nRUN echo {uuid.uuid4().hex}\n")
     big = context / "big"
     with big.open("wb") as handle:
         handle.truncate(2 << 30)  # sparse: nothing on disk
+    tag = image_tag_for(context)
     try:
         with pytest.raises(SandboxStartError, match="longer than"):
             provider.prepare_image(_source(context, 2))
@@ -404,6 +406,9 @@ def test_a_build_past_its_budget_leaves_nothing_working(
         for thread in threading.enumerate():
             if thread.name == "harbor-build":
                 thread.join(60)
+        # What the build made once its budget was past.
+        with contextlib.suppress(docker.errors.APIError):
+            docker_client.images.remove(tag, force=True)
 
 
 # ------------------------------------------------------------ labels a task's image gives
