@@ -447,3 +447,26 @@ def test_a_tasks_image_cannot_keep_its_sandboxes_from_the_sweep(
     finally:
         with contextlib.suppress(docker.errors.APIError):
             container.remove(force=True)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Docker drops a UTF-8 byte order mark before `# escape=`; the Dockerfile check "
+    "does not see the directive, reads `RUN echo \\` as continued onto the next line, and "
+    "never judges the ADD of a URL of this machine that the engine then fetches",
+)
+def test_a_byte_order_mark_does_not_let_add_fetch_from_this_machine(
+    pytester: pytest.Pytester, dataset: Dataset, built_images: list[Path]
+) -> None:
+    server = LineServer("127.0.0.1", "host-secret")
+    try:
+        _run_task(
+            pytester,
+            dataset,
+            built_images,
+            f"\ufeff# escape=`\nFROM {BASE_IMAGE}\nRUN echo \\\n"
+            f"ADD http://127.0.0.1:{server.port}/leak /leak\n",
+        )
+        assert server.answered == 0, "the build fetched a URL of this machine"
+    finally:
+        server.close()

@@ -177,3 +177,18 @@ def test_the_copy_makes_no_new_instruction() -> None:
 )
 def test_a_step_that_ran_and_failed_is_not_a_refusal_of_the_form(error: str) -> None:
     assert not only_buildkit_reads(error)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Docker drops a UTF-8 byte order mark before reading the parser directives; the "
+    "check does not, so it misses `# escape=` and reads a backslash as continuing a line "
+    "where Docker does not: the next instruction is never judged",
+)
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_byte_order_mark_hides_nothing(name: str) -> None:
+    *head, last = REFUSED[name].rstrip("\n").split("\n")
+    text = "\n".join(["\ufeff# escape=`", *head, "RUN echo \\", last]) + "\n"
+    if name == "from-local":
+        text = "\n".join(["\ufeff# escape=`", BASE.strip(), "RUN echo \\", last]) + "\n"
+    assert check_dockerfile_text(text) is not None
