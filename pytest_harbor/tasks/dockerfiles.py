@@ -91,7 +91,8 @@ def check_dockerfile(path: Path, *, allow_remote_add: bool = False) -> None:
     try:
         if path.stat().st_size > MAX_DOCKERFILE_BYTES:
             raise TaskLoadError(path, f"is over {MAX_DOCKERFILE_BYTES} bytes")
-        text = path.read_text(errors="replace")
+        # Bytes as they are: a text read would take a lone carriage return for a line's end.
+        text = path.read_bytes().decode("utf-8", errors="replace")
     except OSError as error:
         raise TaskLoadError(path, f"cannot be read: {error.strerror or error}") from None
     problem = check_dockerfile_text(text, allow_remote_add=allow_remote_add)

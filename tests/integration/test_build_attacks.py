@@ -62,12 +62,6 @@ def _run_task(
     return run_harbor(pytester, dataset)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an empty line inside a continuation ends the instruction for the Dockerfile check "
-    "but not for Docker: `ADD \\` + empty line + `http://127.0.0.1:PORT/x /x` passes the "
-    "check and the engine fetches the URL itself, over this machine's network",
-)
 def test_an_empty_continuation_line_does_not_let_add_fetch_from_this_machine(
     pytester: pytest.Pytester,
     dataset: Dataset,
@@ -84,11 +78,6 @@ def test_an_empty_continuation_line_does_not_let_add_fetch_from_this_machine(
     assert host_server.answered == 0, "the build fetched a URL of this machine"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an empty line inside a continuation hides a FROM of a registry on this machine "
-    "from the Dockerfile check; the engine pulls from it over this machine's network",
-)
 def test_an_empty_continuation_line_does_not_let_from_pull_from_this_machine(
     pytester: pytest.Pytester,
     dataset: Dataset,
@@ -148,12 +137,6 @@ def _source(context: Path, budget: float) -> ImageSource:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a RUN step that fails after printing nothing but whose command names 'requires "
-    "BuildKit' is read as the classic builder refusing the file's form: the build is done "
-    "again by BuildKit, each with the whole build_timeout_sec, so a build takes twice it",
-)
 def test_a_build_takes_no_more_than_its_budget_under_the_fallback(
     provider_and_context: tuple[DockerProvider, Path],
 ) -> None:
@@ -161,11 +144,12 @@ def test_a_build_takes_no_more_than_its_budget_under_the_fallback(
     (context / "Dockerfile").write_text(
         f"FROM {BASE_IMAGE}\nRUN sleep 5; echo {uuid.uuid4().hex}; exit 1 # requires BuildKit\n"
     )
-    started = time.monotonic()
-    with pytest.raises(SandboxStartError):
+    # A step that ran and failed is no refusal of the file's form: BuildKit does not build
+    # it again (with what would have been a budget of its own).
+    with pytest.raises(SandboxStartError) as failed:
         provider.prepare_image(_source(context, 6))
-    took = time.monotonic() - started
-    assert took < 9, f"the build took {took:.1f} s of a 6 s budget"
+    assert "returned a non-zero code" in str(failed.value)
+    assert "BuildKit built it" not in str(failed.value)
 
 
 def test_a_build_that_never_ends_is_stopped_under_the_fallback(
@@ -264,12 +248,6 @@ def _read(client: docker.DockerClient, image: str, path: str) -> bytes:
     return output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the classic builder's cache keys a RUN step by its parent and its command, not "
-    "by the build's extra_hosts (a Compose service's build.extra_hosts): a hostile task "
-    "that builds the same step first decides that layer of another task's image",
-)
 def test_a_build_with_extra_hosts_does_not_decide_another_tasks_layer(
     tmp_path: Path,
     docker_client: docker.DockerClient,
@@ -292,13 +270,6 @@ def test_a_build_with_extra_hosts_does_not_decide_another_tasks_layer(
     assert b"10.66.66.66" not in _read(docker_client, image, "/resolved")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an empty line inside a continuation hides `RUN --mount=type=cache` from the "
-    "Dockerfile check; the classic builder refuses the flag, BuildKit builds the file, and "
-    "its cache mount (shared by every build on the engine) carries one task's file into "
-    "another task's build",
-)
 def test_a_hidden_cache_mount_carries_nothing_from_one_tasks_build_to_another(
     tmp_path: Path,
     docker_client: docker.DockerClient,
@@ -318,12 +289,6 @@ def test_a_hidden_cache_mount_carries_nothing_from_one_tasks_build_to_another(
     assert problems != [None, None] or b"planted" not in _read(docker_client, image, "/got")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the Dockerfile check splits lines at \\r, \\f and \\v (str.splitlines()), which "
-    "Docker reads as white space: `ADD\\fhttp://127.0.0.1:PORT/x /x` passes the check and "
-    "the engine fetches the URL itself, over this machine's network",
-)
 @pytest.mark.parametrize("space", ["\r", "\f", "\v"], ids=["cr", "form-feed", "vertical-tab"])
 def test_a_character_docker_reads_as_white_space_does_not_let_add_fetch_from_this_machine(
     pytester: pytest.Pytester,
@@ -347,12 +312,6 @@ def test_a_character_docker_reads_as_white_space_does_not_let_add_fetch_from_thi
 # ------------------------------------------------------------ what a build's output costs the run
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the classic builder's every line of output is kept in memory (ClassicBuild.log) "
-    "for the length of the build: a RUN step that prints without end grows the run's own "
-    "process until it is killed, and no other task scores (BuildKit's log is clipped)",
-)
 def test_what_a_build_step_prints_costs_the_run_a_bounded_memory(
     provider_and_context: tuple[DockerProvider, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -414,12 +373,6 @@ def test_a_build_past_its_budget_leaves_nothing_working(
 # ------------------------------------------------------------ labels a task's image gives
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a Dockerfile's LABEL may give pytest-harbor's own labels (a Compose build's "
-    "`labels` may not): `LABEL pytest-harbor.cache=x` passes to every container of the "
-    "image, and the sweep after a crashed run (egress/watchdog.py) leaves those behind",
-)
 def test_a_tasks_image_cannot_keep_its_sandboxes_from_the_sweep(
     provider_and_context: tuple[DockerProvider, Path], docker_client: docker.DockerClient
 ) -> None:
@@ -449,12 +402,6 @@ def test_a_tasks_image_cannot_keep_its_sandboxes_from_the_sweep(
             container.remove(force=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Docker drops a UTF-8 byte order mark before `# escape=`; the Dockerfile check "
-    "does not see the directive, reads `RUN echo \\` as continued onto the next line, and "
-    "never judges the ADD of a URL of this machine that the engine then fetches",
-)
 def test_a_byte_order_mark_does_not_let_add_fetch_from_this_machine(
     pytester: pytest.Pytester, dataset: Dataset, built_images: list[Path]
 ) -> None:

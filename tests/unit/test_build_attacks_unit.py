@@ -1,7 +1,7 @@
 """Attacks on the Dockerfile check (tasks/dockerfiles.py) and on the copy of a Dockerfile
 the classic builder is given (sandboxes/docker/dockerfiles.py): each is a hostile task's
 Dockerfile that Docker reads one way and pytest-harbor another. A test passes when the
-two agree; an attack that gets through is marked xfail (strict)."""
+two agree."""
 
 from __future__ import annotations
 
@@ -35,11 +35,6 @@ def _hidden_by_an_empty_line(text: str) -> str:
     return "\n".join([*head, f"{keyword} \\", "", rest]) + "\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an empty line inside a continuation ends the instruction for the check "
-    "(_instructions), while Docker skips it and goes on: what follows is never judged",
-)
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_an_empty_line_inside_a_continuation_hides_nothing(name: str) -> None:
     assert check_dockerfile_text(_hidden_by_an_empty_line(REFUSED[name])) is not None
@@ -50,12 +45,6 @@ def test_an_empty_line_inside_a_continuation_hides_nothing(name: str) -> None:
 DOCKER_WHITE_SPACE = {"cr": "\r", "form-feed": "\f", "vertical-tab": "\v"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the check splits lines with str.splitlines(), which also breaks at \\r, \\f and "
-    "\\v; Docker breaks at \\n only and reads those as white space: `ADD\\fhttp://...` is an "
-    "ADD of a URL to Docker and an empty ADD plus an unknown instruction to the check",
-)
 @pytest.mark.parametrize("space", sorted(DOCKER_WHITE_SPACE))
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_a_character_docker_reads_as_white_space_hides_nothing(name: str, space: str) -> None:
@@ -150,12 +139,6 @@ def test_the_copy_touches_no_other_instruction(text: str) -> None:
             assert before == after or (after == before + "/" and before.startswith("COPY"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the rewrite splits lines with str.splitlines() and joins them with \\n: a \\f "
-    "(white space to Docker) inside a COPY becomes a line break in the classic builder's "
-    "copy, so what Docker reads as more COPY sources becomes a RUN step of its own",
-)
 def test_the_copy_makes_no_new_instruction() -> None:
     text = BASE + "COPY a b c\fRUN echo injected > /injected\n"
     rewritten = classic_dockerfile(text)
@@ -169,22 +152,10 @@ def test_the_copy_makes_no_new_instruction() -> None:
         "The command '/bin/sh -c echo dockerfile parse error; false' returned a non-zero code: 1",
     ],
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="only_buildkit_reads() looks for its words anywhere in the classic builder's "
-    "error, which quotes the failed RUN step's command: a step that ran and failed is read "
-    "as a refusal of the file's form, and the whole build runs again under BuildKit",
-)
 def test_a_step_that_ran_and_failed_is_not_a_refusal_of_the_form(error: str) -> None:
     assert not only_buildkit_reads(error)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Docker drops a UTF-8 byte order mark before reading the parser directives; the "
-    "check does not, so it misses `# escape=` and reads a backslash as continuing a line "
-    "where Docker does not: the next instruction is never judged",
-)
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_a_byte_order_mark_hides_nothing(name: str) -> None:
     *head, last = REFUSED[name].rstrip("\n").split("\n")

@@ -182,7 +182,7 @@ def _check_dockerfile(
     if text is None and named.stat().st_size > MAX_DOCKERFILE_BYTES:
         raise ComposeRefused(file, f"{named} is over {MAX_DOCKERFILE_BYTES} bytes", f"{where}")
     problem = check_dockerfile_text(
-        text or named.read_text(errors="replace"),
+        text or named.read_bytes().decode("utf-8", errors="replace"),
         allow_remote_add=allow_remote_add,
         args=dict(options.get("args", ())),
     )

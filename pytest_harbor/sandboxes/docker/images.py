@@ -556,7 +556,7 @@ def _in_classic_words(context: Path, dockerfile: Path | None, scratch: str) -> P
     the classic builder's words in `scratch` (docker-py sends it inside the context)."""
     path = dockerfile or context / "Dockerfile"
     try:
-        rewritten = classic_dockerfile(path.read_text())
+        rewritten = classic_dockerfile(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError):
         return dockerfile
     if rewritten is None:
