@@ -221,3 +221,29 @@ def test_any_dockerfile_like_text_is_checked_without_raising(text: str) -> None:
     for allow in (False, True):
         problem = check_dockerfile_text(text, allow_remote_add=allow, args={"A": "$B", "B": "x"})
         assert problem is None or problem.startswith("line ")
+
+
+@pytest.mark.parametrize(
+    "label",
+    [
+        'LABEL pytest-harbor.cache="tools"',
+        "LABEL note=x pytest-harbor.owner=someone",
+        "LABEL PYTEST-HARBOR.run=x",
+        'LABEL "pytest-harbor.trial"=x',
+        "LABEL com.docker.compose.project=other",
+        "ARG KEY=pytest-harbor.cache\nLABEL ${KEY}=tools",
+        "LABEL pytest-harbor.cache tools",
+    ],
+)
+def test_a_label_of_the_engines_own_is_refused(label: str) -> None:
+    problem = check_dockerfile_text(f"FROM debian:bookworm-slim\n{label}\n")
+    assert problem is not None and "a label of pytest-harbor's or Compose's own" in problem
+
+
+def test_ordinary_labels_pass() -> None:
+    text = (
+        "FROM debian:bookworm-slim\n"
+        'LABEL org.opencontainers.image.title="pytest-harbor.cache" maintainer=me\n'
+        "LABEL com.docker.desktop.extension.api.version=1\n"
+    )
+    assert check_dockerfile_text(text) is None
