@@ -61,36 +61,25 @@ def _run_task(
     return run_harbor(pytester, dataset)
 
 
-def test_an_empty_continuation_line_does_not_let_add_fetch_from_this_machine(
+@pytest.mark.parametrize(
+    "hidden",
+    [
+        "FROM {base}\nADD \\\n\nhttp://{host}/leak /leak\n",  # the engine would fetch it
+        "FROM \\\n\n{host}/stolen:latest\nRUN true\n",  # the engine would pull from it
+    ],
+    ids=["add", "from"],
+)
+def test_an_empty_continuation_line_does_not_let_the_engine_reach_this_machine(
     pytester: pytest.Pytester,
     dataset: Dataset,
     built_images: list[Path],
     host_server: LineServer,
+    hidden: str,
 ) -> None:
     address = host_server.address  # type: ignore[attr-defined]
-    _run_task(
-        pytester,
-        dataset,
-        built_images,
-        f"FROM {BASE_IMAGE}\nADD \\\n\nhttp://{address}:{host_server.port}/leak /leak\n",
-    )
-    assert host_server.answered == 0, "the build fetched a URL of this machine"
-
-
-def test_an_empty_continuation_line_does_not_let_from_pull_from_this_machine(
-    pytester: pytest.Pytester,
-    dataset: Dataset,
-    built_images: list[Path],
-    host_server: LineServer,
-) -> None:
-    address = host_server.address  # type: ignore[attr-defined]
-    _run_task(
-        pytester,
-        dataset,
-        built_images,
-        f"FROM \\\n\n{address}:{host_server.port}/stolen:latest\nRUN true\n",
-    )
-    assert host_server.answered == 0, "the build pulled from a registry on this machine"
+    host = f"{address}:{host_server.port}"
+    _run_task(pytester, dataset, built_images, hidden.format(base=BASE_IMAGE, host=host))
+    assert host_server.answered == 0, "the engine reached a server of this machine"
 
 
 def test_a_checked_add_of_a_url_of_this_machine_is_refused_before_the_build(
