@@ -280,6 +280,17 @@ def _warn_about_options(config: pytest.Config, run: HarborRun) -> None:
             ),
             stacklevel=2,
         )
+    keyword = str(getattr(config.option, "keyword", "") or "").strip()
+    if run.targets and keyword.isdigit():
+        config.issue_config_time_warning(
+            HarborWarning(
+                f"-k {keyword} is pytest's keyword filter: it runs only the items whose names "
+                f"hold {keyword!r} (repeat r{keyword} of each task, say), not {keyword} "
+                f"attempts as harbor run's -k; --harbor-repeats={keyword} runs each task "
+                f"{keyword} times"
+            ),
+            stacklevel=2,
+        )
     if model.api_key is not None and run.model is not None:
         config.issue_config_time_warning(
             HarborWarning(

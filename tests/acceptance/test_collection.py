@@ -56,6 +56,27 @@ def test_k_selects_a_task_by_name(pytester: pytest.Pytester) -> None:
     result.stdout.no_fnmatch_line("*alpha*")
 
 
+def test_k_that_looks_like_harbors_attempt_count_says_what_it_does(
+    pytester: pytest.Pytester,
+) -> None:
+    """`harbor run -k 3` runs three attempts; here -k is pytest's keyword filter, which
+    selects repeat r3: the run says so and names --harbor-repeats."""
+    dataset = make_dataset(pytester.path, tasks=("alpha",))
+    result = pytester.runpytest(
+        f"--harbor-dataset={dataset}", "--harbor-repeats=4", "-k", "3", "--collect-only", "-q"
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "tasks/alpha::r3::episode",
+            "*HarborWarning: -k 3 is pytest's keyword filter: it runs only the items whose "
+            "names hold '3' (repeat r3 of each task, say), not 3 attempts as harbor run's -k; "
+            "--harbor-repeats=3 runs each task 3 times",
+        ]
+    )
+    quiet = pytester.runpytest(f"--harbor-dataset={dataset}", "-k", "alpha", "--collect-only")
+    quiet.stdout.no_fnmatch_line("*keyword filter*")
+
+
 def test_pointing_pytest_at_a_dataset_or_task_collects_the_same(pytester: pytest.Pytester) -> None:
     dataset = make_dataset(pytester.path)
     as_dataset = pytester.runpytest(str(dataset), "--collect-only", "-q")
