@@ -156,6 +156,10 @@ class HarborSettings(BaseModel):
     #: reference's rule) or over every declared step, one that did not run counting 0
     #: (an agent cannot raise its mean by ending the episode early).
     multi_step_rollup: Literal["ran", "declared"] = "ran"
+    #: What the run's exit status says: `items`, pytest's (a failed item, such as a reward
+    #: under the pass mark, fails the run); `results`, for evaluations: 0 when every
+    #: selected episode has a result, whatever its reward, 1 when one has none.
+    exit_status: Literal["items", "results"] = "items"
     compose_variables: dict[str, str] = {}
     compose_overlay: ComposeOverlay | None = None
     agent_outcome_policy: AgentOutcomePolicy = AgentOutcomePolicy()

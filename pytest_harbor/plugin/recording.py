@@ -236,6 +236,26 @@ class ResultRecorder:
         if self.run.harness.validates and state.nothing_validatable:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self._count_kept(session)
+        self._evaluation_exit(session)
+
+    def _evaluation_exit(self, session: pytest.Session) -> None:
+        """`exit_status = "results"`: a run that gave every selected episode a result exits
+        0, whatever the rewards; one where an episode has none (no result, masked, not run)
+        exits 1. pytest's other statuses (interrupted, a usage or internal error), a result
+        this machine could not write and an oracle run with nothing to validate stay."""
+        state = self.state
+        if self.run.options.settings.exit_status != "results" or state.check is not None:
+            return
+        if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            return
+        if state.unwritten or (self.run.harness.validates and state.nothing_validatable):
+            return
+        without = sum(
+            state.ledger.score(taskset).count(status)
+            for taskset in state.planned.manifests
+            for status in ("no_result", "masked", "not_run")
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED if without else pytest.ExitCode.OK
 
     def _record_durations(self, taskset: str) -> None:
         """This run's episode and build times join the results folder's record."""
