@@ -124,7 +124,7 @@ class TerminalSummary:
         score = state.ledger.score(taskset)
         if not score.episodes and not score.count("not_run"):
             return
-        _write_score(write, taskset, score)
+        _write_score(write, taskset, score, unfinished=bool(state.cut_short))
         if not state.writer.begun(taskset):
             return
         write(f"  rows: {layout.rollouts_file(taskset)}")
@@ -188,12 +188,16 @@ class TerminalSummary:
                     else ""
                 )
             )
+        not_started = sum(
+            state.ledger.score(taskset).count("not_run") for taskset in state.planned.manifests
+        )
         if state.cut_short and any(
             state.writer.begun(taskset) for taskset in state.planned.manifests
         ):
             write(
-                f"interrupted: {state.cut_short} episode(s) did not end; the same command with "
-                "--harbor-resume runs only those, keeping the rest",
+                f"interrupted: {state.cut_short + not_started} episode(s) have no result "
+                f"({state.cut_short} cut short, {not_started} not started); the same command "
+                "with --harbor-resume runs only those, keeping the rest",
                 yellow=True,
             )
         if state.unwritten:
@@ -341,7 +345,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _write_score(write: Write, taskset: str, score: TasksetScore) -> None:
+def _write_score(write: Write, taskset: str, score: TasksetScore, *, unfinished: bool) -> None:
+    """A taskset's score; its pass@k is marked as so far when the run did not finish (cut
+    short, or episodes not started)."""
     mean = "n/a" if score.mean_reward is None else shown_number(score.mean_reward)
     counts = ", ".join(
         f"{score.count(status)} {status.replace('_', ' ')}"
@@ -371,12 +377,13 @@ def _write_score(write: Write, taskset: str, score: TasksetScore) -> None:
         ):
             write(f"  {kind:<{width}}  {count}")
     if score.pass_at_k:
-        _write_pass_at_k(write, score)
+        _write_pass_at_k(write, score, so_far=unfinished or bool(score.count("not_run")))
 
 
-def _write_pass_at_k(write: Write, score: TasksetScore) -> None:
+def _write_pass_at_k(write: Write, score: TasksetScore, *, so_far: bool) -> None:
     ks = sorted(score.pass_at_k)
-    write("  pass@k: " + "  ".join(f"pass@{k} {score.pass_at_k[k]:.3f}" for k in ks))
+    label = "pass@k so far (the run did not finish)" if so_far else "pass@k"
+    write(f"  {label}: " + "  ".join(f"pass@{k} {score.pass_at_k[k]:.3f}" for k in ks))
     tasks = sorted({task for per_task in score.pass_at_k_per_task.values() for task in per_task})
     width = max(len(task) for task in tasks)
     write("  " + "task".ljust(width) + "".join(f"  pass@{k}".rjust(9) for k in ks))
