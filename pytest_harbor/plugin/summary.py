@@ -173,33 +173,7 @@ class TerminalSummary:
     def _write_run_notes(self, write: Write) -> None:
         """What the run kept, cut short, removed and built, and what it could not do."""
         state = self.state
-        if state.all_kept:
-            write(
-                f"resumed: all {state.kept} episode(s) were kept from the earlier run and "
-                "passed; nothing was left to run",
-                green=True,
-            )
-        elif state.kept:
-            write(
-                f"resumed: {state.kept} episode(s) kept from the earlier run, not run again"
-                + (
-                    f"; {state.kept_failed} of them failed, which fails this run"
-                    if state.kept_failed
-                    else ""
-                )
-            )
-        not_started = sum(
-            state.ledger.score(taskset).count("not_run") for taskset in state.planned.manifests
-        )
-        if state.cut_short and any(
-            state.writer.begun(taskset) for taskset in state.planned.manifests
-        ):
-            write(
-                f"interrupted: {state.cut_short + not_started} episode(s) have no result "
-                f"({state.cut_short} cut short, {not_started} not started); the same command "
-                "with --harbor-resume runs only those, keeping the rest",
-                yellow=True,
-            )
+        self._write_resume_notes(write)
         if state.unwritten:
             write(
                 f"not written: {state.unwritten} result(s) of this run, the last because "
@@ -228,6 +202,37 @@ class TerminalSummary:
                 f"{partial} episode(s) ran only some of their steps (the others were not "
                 "selected): their rows are marked partial, out of the score, and "
                 "--harbor-resume runs them again in full",
+                yellow=True,
+            )
+
+    def _write_resume_notes(self, write: Write) -> None:
+        """What a resumed run kept, and what an interrupted one leaves the next to run."""
+        state = self.state
+        if state.all_kept:
+            write(
+                f"resumed: all {state.kept} episode(s) were kept from the earlier run and "
+                "passed; nothing was left to run",
+                green=True,
+            )
+        elif state.kept:
+            write(
+                f"resumed: {state.kept} episode(s) kept from the earlier run, not run again"
+                + (
+                    f"; {state.kept_failed} of them failed, which fails this run"
+                    if state.kept_failed
+                    else ""
+                )
+            )
+        not_started = sum(
+            state.ledger.score(taskset).count("not_run") for taskset in state.planned.manifests
+        )
+        if state.cut_short and any(
+            state.writer.begun(taskset) for taskset in state.planned.manifests
+        ):
+            write(
+                f"interrupted: {state.cut_short + not_started} episode(s) have no result "
+                f"({state.cut_short} cut short, {not_started} not started); the same command "
+                "with --harbor-resume runs only those, keeping the rest",
                 yellow=True,
             )
 
