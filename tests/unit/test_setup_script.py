@@ -101,3 +101,21 @@ def test_the_main_set_up_installs_nothing_where_both_plugins_answer(checkout: Pa
     assert "installing" not in done.stderr
     assert "warning" not in done.stderr
     assert "ready to run datasets: Docker 20.10.24, Compose 2.26.1, buildx 0.13.1," in done.stderr
+
+
+def test_the_main_set_up_gives_the_virtualenv_the_agents_extra(checkout: Path) -> None:
+    """shell-agent needs httpx and the MCP SDK: a virtualenv the main set-up made with the
+    package alone (an earlier set-up's) is given the agents extra."""
+    digest = hashlib.sha256((checkout / "pyproject.toml").read_bytes()).hexdigest()
+    stamp = checkout / ".venv" / ".pytest-harbor-setup"
+    stamp.write_text(f"{digest} core\n")
+    asked = checkout / "pip-args"
+    _executable(checkout / ".venv" / "bin" / "python", f'#!/bin/sh\necho "$@" >> {asked}\n')
+    done = _setup(checkout, uid=1000, plugins=True)
+    assert done.returncode == 0, done.stderr
+    assert "-m pip install -q -e .[agents]" in asked.read_text()
+    assert stamp.read_text() == f"{digest} run\n"
+    # Made once: the next set-up installs nothing.
+    asked.unlink()
+    assert _setup(checkout, uid=1000, plugins=True).returncode == 0
+    assert not asked.exists() or "pip install" not in asked.read_text()
