@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -309,18 +310,28 @@ def _validated(values: dict[str, Any], sources: Mapping[str, str]) -> HarborSett
     unknown = sorted(set(values) - set(HarborSettings.model_fields))
     if unknown:
         raise SettingsError(
-            "unknown setting " + ", ".join(f"{key!r} (from {sources[key]})" for key in unknown)
+            "unknown setting "
+            + ", ".join(f"{key!r} (from {sources[key]}){_nearest(key)}" for key in unknown)
         )
     try:
         return HarborSettings.model_validate(values)
     except ValidationError as error:
         first = error.errors()[0]
+        message = first["msg"].removeprefix("Value error, ")
+        if not first["loc"]:
+            # A rule between settings: the message names them.
+            given = sorted(set(values) & set(sources))
+            where = ", ".join(sorted({sources[key] for key in given})) or "the settings"
+            raise SettingsError(f"settings (from {where}): {message}") from None
         key = ".".join(str(part) for part in first["loc"])
-        source = sources.get(str(first["loc"][0]), "settings") if first["loc"] else "settings"
-        raise SettingsError(
-            f"setting {key or '(settings)'} (from {source}): "
-            f"{first['msg'].removeprefix('Value error, ')}"
-        ) from None
+        source = sources.get(str(first["loc"][0]), "settings")
+        raise SettingsError(f"setting {key} (from {source}): {message}") from None
+
+
+def _nearest(key: str) -> str:
+    """`; did you mean 'KEY'?` for the setting nearest `key`, when one is near."""
+    near = difflib.get_close_matches(key, list(HarborSettings.model_fields), n=1, cutoff=0.75)
+    return f"; did you mean {near[0]!r}?" if near else ""
 
 
 def _refuse_set_by_the_run(settings: HarborSettings, sources: Mapping[str, str]) -> None:

@@ -12,6 +12,7 @@ seconds later is left behind while the episode goes on to verification.
 
 from __future__ import annotations
 
+import difflib
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -339,4 +340,10 @@ def parse_options(
     except ValidationError as error:
         first = error.errors()[0]
         key = ".".join(str(part) for part in first["loc"])
-        raise HarnessOptionsError(f"{name} option {key}: {first['msg']}") from None
+        if first["type"] == "extra_forbidden":
+            known = sorted(model.model_fields)
+            near = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+            hint = f"did you mean {near[0]}?" if near else f"it takes {', '.join(known)}"
+            raise HarnessOptionsError(f"{name} has no option {key}; {hint}") from None
+        message = first["msg"].removeprefix("Value error, ")
+        raise HarnessOptionsError(f"{name} option {key}: {message}") from None

@@ -102,7 +102,7 @@ def test_recipe_options_are_checked_and_a_version_makes_its_own_install(tmp_path
     other = make_harness(str(path), {"version": "2.0"})
     assert isinstance(other, CliAgentHarness)
     assert other.recipe.version == "2.0" and other.install_key != plain.install_key
-    with pytest.raises(ValueError, match="tiny option rebuilt"):
+    with pytest.raises(ValueError, match="tiny has no option rebuilt; did you mean rebuild"):
         make_harness(str(path), {"rebuilt": True})
 
 

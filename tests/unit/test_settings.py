@@ -100,7 +100,8 @@ def test_values_are_yaml(tmp_path: Path) -> None:
             {},
             [],
             ["max_concurent_episodes=4"],
-            "unknown setting 'max_concurent_episodes' (from --harbor-set max_concurent_episodes=4)",
+            "unknown setting 'max_concurent_episodes' (from --harbor-set max_concurent_episodes=4)"
+            "; did you mean 'max_concurrent_episodes'?",
         ),
         ({"no_such": "1"}, [], [], "unknown setting 'no_such' (from ini key harbor_no_such)"),
         (
@@ -114,7 +115,9 @@ def test_values_are_yaml(tmp_path: Path) -> None:
             {},
             [],
             ["max_concurrent_episodes=2"],
-            "max_concurrent_episodes requires queue_timeout_seconds",
+            # A rule between settings names where they came from, not "(settings)".
+            "settings (from --harbor-set max_concurrent_episodes=2): max_concurrent_episodes "
+            "requires queue_timeout_seconds",
         ),
         ({}, [], ["task_mcp_grants=always"], "task_mcp_grants"),
         (

@@ -41,6 +41,15 @@ def test_tool_call_arguments(name: str, raw: object, problem: str | None) -> Non
 
 
 def test_unknown_options_are_refused_by_name() -> None:
-    with pytest.raises(HarnessOptionsError, match="shell-agent option max_stepz: Extra inputs"):
+    with pytest.raises(
+        HarnessOptionsError,
+        match=r"^shell-agent has no option max_stepz; did you mean max_steps\?$",
+    ):
         ShellAgentHarness({"max_stepz": 3})
+    # Nothing near: the options it takes are named.
+    with pytest.raises(
+        HarnessOptionsError,
+        match=r"^shell-agent has no option turns; it takes backoff_base_s, backoff_max_s, ",
+    ):
+        ShellAgentHarness({"turns": 3})
     assert ShellAgentHarness({"max_steps": 3}).options.max_steps == 3
