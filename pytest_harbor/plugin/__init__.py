@@ -225,6 +225,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[HARBOR_RUN] = run
     if handed is not None:
         run.relay = None if handed.relay is None else RelayClient(handed.relay)
+        run.layout.runs.update(handed.run_folders)
         config.stash[SETTLED_TRIALS] = HandedTrials(
             row_digests=handed.row_digests, done_trials=frozenset(handed.done_trials)
         )
@@ -381,6 +382,7 @@ def pytest_configure_node(node: Any) -> None:
         run_id=run.run_id,
         row_digests=dict(planned.row_digests),
         done_trials=tuple(sorted(planned.done_trials)),
+        run_folders=dict(run.layout.runs),
         datasets=tuple(run.references.values()),
         relay=None if run.relay is None else run.relay.address,
     )

@@ -178,6 +178,14 @@ class EpisodeLedger:
                 earlier=record.earlier,
             )
 
+    def ran_any(self, taskset: str) -> bool:
+        """Whether any trial of `taskset` started, ended or was skipped in this run."""
+        return any(
+            record.started or record.finished or record.skip_reason is not None
+            for record in self.trials.values()
+            if record.taskset == taskset and not record.earlier
+        )
+
     def _status(self, record: TrialRecord) -> EpisodeStatus:
         if record.result is not None:
             return episode_status(

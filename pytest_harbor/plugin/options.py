@@ -136,8 +136,15 @@ _OPTIONS = {
         ),
         _Option(
             "resume",
-            "keep the rows and terminal failures already in the results folder and run only "
-            "the episodes still missing (the run must match the one resumed)",
+            "continue the newest run in the results folder that matches this one: keep its "
+            "rows and terminal failures and run only the episodes still missing (with no "
+            "such run, stop)",
+            "flag",
+            False,
+        ),
+        _Option(
+            "resume-or-start",
+            "as --harbor-resume, but start afresh when there is no run to continue",
             "flag",
             False,
         ),
@@ -288,6 +295,8 @@ class HarborOptions:
     exclude_tasks: tuple[str, ...] = ()
     skip_unloadable: bool = False
     resume: bool = False
+    #: `--harbor-resume-or-start`: resume, and start afresh when nothing matches.
+    resume_or_start: bool = False
     allow_unsupported_pairing: bool = False
     settings: HarborSettings = field(default_factory=HarborSettings)
     agent_options: dict[str, Any] = field(default_factory=dict)
@@ -382,7 +391,8 @@ def read_options(config: pytest.Config) -> HarborOptions:
         only_tasks=_names(_raw(config, "only-tasks")),
         exclude_tasks=_names(_raw(config, "exclude-tasks")),
         skip_unloadable=_raw(config, "skip-unloadable"),
-        resume=_raw(config, "resume"),
+        resume=bool(_raw(config, "resume") or _raw(config, "resume-or-start")),
+        resume_or_start=_raw(config, "resume-or-start"),
         allow_unsupported_pairing=_raw(config, "allow-unsupported-pairing"),
         settings=_settings(config, assignments, sources),
         # A secret typed on the command line is in the process list; one in an ini file is not.
@@ -416,6 +426,7 @@ def _check_repeats(config: pytest.Config) -> int:
         "repeats": "the check's repeats are --harbor-check-repeats",
         "resume": "a check runs every selected task afresh (use --lf to run the tasks with "
         "problems again)",
+        "resume-or-start": "a check runs every selected task afresh",
     }
     for name, why in clashes.items():
         if config.getoption(_OPTIONS[name].dest) not in (None, False, "oracle"):

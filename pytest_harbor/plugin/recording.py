@@ -208,7 +208,7 @@ class ResultRecorder:
         finished_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         for taskset in state.planned.manifests:
             try:
-                state.writer.finish(taskset)
+                state.writer.finish(taskset, ran=state.ledger.ran_any(taskset))
             except OSError as error:
                 self._unwritable(self.run.layout.taskset_dir(taskset), error)
         summaries = []
@@ -266,7 +266,7 @@ class ResultRecorder:
         # Every row in the file: a resumed run's earlier rows count too.
         rows = [line.row for line in lines if line.row is not None]
         try:
-            record_history(self.run.layout.taskset_dir(taskset), rows)
+            record_history(self.run.layout.root_dir(taskset), rows)
         except OSError as error:
             log.warning("could not record the durations of %s: %s", taskset, error)
 

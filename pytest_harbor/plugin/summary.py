@@ -19,6 +19,7 @@ from pytest_harbor.run.metrics import TasksetScore
 from pytest_harbor.sandboxes.base import NamesBuilder
 from pytest_harbor.tasks import TaskLoadError
 from pytest_harbor.tasks.loader import matches_any
+from pytest_harbor.writers.runs import LATEST, latest_run
 
 __all__ = ["STATUS_EVERY_S", "TerminalSummary", "status_line"]
 
@@ -134,15 +135,26 @@ class TerminalSummary:
             write(f"  report: {report}")
 
     def _write_results_folder(self, write: Write, taskset: str) -> None:
-        """What became of the earlier run in the taskset's results folder: set aside for
-        this one, or still there because this run wrote nothing."""
+        """What the run did with the taskset's folder: runs of the earlier layout moved,
+        the run a resume continued, or (writing no result) nothing kept of this one."""
         state = self.state
-        aside = state.writer.set_aside.get(taskset)
-        if aside is not None:
-            write(aside.message(taskset))
-        earlier = state.planned.earlier_runs.get(taskset)
-        if not state.writer.begun(taskset) and earlier is not None:
-            write(earlier.message(taskset, self.run.layout.taskset_dir(taskset)))
+        for note in state.planned.folder_notes.get(taskset, []):
+            write(note)
+        if not state.writer.begun(taskset):
+            layout = self.run.layout
+            if layout.taskset_dir(taskset).is_dir():
+                write(
+                    f"{taskset}: nothing of this run was written; the run it resumed, in "
+                    f"{layout.taskset_dir(taskset)}, is as it was"
+                )
+                return
+            root = layout.root_dir(taskset)
+            latest = latest_run(root)
+            if latest is not None:
+                write(
+                    f"{taskset}: this run wrote no result, so it keeps no folder; "
+                    f"{root / LATEST} still names {latest.name}"
+                )
 
     def _writer(self, reporter: pytest.TerminalReporter) -> Write:
         """The section's one way to the terminal: each line as Redactor.shown renders it
@@ -252,7 +264,8 @@ class TerminalSummary:
         if count > _LEFT_OUT_SHOWN:
             write(f"  ... and {count - _LEFT_OUT_SHOWN} more")
         if self.run.options.skip_unloadable:
-            write(f"  all of them: {self.run.layout.skipped_file(taskset)}")
+            if self.state.writer.begun(taskset):
+                write(f"  all of them: {self.run.layout.skipped_file(taskset)}")
         else:
             write(
                 "  (each is a collection error above; --harbor-skip-unloadable lists them in "

@@ -14,9 +14,9 @@ from typing import Any
 
 from pytest_harbor.strict_json import as_float
 from pytest_harbor.untrusted import load_json
-from pytest_harbor.writers.folder import INCOMING, PREVIOUS_SUFFIX
 from pytest_harbor.writers.rollouts import CHECK, FAILURES, ROLLOUTS, SUMMARY
 from pytest_harbor.writers.rows import read_rows
+from pytest_harbor.writers.runs import INCOMING, RUNS, latest_run, runs_of
 
 __all__ = [
     "CHECK",
@@ -113,27 +113,43 @@ class TasksetResults:
 
 
 def find_summaries(root: Path) -> list[Path]:
-    """Every run summary at or under `root` (a taskset's results folder, or above one)."""
+    """The run summaries at or under `root`: a run's folder, a taskset's folder (its latest
+    run), or a folder above tasksets (the latest run of each). Given a taskset's `runs/`
+    folder, every run in it."""
     if not root.is_dir():
         raise ReportError(f"{root} is not a folder")
-    # Earlier runs kept aside (`<taskset>.previous/`) are not this run's: only when `root`
-    # is one of them (or inside one) are they drawn.
     found = sorted(
         path
         for path in root.rglob(SUMMARY)
-        if path.is_file()
-        and not any(
-            part.endswith(PREVIOUS_SUFFIX) or part == INCOMING
-            for part in path.relative_to(root).parts[:-1]
-        )
+        if path.is_file() and _drawn(root, path.relative_to(root).parts[:-1])
     )
     if not found:
         raise ReportError(
-            f"{root} holds no {SUMMARY}: give a taskset's results folder "
+            f"{root} holds no {SUMMARY}: give a run's folder, a taskset's results folder "
             "(results/harbor/<taskset>, or results/harbor/validation/<taskset>) or a folder "
             "above one, after a run has ended"
         )
     return found
+
+
+def _drawn(root: Path, parts: tuple[str, ...]) -> bool:
+    """Whether the summary in `root/<parts>` is drawn: never a staging area's; of a
+    taskset's runs met from above, only its latest (or, without `latest`, its newest)."""
+    if INCOMING in parts or any(part.endswith(".previous") for part in parts):
+        return False
+    for index, part in enumerate(parts[:-1]):
+        if part == RUNS:
+            taskset = root.joinpath(*parts[:index])
+            return parts[index + 1] == _shown_run(taskset)
+    return True
+
+
+def _shown_run(taskset: Path) -> str | None:
+    latest = latest_run(taskset)
+    if latest is not None and (latest / SUMMARY).is_file():
+        return latest.name
+    newest = [folder for folder in runs_of(taskset) if (folder / SUMMARY).is_file()]
+    return newest[0].name if newest else None
 
 
 def load_taskset(summary_file: Path) -> TasksetResults:

@@ -238,7 +238,7 @@ def test_a_second_run_on_the_same_results_folder_stops_at_once(
             timeout=120,
         )
         assert second.returncode == pytest.ExitCode.USAGE_ERROR, second.stdout + second.stderr
-        folder = dataset.path.parent / "results" / "harbor" / "validation" / dataset.name
+        folder = dataset.path.parent / "results" / "harbor" / "validation" / dataset.name / "latest"
         assert f"{folder} is being written by another run (run " in second.stderr
         assert f"pid {first.pid} on {socket.gethostname()}" in second.stderr
         # The second run touched nothing of the first's.

@@ -31,7 +31,16 @@ def test_passing_and_failing_reports_and_rows(pytester: pytest.Pytester, dataset
     )
     result = run(pytester, dataset, "-rA")
     result.assert_outcomes(passed=1, failed=1)
-    logs = pytester.path / "out" / "harbor" / "validation" / dataset.name / "verifier" / "wrong__r0"
+    logs = (
+        pytester.path
+        / "out"
+        / "harbor"
+        / "validation"
+        / dataset.name
+        / "latest"
+        / "verifier"
+        / "wrong__r0"
+    )
     result.stdout.fnmatch_lines(
         [
             f"*_ {dataset.name}/wrong::r0::episode _*",

@@ -151,7 +151,9 @@ def test_the_report_of_real_runs_loads_and_draws_its_charts(
             "word-count": {"problems": [], "oracle_rewards": [1.0, 1.0], "nop_reward": 0.0},
         },
     }
-    (copied / "harbor" / "validation" / copy.name / "check.json").write_text(json.dumps(check))
+    (copied / "harbor" / "validation" / copy.name / "latest" / "check.json").write_text(
+        json.dumps(check)
+    )
     shutil.rmtree(results)
     page = tmp_path / "both" / "report.html"
     made = subprocess.run(

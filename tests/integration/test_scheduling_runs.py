@@ -37,7 +37,7 @@ def test_the_longest_trial_goes_out_first_and_the_run_is_recorded(
     for name in ("a-short", "b-short", "c-short"):
         dataset.task(name, solve_sh=sleeping(0.3))
     dataset.task("z-long", solve_sh=sleeping(3))
-    folder = dataset.results_folder(pytester.path / "out")
+    folder = dataset.taskset_folder(pytester.path / "out")
     folder.mkdir(parents=True)
     record = {name: {"episode_s": 0.5} for name in ("a-short", "b-short", "c-short")}
     record["z-long"] = {"episode_s": 3.5}
@@ -196,7 +196,7 @@ def test_a_long_run_says_what_it_is_doing_unless_quiet(
     monkeypatch.setattr(summary, "STATUS_EVERY_S", 0.0)
     for name in ("first", "second", "third"):
         dataset.task(name)
-    folder = dataset.results_folder(pytester.path / "out")
+    folder = dataset.taskset_folder(pytester.path / "out")
     folder.mkdir(parents=True)
     record = {name: {"episode_s": 2.0} for name in ("first", "second", "third")}
     (folder / "durations.json").write_text(json.dumps({"tasks": record}))
