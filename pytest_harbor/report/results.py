@@ -16,7 +16,7 @@ from pytest_harbor.strict_json import as_float
 from pytest_harbor.untrusted import load_json
 from pytest_harbor.writers.rollouts import CHECK, FAILURES, ROLLOUTS, SUMMARY
 from pytest_harbor.writers.rows import read_rows
-from pytest_harbor.writers.runs import INCOMING, RUNS, latest_run, runs_of
+from pytest_harbor.writers.runs import INCOMING, LATEST, RUNS, latest_run, runs_of
 
 __all__ = [
     "CHECK",
@@ -140,8 +140,17 @@ def _drawn(root: Path, parts: tuple[str, ...]) -> bool:
     for index, part in enumerate(parts[:-1]):
         if part == RUNS:
             taskset = root.joinpath(*parts[:index])
+            if _copied_latest(taskset):
+                return False
             return parts[index + 1] == _shown_run(taskset)
     return True
+
+
+def _copied_latest(taskset: Path) -> bool:
+    """Whether `latest` is a folder rather than a link (a copy that followed the link):
+    then it is the run drawn, and its twin in runs/ is not."""
+    latest = taskset / LATEST
+    return latest.is_dir() and not latest.is_symlink()
 
 
 def _shown_run(taskset: Path) -> str | None:

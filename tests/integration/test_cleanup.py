@@ -108,7 +108,11 @@ def test_results_land_next_to_where_pytest_ran(dataset: Dataset, docker_client: 
     output = finish(run)
     assert run.returncode == 0, output
     assert (
-        Path(dataset.path.parent) / "results/harbor/validation" / dataset.name / "rollouts.jsonl"
+        Path(dataset.path.parent)
+        / "results/harbor/validation"
+        / dataset.name
+        / "latest"
+        / "rollouts.jsonl"
     ).is_file()
 
 
@@ -238,7 +242,7 @@ def test_a_second_run_on_the_same_results_folder_stops_at_once(
             timeout=120,
         )
         assert second.returncode == pytest.ExitCode.USAGE_ERROR, second.stdout + second.stderr
-        folder = dataset.path.parent / "results" / "harbor" / "validation" / dataset.name / "latest"
+        folder = dataset.path.parent / "results" / "harbor" / "validation" / dataset.name
         assert f"{folder} is being written by another run (run " in second.stderr
         assert f"pid {first.pid} on {socket.gethostname()}" in second.stderr
         # The second run touched nothing of the first's.

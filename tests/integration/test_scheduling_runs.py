@@ -222,7 +222,7 @@ def test_even_quiet_the_terminal_names_what_it_left_out(
         (folder / "task.toml").write_text("not = [toml")
     result = run_harbor(pytester, dataset, "-q", "--harbor-skip-unloadable")
     result.assert_outcomes(passed=1)
-    skipped = dataset.results_folder(pytester.path / "out") / "skipped.json"
+    skipped = dataset.results_folder(pytester.path / "out").resolve() / "skipped.json"
     result.stdout.fnmatch_lines(
         [
             f"{dataset.name}: left out 4 task folders (refused, or could not load)",
