@@ -106,7 +106,8 @@ class LiveView:
 
     def _loop(self) -> None:
         every_report = self.run.options.live_report_s
-        tick = LIVE_EVERY_S if self._block is not None else max(LIVE_EVERY_S, every_report or 0)
+        ticks = [LIVE_EVERY_S if self._block is not None else None, every_report]
+        tick = min(each for each in ticks if each is not None)
         while not self._stop.wait(tick):
             try:
                 self._tick(every_report)

@@ -16,12 +16,13 @@ __all__ = ["write_live_reports"]
 
 
 def write_live_reports(state: RunReport, progress: RunProgress) -> int:
-    """Write the live report(s); return how many. Only tasksets whose results folder this
-    run has begun (an episode ended) are drawn: before that, the folder and its report
-    are still the earlier run's."""
+    """Write the live report(s); return how many. Only tasksets whose results folder is
+    this run's are drawn (at once for a folder with no earlier results, else once an
+    episode ended): before that, the folder and its report are the earlier run's. Nothing
+    is written before the run knows its episodes (xdist's workers are collecting)."""
     run = state.run
     options = run.options
-    if not options.report or options.live_report_s is None:
+    if not options.report or options.live_report_s is None or not progress.total:
         return 0
     from pytest_harbor.report import LiveNote, write_live_report  # only a run that writes one
 

@@ -203,3 +203,25 @@ def test_the_status_never_counts_an_ended_episode_as_running(
     assert len(lines) == len(expected), lines
     for line, pattern in zip(lines, expected, strict=True):
         assert re.fullmatch(pattern, line), lines
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (
+            "--harbor-live-report=0",
+            "--harbor-live-report / harbor_live_report: expected a "
+            "number of seconds above 0, got '0'",
+        ),
+        (
+            "--harbor-status-every=soon",
+            "--harbor-status-every / harbor_status_every: expected a number of seconds, got 'soon'",
+        ),
+    ],
+)
+def test_a_live_option_of_no_number_is_a_usage_error(
+    pytester: pytest.Pytester, dataset: Path, option: str, message: str
+) -> None:
+    result = pytester.runpytest(f"--harbor-dataset={dataset}", "--harbor-sandbox=slow", option)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
