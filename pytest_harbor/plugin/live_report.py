@@ -16,10 +16,10 @@ __all__ = ["write_live_reports"]
 
 
 def write_live_reports(state: RunReport, progress: RunProgress) -> int:
-    """Write the live report(s); return how many. Only tasksets whose results folder is
-    this run's are drawn (at once for a folder with no earlier results, else once an
-    episode ended): before that, the folder and its report are the earlier run's. Nothing
-    is written before the run knows its episodes (xdist's workers are collecting)."""
+    """Write the live report(s); return how many. Only tasksets whose folder the run has
+    begun are drawn (a fresh run's at once, a resumed run's once it has something to
+    write): before that, the folder is the resumed run's, as it was. Nothing is written
+    before the run knows its episodes (xdist's workers are collecting)."""
     run = state.run
     options = run.options
     if not options.report or options.live_report_s is None or not progress.total:
