@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 import pytest
 
-__all__ = ["LiveBlock", "terminal_file"]
+__all__ = ["LiveBlock", "replace_terminal_file", "terminal_file"]
 
 #: The most lines the block takes (headline included): it must fit the screen, whose
 #: lines that scrolled away can no longer be rewritten.
@@ -26,12 +26,19 @@ _CLEAR_LINE = "\r\x1b[K"
 _UP = "\x1b[1A"
 
 
+# pytest's private names for the terminal (`TerminalReporter._tw`, `TerminalWriter._file`)
+# are touched by these two functions alone; tests/unit/test_live.py fails when they go.
+
+
 def terminal_file(reporter: pytest.TerminalReporter) -> tuple[Any, TextIO]:
-    """pytest's terminal writer and the file it writes to. The one place that touches
-    pytest's private names for the terminal (`TerminalReporter._tw`,
-    `TerminalWriter._file`); tests/unit/test_live.py fails when they go."""
+    """pytest's terminal writer and the file it writes to."""
     writer = reporter._tw
     return writer, writer._file
+
+
+def replace_terminal_file(writer: Any, file: Any) -> None:
+    """Have pytest's terminal writer write to `file` from now on."""
+    writer._file = file
 
 
 class LiveBlock:
@@ -46,7 +53,7 @@ class LiveBlock:
         self._shown = 0
         self._column = 0
         self._taken = -math.inf
-        self._writer._file = self
+        replace_terminal_file(self._writer, self)
 
     # ---------------------------------------------------------------- the file pytest sees
 
@@ -85,7 +92,7 @@ class LiveBlock:
             self._lines = []
             self._file.write(self._erase())
             self._file.flush()
-            self._writer._file = self._file
+            replace_terminal_file(self._writer, self._file)
 
     @property
     def width(self) -> int:

@@ -197,7 +197,8 @@ def read_options(config: pytest.Config) -> HarborOptions:
             f"--harbor-set secrets.{name}: a secret on the command line can be read by other "
             "users of this machine; give it as env:VARIABLE or file:PATH instead"
             for name in literal_secrets(assignments if typed else [])
-        ),
+        )
+        + _live_report_warning(config, report),
         agent_options=parse_key_values(_raw(config, "agent-option"), "agent-option"),
         model=ModelOptions(
             name=_text(config, "model"),
@@ -327,6 +328,15 @@ def _report(config: pytest.Config) -> tuple[bool, Path | None]:
             "name (say report.html), or none to write no report"
         )
     return True, path
+
+
+def _live_report_warning(config: pytest.Config, report: bool) -> tuple[str, ...]:
+    if report or _seconds(config, "live-report", positive=True) is None:
+        return ()
+    return (
+        "--harbor-live-report: --harbor-report=none writes no report, so none is written "
+        "during the run either",
+    )
 
 
 def _seconds(config: pytest.Config, name: str, *, positive: bool) -> float | None:

@@ -225,3 +225,17 @@ def test_a_live_option_of_no_number_is_a_usage_error(
     result = pytester.runpytest(f"--harbor-dataset={dataset}", "--harbor-sandbox=slow", option)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in result.stderr.str()
+
+
+def test_a_live_report_without_a_report_is_warned_of(
+    pytester: pytest.Pytester, dataset: Path
+) -> None:
+    result = pytester.runpytest(
+        f"--harbor-dataset={dataset}",
+        "--harbor-sandbox=first-fails",
+        f"--harbor-results-dir={pytester.path / 'out'}",
+        "--harbor-report=none",
+        "--harbor-live-report=5",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*--harbor-live-report: --harbor-report=none writes no report*"])

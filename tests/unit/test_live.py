@@ -10,12 +10,16 @@ import pytest
 from _pytest._io import TerminalWriter
 
 from pytest_harbor.plugin.ledger import EpisodeLedger
-from pytest_harbor.plugin.live_terminal import LiveBlock, terminal_file
+from pytest_harbor.plugin.live_terminal import LiveBlock, replace_terminal_file, terminal_file
 from pytest_harbor.plugin.phases import PhaseBoard
 from pytest_harbor.plugin.planned import PlannedRun
 from pytest_harbor.plugin.progress import RunningEpisode, RunProgress, run_progress
 from pytest_harbor.relay import RunSpend
 from pytest_harbor.relay.reports import Counts
+from pytest_harbor.report import LiveNote, write_live_report
+from pytest_harbor.report.page import render_page
+from pytest_harbor.report.results import taskset_results
+from pytest_harbor.report.transcripts import Budget
 from tests.terminal_screen import Screen
 
 
@@ -38,6 +42,29 @@ def test_pytest_s_private_terminal_names_are_there(pytestconfig: pytest.Config) 
     writer, file = terminal_file(reporter)
     assert isinstance(writer, TerminalWriter)
     assert hasattr(file, "write")
+    other = io.StringIO()
+    replace_terminal_file(writer, other)
+    try:
+        writer.write("through the stand-in")
+    finally:
+        replace_terminal_file(writer, file)
+    assert other.getvalue() == "through the stand-in"
+
+
+def test_only_the_page_of_a_run_in_progress_refreshes(tmp_path: Path) -> None:
+    summary = {"taskset": "tasks", "episodes": [{"task_id": "a", "repeat": 0}]}
+    note = LiveNote(done=1, total=4, running=2, failed=1, updated_at="T", refresh_s=2.5)
+    live = write_live_report([(tmp_path, summary)], tmp_path / "live.html", note).read_text()
+    assert '<meta http-equiv="refresh" content="3">' in live
+    assert "Run in progress: 1 of 4 episodes done, 2 running, 1 failed; updated at T." in live
+    page = render_page(
+        [taskset_results(tmp_path, summary)],
+        tmp_path / "final.html",
+        generated_at="T",
+        budget=Budget(),
+    )
+    assert "refresh" not in page
+    assert "Run in progress" not in page
 
 
 def test_the_block_sits_under_pytest_s_line_and_leaves_it_whole() -> None:
