@@ -68,7 +68,7 @@ def main() -> None:
 
         def tick() -> None:
             progress = run_progress(ledger, PlannedRun(), phases=board)
-            block.show(progress.block(block.width))
+            block.show(progress.block(block.width, 10))
 
         ticked = timed(args.rounds, tick)
         print(f"phase report (worker, per phase): median {post[0]:.3f} ms, p95 {post[1]:.3f} ms")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pytest_harbor.display import harbor_logger
-from pytest_harbor.plugin.live_terminal import LiveBlock, terminal_file
+from pytest_harbor.plugin.live_terminal import MAX_LINES, LiveBlock, terminal_file
 from pytest_harbor.plugin.progress import RunProgress, run_progress
 from pytest_harbor.plugin.reporting import RunReport
 from pytest_harbor.relay import RelayError, RunSpend
@@ -45,7 +45,7 @@ def shows_live_block(config: pytest.Config) -> bool:
 
 class LiveView:
     """Registered on the controller (or the sole process); runs only while pytest's test
-    loop does, and only reads the run's report (under its lock)."""
+    loop does, and only reads the run's report."""
 
     def __init__(self, state: RunReport) -> None:
         self.state = state
@@ -55,7 +55,6 @@ class LiveView:
         self._stop = threading.Event()
         self._spend: RunSpend | None = None
         self._report_at = 0.0
-        self._writes = 0
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
@@ -102,7 +101,8 @@ class LiveView:
     def _show(self, block: LiveBlock, progress: RunProgress) -> None:
         if progress.total:
             shown = self.run.redactor.shown
-            block.show([shown(line) for line in progress.block(block.width)], progress.taken)
+            lines = progress.block(block.width, MAX_LINES)
+            block.show([shown(line) for line in lines], progress.taken)
 
     def _loop(self) -> None:
         every_report = self.run.options.live_report_s
@@ -124,7 +124,7 @@ class LiveView:
             self._report_at = now
             from pytest_harbor.plugin.live_report import write_live_reports
 
-            self._writes += write_live_reports(self.state, progress)
+            write_live_reports(self.state, progress)
 
     def progress(self, *, ask_relay: bool) -> RunProgress:
         """The run now, the spend as the relay last counted it. Read without a lock: the

@@ -15,15 +15,15 @@ from pytest_harbor.writers.summary import run_summary
 __all__ = ["write_live_reports"]
 
 
-def write_live_reports(state: RunReport, progress: RunProgress) -> int:
-    """Write the live report(s); return how many. Only tasksets whose folder the run has
-    begun are drawn (a fresh run's at once, a resumed run's once it has something to
-    write): before that, the folder is the resumed run's, as it was. Nothing is written
-    before the run knows its episodes (xdist's workers are collecting)."""
+def write_live_reports(state: RunReport, progress: RunProgress) -> None:
+    """Write the live report(s). Only tasksets whose folder the run has begun are drawn
+    (a fresh run's at once, a resumed run's once it has something to write): before that,
+    the folder is the resumed run's, as it was. Nothing is written before the run knows
+    its episodes (xdist's workers are collecting)."""
     run = state.run
     options = run.options
     if not options.report or options.live_report_s is None or not progress.total:
-        return 0
+        return
     from pytest_harbor.report import LiveNote, write_live_report  # only a run that writes one
 
     layout = run.layout
@@ -43,7 +43,7 @@ def write_live_reports(state: RunReport, progress: RunProgress) -> int:
         summary["finished_at"] = None
         summaries[taskset] = (layout.taskset_dir(taskset), run.redactor.data(summary))
     if not summaries:
-        return 0
+        return
     note = LiveNote(
         done=progress.done,
         total=progress.total,
@@ -58,4 +58,3 @@ def write_live_reports(state: RunReport, progress: RunProgress) -> int:
         jobs = [(layout.report_file(taskset), [pair]) for taskset, pair in summaries.items()]
     for out, pairs in jobs:
         write_live_report(pairs, out, note, redact=run.redactor.text)
-    return len(jobs)

@@ -81,12 +81,15 @@ class RunProgress:
         count = f", {len(self.running)} running"
         return line.replace(count, f"{count} ({'; '.join(named)})", 1)
 
-    def block(self, width: int) -> list[str]:
-        """The terminal's live block: the headline, then one line per running episode,
-        each cut to `width` (a line that wrapped could not be rewritten in place)."""
-        lines = [self.headline()]
-        lines.extend(f"  {episode.text(steps=self.steps)}" for episode in self.running)
-        return [cut(line, width) for line in lines]
+    def block(self, width: int, most: int) -> list[str]:
+        """The terminal's live block: the headline, then one line per running episode, at
+        most `most` lines (the last then counts those left out), each cut to `width` (a
+        line that wrapped could not be rewritten in place)."""
+        lines = [f"  {episode.text(steps=self.steps)}" for episode in self.running]
+        if len(lines) > most - 1:
+            kept = max(0, most - 2)
+            lines = [*lines[:kept], f"  ... and {len(lines) - kept} more"]
+        return [cut(line, width) for line in [self.headline(), *lines]]
 
     def _spent(self) -> list[str]:
         if self.spend is None or not self.spend.counts.requests:

@@ -162,7 +162,11 @@ def test_the_block_names_each_running_episode_its_turn_and_the_spend() -> None:
         spend=spend,
         steps=True,
     )
-    assert progress.block(200) == [
+    assert progress.block(200, 2) == [
+        "harbor: 1/3 done, 2 running, 0 waiting, $0.5000, 1,234 tokens",
+        "  ... and 2 more",
+    ]
+    assert progress.block(200, 10) == [
         "harbor: 1/3 done, 2 running, 0 waiting, $0.5000, 1,234 tokens",
         "  tasks/a::r0 agent step-2 1m05s",
         "  tasks/b::r0 starting 1s",
