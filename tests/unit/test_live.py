@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from _pytest._io import TerminalWriter
 
 from pytest_harbor.plugin.ledger import EpisodeLedger
+from pytest_harbor.plugin.live import LiveView
 from pytest_harbor.plugin.live_terminal import LiveBlock, replace_terminal_file, terminal_file
 from pytest_harbor.plugin.phases import PhaseBoard
 from pytest_harbor.plugin.planned import PlannedRun
 from pytest_harbor.plugin.progress import RunningEpisode, RunProgress, run_progress
-from pytest_harbor.relay import RunSpend
+from pytest_harbor.relay import RelayError, RunSpend
 from pytest_harbor.relay.reports import Counts
 from pytest_harbor.report import LiveNote, write_live_report
 from pytest_harbor.report.page import render_page
@@ -171,3 +173,32 @@ def test_the_block_names_each_running_episode_its_turn_and_the_spend() -> None:
         "  tasks/a::r0 agent step-2 1m05s",
         "  tasks/b::r0 starting 1s",
     ]
+
+
+class _Relay:
+    """What the live view asks of the run's relay: its spend, or an error."""
+
+    def __init__(self, *answers: RunSpend | RelayError) -> None:
+        self.answers = list(answers)
+
+    def spend(self) -> RunSpend:
+        answer = self.answers.pop(0)
+        if isinstance(answer, RelayError):
+            raise answer
+        return answer
+
+
+def test_the_live_view_shows_the_spend_once_the_relay_counts_it(tmp_path: Path) -> None:
+    counts = Counts(requests=2, prompt_tokens=1200, completion_tokens=300, cost_usd=0.1234)
+    relay = _Relay(RunSpend(), RunSpend(counts=counts), RelayError("gone"))
+    run = SimpleNamespace(relay=relay, phases=PhaseBoard(tmp_path))
+    state = SimpleNamespace(
+        run=run, ledger=_ledger("alpha"), planned=PlannedRun(), builds=SimpleNamespace(building=0)
+    )
+    view = LiveView(state)  # type: ignore[arg-type]
+    # No call served yet: no spend shown.
+    assert view.progress(ask_relay=True).headline() == "harbor: 0/1 done, 0 running, 1 waiting"
+    counted = "harbor: 0/1 done, 0 running, 1 waiting, $0.1234, 1,500 tokens"
+    assert view.progress(ask_relay=True).headline() == counted
+    # The relay not answering keeps what it last counted.
+    assert view.progress(ask_relay=True).headline() == counted
