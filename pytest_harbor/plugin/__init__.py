@@ -20,6 +20,7 @@ from pytest_harbor.harnesses import HARNESSES, HarnessFactory
 from pytest_harbor.plugin.deadlines import pytest_timeout_cancel_timer, pytest_timeout_set_timer
 from pytest_harbor.plugin.item_reports import pytest_report_teststatus, pytest_runtest_makereport
 from pytest_harbor.plugin.ledger import trial_of
+from pytest_harbor.plugin.live import LiveView
 from pytest_harbor.plugin.nodes import HarborTaskset, HarborTurnItem, HarborWarning
 from pytest_harbor.plugin.options import add_options, read_options
 from pytest_harbor.plugin.planned import PLANNED_RUN, PlannedRun
@@ -245,6 +246,7 @@ def _register_reporters(config: pytest.Config, run: HarborRun) -> None:
     config.pluginmanager.register(PreFlight(state), "harbor-preflight")
     config.pluginmanager.register(ResultRecorder(state), "harbor-recorder")
     config.pluginmanager.register(TerminalSummary(state), "harbor-summary")
+    config.pluginmanager.register(LiveView(state), "harbor-live")
 
 
 def _registered_harnesses(config: pytest.Config) -> dict[str, HarnessFactory]:

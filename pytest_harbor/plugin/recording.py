@@ -5,6 +5,7 @@ report and the exit status."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,6 +69,8 @@ class ResultRecorder:
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         record = self.state.ledger.get(nodeid)
         if record is not None:
+            if not record.started:
+                record.began_at = time.monotonic()
             record.started = True
             record.step = nodeid.rsplit("::", 1)[1]
 

@@ -165,14 +165,19 @@ def load_taskset(summary_file: Path) -> TasksetResults:
     """The taskset whose run summary is `summary_file`. Paths come from the summary
     (relative to its folder, so a moved folder still resolves); rows name their folders
     absolutely, and are used only when the summary has no path."""
-    folder = summary_file.parent
-    notes: list[str] = []
     try:
         summary = _loads(summary_file.read_text(encoding="utf-8"))
         if not isinstance(summary, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as error:
         raise ReportError(f"{summary_file}: cannot read the run summary ({error})") from None
+    return taskset_results(summary_file.parent, summary)
+
+
+def taskset_results(folder: Path, summary: Mapping[str, Any]) -> TasksetResults:
+    """The taskset whose run summary is `summary`, as if written in `folder` (a run in
+    progress has its summary only in memory)."""
+    notes: list[str] = []
     files = as_mapping(summary.get("files"))
     rows = list(_json_lines(_named(folder, files, "rollouts", ROLLOUTS), notes))
     failures = list(_json_lines(_named(folder, files, "failures", FAILURES), notes))
