@@ -14,80 +14,19 @@ from typing import Any
 
 import pytest
 
-import tests.fake_provider  # noqa: F401  (imported once, before any run: see the conftest)
 from pytest_harbor.report import ReportError
 from pytest_harbor.report.__main__ import main
 from pytest_harbor.report.compare import Change, compare_runs, latest_two
 from pytest_harbor.report.compare_table import comparison_table
-from tests.fixtures import write_task
+from tests.real_runs import SUMMARY, RealRuns, make_real_runs
 
-SUMMARY = "rollouts_run_summary.json"
 #: What the table and the page show for a figure not known.
 DASH = "\u2013"
-
-#: Fakes whose verifications score in the order given (tasks run in name order here), and
-#: one whose sandboxes never start (every episode has no result).
-CONFTEST = """
-from tests.fake_provider import FakeProvider, SandboxScript, Verdict
-
-def scores(*values):
-    return lambda *, options, context: FakeProvider(
-        SandboxScript(verdicts=tuple(Verdict.reward(value) for value in values))
-    )
-
-def pytest_harbor_sandbox_providers():
-    return {
-        "old": scores("1", "0", "1"),
-        "new": scores("0", "1", "1"),
-        "broken": lambda *, options, context: FakeProvider(
-            SandboxScript(start_error="the engine is gone")
-        ),
-    }
-"""
-
-
-@dataclass(frozen=True)
-class RealRuns:
-    old: Path
-    new: Path
-    broken: Path
-
-
-def _run(pytester: pytest.Pytester, dataset: Path, sandbox: str) -> Path:
-    results = pytester.path / f"out-{sandbox}"
-    pytester.runpytest(
-        f"--harbor-dataset={dataset}",
-        f"--harbor-sandbox={sandbox}",
-        "--harbor-agent=nop",
-        f"--harbor-results-dir={results}",
-        "--harbor-report=none",
-    )
-    return results / "harbor" / dataset.name
-
-
-def _statuses(folder: Path) -> dict[str, str]:
-    summary = json.loads((folder / SUMMARY).read_text())
-    return {entry["task_id"]: entry["status"] for entry in summary["episodes"]}
 
 
 @pytest.fixture
 def real_runs(pytester: pytest.Pytester) -> RealRuns:
-    """OLD ran alpha, beta and delta; then beta's instruction changed, delta was removed and
-    gamma added; NEW ran alpha, beta and gamma, and a third run found no sandbox."""
-    pytester.makeconftest(CONFTEST)
-    dataset = pytester.path / "tasks"
-    for name in ("alpha", "beta", "delta"):
-        write_task(dataset, name)
-    old = _run(pytester, dataset, "old")
-    (dataset / "beta" / "instruction.md").write_text("Write 1 to /tmp/answer, now.\n")
-    shutil.rmtree(dataset / "delta")
-    write_task(dataset, "gamma")
-    new = _run(pytester, dataset, "new")
-    broken = _run(pytester, dataset, "broken")
-    assert _statuses(old) == {"alpha": "passed", "beta": "failed", "delta": "passed"}
-    assert _statuses(new) == {"alpha": "failed", "beta": "passed", "gamma": "passed"}
-    assert set(_statuses(broken).values()) == {"no_result"}
-    return RealRuns(old, new, broken)
+    return make_real_runs(pytester)
 
 
 def test_real_runs_flip_both_ways_and_a_changed_task_is_marked(
