@@ -42,8 +42,8 @@ _REASON_LIMIT = 2000
 #: Marks that tell the two flips apart without colour.
 _MARKS = {Change.REGRESSED: "▼", Change.FIXED: "▲", Change.NEW_FAILURE: "✗"}
 _EXTRA_CSS = """
-.change-regressed,.change-new-failure{background:#fbe3e1;font-weight:600}
-.change-fixed{background:#e3f4e1;font-weight:600}
+.change-regressed,.change-new-failure{background:#fbe3e1}.change-fixed{background:#e3f4e1}
+td.change{font-weight:600;white-space:nowrap}
 .task-changed{background:#fff6d6;border-radius:4px;padding:0 4px;font-size:12px}
 table.runs th{text-align:right}
 """
@@ -60,8 +60,8 @@ def render_comparison(comparison: Comparison, *, generated_at: str) -> str:
         _flips(comparison.flips()),
         _new_failures(comparison.new_failures()),
         _tasks(comparison.tasks),
-        _only("Only in OLD", "only-old", comparison.only_old),
-        _only("Only in NEW", "only-new", comparison.only_new),
+        _only("Only in OLD", "only-old", comparison.only_old, old),
+        _only("Only in NEW", "only-new", comparison.only_new, new),
     ]
     return (
         "<!DOCTYPE html>\n"
@@ -208,10 +208,18 @@ def _task_row(task: TaskChange) -> str:
     )
 
 
-def _only(title: str, anchor: str, tasks: Sequence[str]) -> str:
+def _only(title: str, anchor: str, tasks: Sequence[str], results: TasksetResults) -> str:
+    """The tasks one run has, each with its episodes' statuses in that run."""
     if not tasks:
         return ""
-    items = "".join(f"<li>{escape(task)}</li>" for task in tasks)
+    statuses: dict[str, list[str]] = {}
+    for episode in results.episodes:
+        statuses.setdefault(episode.task_id, []).append(_side(episode))
+    items = "".join(
+        f'<li>{escape(task)} <span class="meta">{escape(", ".join(statuses.get(task, [])))}'
+        "</span></li>"
+        for task in tasks
+    )
     return f'<h2 id="{anchor}">{escape(title)} ({len(tasks)})</h2><ul class="{anchor}">{items}</ul>'
 
 

@@ -54,8 +54,8 @@ def test_real_runs_flip_both_ways_and_a_changed_task_is_marked(
     assert '<tr class="flip change-regressed"><td>alpha</td>' in page
     assert '<tr class="flip change-fixed"><td>beta</td>' in page
     assert '<span class="task-changed">task changed</span>' in page
-    assert '<ul class="only-old"><li>delta</li></ul>' in page
-    assert '<ul class="only-new"><li>gamma</li></ul>' in page
+    assert '<ul class="only-old"><li>delta <span class="meta">passed 1.000</span></li></ul>' in page
+    assert '<ul class="only-new"><li>gamma <span class="meta">passed 1.000</span></li></ul>' in page
     assert "the verifier scored 0" in page  # alpha's new failure, by its kind
 
 
