@@ -331,9 +331,7 @@ def _episode_cost(episode: Episode | None) -> float | None:
 
 
 def _duration(episode: Episode | None) -> float | None:
-    if episode is None:
-        return None
-    return strict_json.as_float(episode.duration_s)
+    return None if episode is None else episode.duration_s
 
 
 def _mean_reward(episodes: Iterable[Episode]) -> float | None:

@@ -75,8 +75,7 @@ class Episode:
     @property
     def duration_s(self) -> float | None:
         """Seconds from the start of the seed to the end of the last turn (or cleanup)."""
-        total = _timings(self.row).get("total_s")
-        return float(total) if isinstance(total, int | float) else None
+        return as_float(_timings(self.row).get("total_s"))
 
     @property
     def episode_dir(self) -> Path | None:

@@ -299,6 +299,8 @@ def test_different_datasets_are_said_plainly(
     assert "! different datasets: OLD is 'swe-lite', NEW is 'terminal-bench'" in out
     assert "! different dataset digests: OLD sha256:dddd, NEW sha256:eeee" in out
     assert "unchanged (task changed)" not in out  # an unchanged task is counted, not listed
+    assert main(["--compare", str(old), str(new), "--all"]) == 0
+    assert "unchanged (task changed)" in capsys.readouterr().out
     html = (new / "compare.html").read_text()
     assert (
         "different datasets: OLD is &#x27;swe-lite&#x27;, NEW is &#x27;terminal-bench&#x27;" in html
@@ -358,9 +360,20 @@ def test_bad_inputs_exit_2_naming_the_path(
 
 
 def test_more_than_two_runs_or_a_results_dir_too_is_a_usage_error(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(["--compare", "a", "b", "c"])
-    assert exited.value.code == 2
+    for argv in (["--compare", "a", "b", "c"], [str(tmp_path), "--compare", "a", "b"], []):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+
+
+def test_a_page_that_cannot_be_written_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = write_run(tmp_path / "old", [Ep("a", "passed", 1.0)])
+    new = write_run(tmp_path / "new", [Ep("a", "passed", 1.0)])
+    (tmp_path / "blocker").write_text("")
+    assert main(["--compare", str(old), str(new), "-o", str(tmp_path / "blocker" / "x.html")]) == 1
+    assert "cannot write the comparison" in capsys.readouterr().err
 
 
 def _file(path: Path) -> Path:
@@ -438,9 +451,16 @@ def test_odd_types_in_the_files_do_not_crash_it(tmp_path: Path) -> None:
     new_summary = json.loads((new / SUMMARY).read_text())
     new_summary["episodes"][0].update(failure_kind={"k": 1}, failure_reason=[1, 2], digest=5)
     new_summary["episodes"] = new_summary["episodes"] * 2  # the same episode twice
+    (new / "rollouts.jsonl").write_text(  # a time no float holds
+        json.dumps({"task_id": "a", "repeat": 0, "timings": {"total_s": 10**400}}) + "\n"
+    )
     (new / SUMMARY).write_text(json.dumps(new_summary))
     assert main(["--compare", str(old), str(new), "--all"]) == 0
     comparison = compare_runs(old, new)
     assert [task.task_id for task in comparison.tasks] == ["a"]
     assert comparison.tasks[0].change is Change.REGRESSED
     assert "{'k': 1}" in comparison_table(comparison)
+    # Episodes that are not a list: a run with none, every task only in the other.
+    summary["episodes"] = 5
+    (old / SUMMARY).write_text(json.dumps(summary))
+    assert compare_runs(old, new).only_new == ("a",)
