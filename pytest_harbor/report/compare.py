@@ -33,7 +33,6 @@ __all__ = [
     "EpisodeChange",
     "TaskChange",
     "compare_runs",
-    "failure_kind_of",
     "latest_two",
     "pass_at_k",
     "run_summary_file",
@@ -232,17 +231,6 @@ def episode_change(before: Episode | None, after: Episode | None) -> Change:
     if before is not None and after is not None and before.reward != after.reward:
         return Change.REWARD
     return Change.SAME
-
-
-def failure_kind_of(episode: Episode) -> str:
-    """What an episode's failure is called: its failure kind, or, for a plain low score,
-    what the report calls it."""
-    if episode.failure_kind:
-        return episode.failure_kind
-    if episode.status == "failed":
-        below = "0" if episode.reward == 0 else "below a pass"
-        return f"the verifier scored {below}"
-    return episode.status.replace("_", " ")
 
 
 def _by_task(episodes: Iterable[Episode]) -> dict[str, dict[int, Episode]]:

@@ -20,7 +20,6 @@ from pytest_harbor.report.compare import (
     Comparison,
     EpisodeChange,
     TaskChange,
-    failure_kind_of,
 )
 from pytest_harbor.report.compare_table import (
     overall_figures,
@@ -153,7 +152,7 @@ def _new_failures(failures: Sequence[EpisodeChange]) -> str:
     rows = []
     for episode in failures:
         after = episode.after
-        kind = failure_kind_of(after) if after is not None else ""
+        kind = after.failure_name if after is not None else ""
         reason = (after.failure_reason if after is not None else None) or ""
         stage = (after.stage if after is not None else None) or ""
         rows.append(

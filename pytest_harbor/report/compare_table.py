@@ -13,7 +13,6 @@ from pytest_harbor.report.compare import (
     Comparison,
     EpisodeChange,
     TaskChange,
-    failure_kind_of,
     pass_at_k,
     total_cost,
 )
@@ -158,7 +157,7 @@ def _new_failure_kinds(failures: Sequence[EpisodeChange]) -> list[str]:
     lines = ["", "new failures:"]
     for episode in failures:
         after = episode.after
-        kind = failure_kind_of(after) if after is not None else _DASH
+        kind = after.failure_name if after is not None else _DASH
         lines.append(f"  {_name(episode.name)}: {_name(kind)}")
     return lines
 

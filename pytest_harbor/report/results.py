@@ -78,6 +78,16 @@ class Episode:
         return as_float(_timings(self.row).get("total_s"))
 
     @property
+    def failure_name(self) -> str:
+        """What the episode's failure is called: its failure kind; for a plain low score
+        (the verifier ran and scored below a pass), what the report names it."""
+        if self.failure_kind:
+            return self.failure_kind
+        if self.status == "failed":
+            return f"the verifier scored {'0' if self.reward == 0 else 'below a pass'}"
+        return self.status.replace("_", " ")
+
+    @property
     def episode_dir(self) -> Path | None:
         """The episode's verifier folder (a multi-step episode's holds one per step)."""
         dirs = [logs.verifier_dir for logs in self.logs if logs.verifier_dir is not None]
