@@ -42,6 +42,8 @@ __all__ = [
 RUNS = "runs"
 #: The statuses that mean an episode did not pass: scored below the mark, or no result.
 BAD = frozenset({"failed", "no_result"})
+#: How many changed tasks the header names (each is marked in the tasks too).
+_NAMED = 10
 
 
 class Change(Enum):
@@ -279,9 +281,10 @@ def _differences(
         )
     changed = [task.task_id for task in tasks if task.task_changed]
     if changed:
+        named = ", ".join(changed[:_NAMED])
+        more = f" and {len(changed) - _NAMED} more" if len(changed) > _NAMED else ""
         found.append(
-            f"{len(changed)} task(s) changed between the runs (another digest): "
-            + ", ".join(changed)
+            f"{len(changed)} task(s) changed between the runs (another digest): {named}{more}"
         )
     return found
 

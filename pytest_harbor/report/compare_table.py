@@ -48,10 +48,10 @@ def comparison_table(
         "",
     ]
     shown = [task for task in comparison.tasks if show_all or task.change is not Change.SAME]
-    table = _task_lines(shown)
     lines = [escape_controls(line) for line in lines]
-    # Coloured after escaping, which would write the colour codes as text.
-    lines += [_coloured(line) for line in table] if colour else table
+    # The table's cells are escaped as the grid is laid out; colour comes after, as the
+    # escaping would write its codes as text.
+    lines += _task_lines(shown, colour)
     tail: list[str] = []
     hidden = len(comparison.tasks) - len(shown)
     if hidden:
@@ -66,14 +66,22 @@ def comparison_table(
     return "\n".join(lines + [escape_controls(line) for line in tail]) + "\n"
 
 
-def _task_lines(tasks: Sequence[TaskChange]) -> list[str]:
+def _task_lines(tasks: Sequence[TaskChange], colour: bool) -> list[str]:
     """The table of `tasks`; with repeats, a changed task's repeats below it."""
     rows: list[list[str]] = []
+    changes: list[Change] = []
     for task in tasks:
         rows.append(_task_row(task))
+        changes.append(task.change)
         if len(task.episodes) > 1 and task.change is not Change.SAME:
             rows += [_episode_row(episode) for episode in task.episodes]
-    return _grid(COLUMNS, rows) if rows else ["(no task changed)"]
+            changes += [episode.change for episode in task.episodes]
+    if not rows:
+        return ["(no task changed)"]
+    head, *lines = _grid(COLUMNS, rows)
+    if colour:
+        lines = [_coloured(line, change) for line, change in zip(lines, changes, strict=True)]
+    return [head, *lines]
 
 
 def overall_figures(comparison: Comparison) -> list[tuple[str, str, str]]:
@@ -176,10 +184,10 @@ def _grid(head: Sequence[str], cells: Sequence[Sequence[str]]) -> list[str]:
     ]
 
 
-def _coloured(line: str) -> str:
-    if Change.REGRESSED.value in line or Change.NEW_FAILURE.value in line:
+def _coloured(line: str, change: Change) -> str:
+    if change in (Change.REGRESSED, Change.NEW_FAILURE):
         return f"{_RED}{line}{_RESET}"
-    if Change.FIXED.value in line:
+    if change is Change.FIXED:
         return f"{_GREEN}{line}{_RESET}"
     return line
 

@@ -230,12 +230,26 @@ def test_rewards_times_costs_and_pass_at_k_before_and_after(tmp_path: Path) -> N
 
 
 def test_colour_only_when_asked(tmp_path: Path) -> None:
-    old = write_run(tmp_path / "old", [Ep("a", "passed", 1.0), Ep("b", "failed", 0.0)])
-    new = write_run(tmp_path / "new", [Ep("a", "failed", 0.0), Ep("b", "passed", 1.0)])
+    same = Ep("c-passed→failed", "passed", 1.0)  # a name is not a change
+    old = write_run(tmp_path / "old", [Ep("a", "passed", 1.0), Ep("b", "failed", 0.0), same])
+    new = write_run(tmp_path / "new", [Ep("a", "failed", 0.0), Ep("b", "passed", 1.0), same])
     comparison = compare_runs(old, new)
     assert "\x1b" not in comparison_table(comparison)
-    coloured = comparison_table(comparison, colour=True)
+    coloured = comparison_table(comparison, colour=True, show_all=True)
     assert "\x1b[31ma " in coloured and "\x1b[32mb " in coloured
+    assert "\nc-passed→failed " in coloured
+
+
+def test_the_header_names_ten_changed_tasks_at_most(tmp_path: Path) -> None:
+    old = write_run(tmp_path / "old", [Ep(f"t{n:02d}", "passed", 1.0) for n in range(12)])
+    new = write_run(
+        tmp_path / "new", [Ep(f"t{n:02d}", "passed", 1.0, digest="sha256:b") for n in range(12)]
+    )
+    (said,) = compare_runs(old, new).differences
+    assert said == (
+        "12 task(s) changed between the runs (another digest): "
+        "t00, t01, t02, t03, t04, t05, t06, t07, t08, t09 and 2 more"
+    )
 
 
 def test_new_failures_and_flips_are_told_apart(tmp_path: Path) -> None:
