@@ -5,6 +5,7 @@ TASKSET_DIR`, its latest two runs): what changed between two runs."""
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -78,6 +79,9 @@ def _compare(prog: str, runs: list[Path], output: Path | None, show_all: bool) -
         else:
             old, new = runs
         comparison = compare_runs(old, new)
+        if isinstance(sys.stdout, io.TextIOWrapper):
+            # The table's arrows and dashes on a terminal that cannot show them: escapes.
+            sys.stdout.reconfigure(errors="backslashreplace")
         colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
         sys.stdout.write(comparison_table(comparison, show_all=show_all, colour=colour))
         out = write_comparison(comparison, output or new / COMPARISON)

@@ -7,7 +7,10 @@ names, broken files)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from pytest_harbor.report import ReportError
 from pytest_harbor.report.__main__ import main
 from pytest_harbor.report.compare import Change, compare_runs, latest_two
 from pytest_harbor.report.compare_table import comparison_table
+from tests.fixtures import REPO_ROOT
 from tests.real_runs import SUMMARY, RealRuns, make_real_runs
 
 #: What the table and the page show for a figure not known.
@@ -478,3 +482,18 @@ def test_odd_types_in_the_files_do_not_crash_it(tmp_path: Path) -> None:
     summary["episodes"] = 5
     (old / SUMMARY).write_text(json.dumps(summary))
     assert compare_runs(old, new).only_new == ("a",)
+
+
+def test_a_terminal_that_cannot_show_the_arrows_gets_escapes(tmp_path: Path) -> None:
+    old = write_run(tmp_path / "old", [Ep("a", "passed", 1.0)])
+    new = write_run(tmp_path / "new", [Ep("a", "failed", 0.0)])
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_harbor.report", "--compare", str(old), str(new)],
+        capture_output=True,
+        text=True,
+        encoding="ascii",
+        check=False,
+        env={**os.environ, "PYTHONIOENCODING": "ascii", "PYTHONPATH": str(REPO_ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "passed\\u2192failed" in done.stdout
