@@ -358,18 +358,8 @@ def _failures(anchor: str, taskset: TasksetResults, base: Path) -> str:
     for number, episode in enumerate(taskset.episodes):
         if episode.status in ("passed", "skipped", "not_run") and not episode.failure_kind:
             continue
-        if episode.failure_kind:
-            kind = episode.failure_kind
-        elif episode.status == "failed":
-            # Nothing went wrong but the grade: say so, with the verifier's own words.
-            kind = (
-                "the verifier scored 0"
-                if episode.reward == 0
-                else "the verifier scored below a pass"
-            )
-        else:
-            kind = episode.status.replace("_", " ")
-        groups.setdefault(kind, []).append((number, episode))
+        # Nothing went wrong but the grade: that group shows the verifier's own words.
+        groups.setdefault(episode.failure_name, []).append((number, episode))
     if not groups:
         return '<h3>Failures</h3><p class="empty">No failures.</p>'
     parts = ["<h3>Failures</h3>"]

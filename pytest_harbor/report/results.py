@@ -61,6 +61,8 @@ class Episode:
     #: Where an episode with no result stopped (`queue`, `seed`, `turn`).
     stage: str | None = None
     skip_reason: str | None = None
+    #: The task folder's digest the episode ran (None when the summary names none).
+    digest: str | None = None
     logs: tuple[TurnLogs, ...] = ()
     #: The rollouts.jsonl row, as written (None without one).
     row: Mapping[str, Any] | None = None
@@ -73,8 +75,17 @@ class Episode:
     @property
     def duration_s(self) -> float | None:
         """Seconds from the start of the seed to the end of the last turn (or cleanup)."""
-        total = _timings(self.row).get("total_s")
-        return float(total) if isinstance(total, int | float) else None
+        return as_float(_timings(self.row).get("total_s"))
+
+    @property
+    def failure_name(self) -> str:
+        """What the episode's failure is called: its failure kind; for a plain low score
+        (the verifier ran and scored below a pass), what the report names it."""
+        if self.failure_kind:
+            return self.failure_kind
+        if self.status == "failed":
+            return f"the verifier scored {'0' if self.reward == 0 else 'below a pass'}"
+        return self.status.replace("_", " ")
 
     @property
     def episode_dir(self) -> Path | None:
@@ -184,7 +195,8 @@ def taskset_results(folder: Path, summary: Mapping[str, Any]) -> TasksetResults:
     rows_by_episode = {_key(row): row for row in rows}
     failures_by_episode = {_key(failure): failure for failure in failures}
     episodes = []
-    for entry in summary.get("episodes") or ():
+    entries = summary.get("episodes")
+    for entry in entries if isinstance(entries, list) else ():
         if not isinstance(entry, dict) or "task_id" not in entry:
             continue
         key = (str(entry["task_id"]), _int(entry.get("repeat")))
@@ -195,10 +207,11 @@ def taskset_results(folder: Path, summary: Mapping[str, Any]) -> TasksetResults:
                 repeat=key[1],
                 status=str(entry.get("status") or "unknown"),
                 reward=as_float(entry.get("reward")),
-                failure_kind=entry.get("failure_kind"),
-                failure_reason=entry.get("failure_reason"),
-                stage=entry.get("stage"),
-                skip_reason=entry.get("skip_reason"),
+                failure_kind=_text(entry.get("failure_kind")),
+                failure_reason=_text(entry.get("failure_reason")),
+                stage=_text(entry.get("stage")),
+                skip_reason=_text(entry.get("skip_reason")),
+                digest=_text(entry.get("digest")),
                 logs=_logs(folder, entry, row),
                 row=row,
                 failure=failures_by_episode.get(key),
@@ -282,7 +295,10 @@ def _logs(
     if row is None:
         return ()
     found = []
-    for turn in row.get("turns") or ():
+    turns = row.get("turns")
+    for turn in turns if isinstance(turns, list) else ():
+        if not isinstance(turn, dict):
+            continue
         directory = _existing(folder, turn.get("verifier_logs_dir"))
         found.append(
             TurnLogs(
@@ -312,6 +328,12 @@ def _file(directory: Path | None, name: str) -> Path | None:
 
 def _key(data: Mapping[str, Any]) -> tuple[str, int]:
     return str(data.get("task_id")), _int(data.get("repeat"))
+
+
+def _text(value: object) -> str | None:
+    """A text field of a file a run (or a hostile task) wrote: None stays None, any other
+    value shows as its text, never as an object the page would trip on."""
+    return None if value is None else str(value)
 
 
 def _int(value: object) -> int:
