@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pytest_harbor.display import escape_controls, shown_number
 from pytest_harbor.redaction import clip_head
+from pytest_harbor.report.assets import CSS, SCRIPT
 from pytest_harbor.report.compare import (
     Change,
     Comparison,
@@ -28,7 +29,6 @@ from pytest_harbor.report.compare_table import (
     shown_side,
 )
 from pytest_harbor.report.results import Episode, TasksetResults, as_mapping
-from pytest_harbor.report.assets import CSS, SCRIPT
 from pytest_harbor.writers.files import write_atomically
 
 __all__ = ["COMPARISON", "render_comparison", "write_comparison"]
