@@ -76,7 +76,7 @@ def _run(pytester: pytest.Pytester, dataset: Path, sandbox: str) -> Path:
         f"--harbor-results-dir={results}",
         "--harbor-report=none",
     )
-    return results / "harbor" / dataset.name
+    return (results / "harbor" / dataset.name / "latest").resolve()
 
 
 def _statuses(folder: Path) -> dict[str, str]:
