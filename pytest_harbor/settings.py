@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -316,7 +317,9 @@ def _validated(values: dict[str, Any], sources: Mapping[str, str]) -> HarborSett
     try:
         return HarborSettings.model_validate(values)
     except ValidationError as error:
-        first = error.errors()[0]
+        errors = error.errors()
+        # A misspelt key is also a required one missing: the misspelling is what to say.
+        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         message = first["msg"].removeprefix("Value error, ")
         if not first["loc"]:
             # A rule between settings: the message names them.
@@ -325,7 +328,42 @@ def _validated(values: dict[str, Any], sources: Mapping[str, str]) -> HarborSett
             raise SettingsError(f"settings (from {where}): {message}") from None
         key = ".".join(str(part) for part in first["loc"])
         source = sources.get(str(first["loc"][0]), "settings")
-        raise SettingsError(f"setting {key} (from {source}): {message}") from None
+        raise SettingsError(f"setting {key} (from {source}): {_in_our_words(first)}") from None
+
+
+def _in_our_words(error: Any) -> str:
+    """A nested key's error as a person reads it: an unknown key with the nearest of the
+    keys its table takes, a missing one as required; others as pydantic words them."""
+    loc = tuple(error["loc"])
+    keys = _keys_at(loc[:-1])
+    if error["type"] == "extra_forbidden" and keys is not None:
+        near = difflib.get_close_matches(str(loc[-1]), keys, n=1, cutoff=0.6)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        return f"no such key{hint} (it takes {', '.join(sorted(keys))})"
+    if error["type"] == "missing":
+        return "required, and not given"
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+def _keys_at(path: tuple[Any, ...]) -> list[str] | None:
+    """The keys of the table at `path` in the settings (None: not a table of known keys)."""
+    model: type[BaseModel] | None = HarborSettings
+    for part in path:
+        field = None if model is None else model.model_fields.get(str(part))
+        if field is None:
+            return None
+        model = _model_of(field.annotation)
+    return None if model is None else list(model.model_fields)
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (`Model | None` gives Model)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        if isinstance(argument, type) and issubclass(argument, BaseModel):
+            return argument
+    return None
 
 
 def _nearest(key: str) -> str:

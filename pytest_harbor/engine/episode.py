@@ -455,6 +455,7 @@ class Episode:
                 agent_id=agent_id,
                 more_turns=turn.name != self.task.turns[-1].name,
                 response=None if context.harness.validates else agent.response,
+                agent_into=self._agent.host_dir(turn),
             )
             return self._verifier.verify(sandbox, verification)
         except SandboxError as error:

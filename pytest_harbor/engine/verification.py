@@ -159,6 +159,23 @@ class Verification:
     more_turns: bool = False
     #: The agent's final answer (None for the oracle): a Python verifier's `response`.
     response: str | None = None
+    #: The harness's folder of the turn on this machine: the transcript is kept there too
+    #: (as `trajectory.json`, unless the harness left one of its own).
+    agent_into: Path | None = None
+
+
+#: The transcript's name on this machine, in the harness's folder and the verifier's.
+TRAJECTORY_FILE = "trajectory.json"
+
+
+def keep_transcript(verification: Verification, transcript: bytes) -> None:
+    """The turn's transcript as `trajectory.json` with the harness's files, and (read by
+    tools made for the earlier layout, for one release more) in the verifier's folder;
+    a file the harness or the verifier wrote under that name is kept as it is."""
+    for folder in (verification.agent_into, verification.into):
+        if folder is not None and not (folder / TRAJECTORY_FILE).exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / TRAJECTORY_FILE).write_bytes(transcript)
 
 
 def verifier_environment(turn: Turn, settings: HarborSettings) -> dict[str, str]:
@@ -268,8 +285,7 @@ def run_verifier(
     # busybox timeout: 143 after SIGTERM worked, 137 when SIGKILL was needed.
     timed_out = result.timed_out or (result.exit_code in (124, 137, 143) and elapsed >= budget)
     copied = copy_verifier_folder(sandbox, into, redactor)
-    if not (into / "trajectory.json").exists():
-        (into / "trajectory.json").write_bytes(redactor.bytes(trajectory))
+    keep_transcript(verification, redactor.bytes(trajectory))
     if timed_out:
         reading = RewardReading.failed(
             FailureKind.VERIFIER_TIMEOUT,

@@ -165,14 +165,16 @@ def _logs(turn: TurnResult, relative: Any) -> dict[str, Any]:
                 break
     if turn.artifacts_dir is not None and Path(turn.artifacts_dir).is_dir():
         logs["artifacts_dir"] = relative(turn.artifacts_dir)
-    if folder is None or not Path(folder).is_dir():
-        return logs
-    logs["verifier_dir"] = relative(folder)
-    for name, candidates in _LOG_FILES.items():
-        for candidate in candidates:
-            if (Path(folder) / candidate).is_file():
-                logs[name] = relative(Path(folder) / candidate)
-                break
+    if folder is not None and Path(folder).is_dir():
+        logs["verifier_dir"] = relative(folder)
+        for name, candidates in _LOG_FILES.items():
+            for candidate in candidates:
+                if (Path(folder) / candidate).is_file():
+                    logs[name] = relative(Path(folder) / candidate)
+                    break
+    if agent_folder is not None and (Path(agent_folder) / "trajectory.json").is_file():
+        # Kept with the harness's files; the verifier's copy is the earlier layout's.
+        logs["trajectory"] = relative(Path(agent_folder) / "trajectory.json")
     return logs
 
 

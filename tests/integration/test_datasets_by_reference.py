@@ -53,7 +53,7 @@ class Served:
         )
 
     def manifest(self, pytester: pytest.Pytester) -> dict[str, Any]:
-        folder = pytester.path / "out/harbor/validation" / self.name
+        folder = pytester.path / "out/harbor/validation" / self.name / "latest"
         data: dict[str, Any] = json.loads((folder / "rollouts_manifest.json").read_text())
         return data
 
@@ -143,7 +143,7 @@ def test_a_task_that_cannot_be_fetched_is_refused_and_the_others_run(
     going = ref.run(pytester, "--harbor-skip-unloadable")
     going.assert_outcomes(passed=1)
     skipped = json.loads(
-        (pytester.path / "out/harbor/validation" / ref.name / "skipped.json").read_text()
+        (pytester.path / "out/harbor/validation" / ref.name / "latest" / "skipped.json").read_text()
     )
     assert sorted(skipped) == ["elsewhere", "world"]
     assert "no-such-repo" in skipped["elsewhere"]
@@ -163,7 +163,9 @@ def test_a_git_reference_runs_on_workers_that_never_fetch(
     )
     result.assert_outcomes(passed=2)
     manifest = json.loads(
-        (pytester.path / "out/harbor/validation" / name / "rollouts_manifest.json").read_text()
+        (
+            pytester.path / "out/harbor/validation" / name / "latest" / "rollouts_manifest.json"
+        ).read_text()
     )
     assert manifest["reference"]["tasks"][0]["git_commit_id"] == ref.first
 

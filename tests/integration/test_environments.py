@@ -256,7 +256,9 @@ def test_skip_unloadable_skips_a_task_whose_image_does_not_build(
     going = run(pytester, dataset, "--harbor-skip-unloadable")
     going.assert_outcomes(passed=1, skipped=1)
     skipped = json.loads(
-        (pytester.path / "out/harbor/validation" / dataset.name / "skipped.json").read_text()
+        (
+            pytester.path / "out/harbor/validation" / dataset.name / "latest" / "skipped.json"
+        ).read_text()
     )
     assert list(skipped) == ["unbuildable"]
     assert skipped["unbuildable"].startswith(

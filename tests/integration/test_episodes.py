@@ -171,6 +171,12 @@ def test_the_oracles_output_is_kept_and_linked(pytester: pytest.Pytester, datase
     (entry,) = dataset.summary(pytester.path / "out")["episodes"]
     assert entry["logs"][0]["agent_log"] == "agent/talk__r0/oracle.txt"
     assert 'href="agent/talk__r0/oracle.txt"' in (folder / "report.html").read_text()
+    # The transcript the verifier was given is kept with the harness's files, which the
+    # summary names; the verifier's folder keeps its copy for tools of the earlier layout.
+    assert (kept.parent / "trajectory.json").read_bytes() == (
+        folder / "verifier" / "talk__r0" / "trajectory.json"
+    ).read_bytes()
+    assert entry["logs"][0]["trajectory"] == "agent/talk__r0/trajectory.json"
 
 
 def test_users_workdir_and_env_reach_solution_and_verifier(

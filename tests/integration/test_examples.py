@@ -42,7 +42,9 @@ def test_oracle_passes_every_task_under_xdist(
     by_task = {row["task_id"]: row for row in rows}
     assert by_task["fizzbuzz-report"]["verifier_rewards"] == {"correctness": 1.0, "style": 1.0}
     for row in rows:
-        logs = pytester.path / "results/harbor/validation" / quickstart.name / "verifier"
+        logs = (
+            pytester.path / "results/harbor/validation" / quickstart.name / "latest"
+        ).resolve() / "verifier"
         assert row["verifier_logs_dir"] == str(logs / f"{row['task_id']}__r0")
     assert (logs / "fizzbuzz-report__r0" / "reward.json").is_file()
     assert (logs / "hello-world__r0" / "test-stdout.txt").read_text() == "hello.txt is right\n"

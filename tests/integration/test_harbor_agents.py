@@ -98,11 +98,15 @@ def test_terminus_2_solves_and_fails_tasks_on_our_sandboxes(
     assert rows["solve"]["usage"]["requests"] >= 2
     # terminus-2's own ATIF trajectory reached the verifier and the results.
     trajectory = json.loads(
-        (tmp_path / "out/harbor" / dataset.name / "verifier/solve__r0/trajectory.json").read_text()
+        (
+            tmp_path / "out/harbor" / dataset.name / "latest/verifier/solve__r0/trajectory.json"
+        ).read_text()
     )
     assert trajectory["agent"]["name"] == "terminus-2"
     assert any("echo 1 > /tmp/answer" in json.dumps(step) for step in trajectory["steps"])
-    assert (tmp_path / "out/harbor" / dataset.name / "agent/solve__r0/trajectory.json").is_file()
+    assert (
+        tmp_path / "out/harbor" / dataset.name / "latest/agent/solve__r0/trajectory.json"
+    ).is_file()
     assert server.api_key not in done.stdout
 
 

@@ -180,7 +180,7 @@ def test_a_registered_harness_runs_one_session_per_episode(
     # results once its row is written.
     staged = Path(str(opened["host_dir"]))
     assert ".incoming" in staged.parts and staged.name == "hello__r0"
-    host_log = pytester.path / "out/harbor" / dataset.name / "agent/hello__r0/harness.log"
+    host_log = pytester.path / "out/harbor" / dataset.name / "latest/agent/hello__r0/harness.log"
     assert host_log.read_text() == "turn episode\n"
     assert not staged.exists()
     # Without a trajectory of its own, the verifier gets the engine's two-step transcript.

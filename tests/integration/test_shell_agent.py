@@ -92,6 +92,10 @@ def test_shell_agent_solves_every_quickstart_task(
         trajectory = Trajectory.model_validate_json(written.read_text())
         sources = [step.source for step in trajectory.steps]
         assert sources == ["system", "user", "agent", "agent"]
+        # Kept with the agent's files too (the verifier's copy is the earlier place).
+        agent_dir = Path(str(row["turns"][0]["agent_logs_dir"]))  # type: ignore[index]
+        assert agent_dir.parent.parent.name == "agent" or agent_dir.parent.name == "agent"
+        assert (agent_dir / "trajectory.json").read_bytes() == written.read_bytes()
         acting = trajectory.steps[2]
         assert acting.tool_calls is not None and acting.tool_calls[0].function_name == "bash"
         assert acting.observation is not None

@@ -119,6 +119,32 @@ def test_values_are_yaml(tmp_path: Path) -> None:
             "settings (from --harbor-set max_concurrent_episodes=2): max_concurrent_episodes "
             "requires queue_timeout_seconds",
         ),
+        (
+            {},
+            [],
+            ["agent_outcome_policy.timeut.action=fail"],
+            # A nested key: the nearest of the keys its table takes, in our words.
+            "setting agent_outcome_policy.timeut (from --harbor-set "
+            "agent_outcome_policy.timeut.action=fail): no such key; did you mean 'timeout'? "
+            "(it takes agent_crashed, api_error, context_length_exceeded, rate_limited, "
+            "timeout, tools_unavailable)",
+        ),
+        (
+            {},
+            [],
+            ["gpu_sandbox_provider.sandboxx=docker"],
+            # The misspelling is said, not the required key it left out.
+            "setting gpu_sandbox_provider.sandboxx (from --harbor-set "
+            "gpu_sandbox_provider.sandboxx=docker): no such key; did you mean 'sandbox'? "
+            "(it takes options, sandbox)",
+        ),
+        (
+            {},
+            [],
+            ["gpu_sandbox_provider.options={}"],
+            "setting gpu_sandbox_provider.sandbox (from --harbor-set "
+            "gpu_sandbox_provider.options={}): required, and not given",
+        ),
         ({}, [], ["task_mcp_grants=always"], "task_mcp_grants"),
         (
             {},
