@@ -223,6 +223,13 @@ _OPTIONS = {
             "16",
             "N",
         ),
+        _Option(
+            "no-preflight-request",
+            "before the run, ask the endpoint for its model list only, not for one small "
+            "request like the agent's (for an endpoint that bills per request)",
+            "flag",
+            False,
+        ),
         _Option("max-cost", "serve no model call once the run spent USD", "value", None, "USD"),
         _Option(
             "max-tokens", "serve no model call once the run spent N tokens", "value", None, "N"
@@ -254,6 +261,8 @@ class ModelOptions:
     #: Given as `--harbor-model-api-key` (or its ini key): a warning says why not to.
     api_key: str | None = None
     concurrency: int = 16
+    #: Before the run, send one small request like the agent's (the pre-flight request).
+    preflight_request: bool = True
     #: The run's budget (the relay serves no call past it), its price table, and where
     #: model calls are recorded or replayed from (docs/cost-and-replay.md).
     max_cost_usd: float | None = None
@@ -399,6 +408,7 @@ def read_options(config: pytest.Config) -> HarborOptions:
             api_key_env=_text(config, "model-api-key-env") or DEFAULT_API_KEY_ENV,
             api_key=_text(config, "model-api-key"),
             concurrency=_number(config, "model-concurrency", int, minimum=1),
+            preflight_request=not _raw(config, "no-preflight-request"),
             max_cost_usd=_number(config, "max-cost", float, minimum=0),
             max_tokens=_number(config, "max-tokens", int, minimum=1),
             prices=_path(config, invocation_dir, "prices"),
