@@ -23,6 +23,7 @@ __all__ = [
     "ScriptedModel",
     "answer",
     "error",
+    "no_tool_parser",
     "tool_call",
 ]
 
@@ -113,6 +114,18 @@ def error(
     headers = {} if retry_after is None else {"Retry-After": retry_after}
     body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
     return Reply(status=status, body=body, headers=headers)
+
+
+def no_tool_parser() -> Reply:
+    """vLLM's answer to a request offering tools when it was served without tool calling."""
+    body = {
+        "object": "error",
+        "message": VLLM_NO_TOOLS,
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+    return Reply(status=400, body=body)
 
 
 @dataclass(frozen=True)
@@ -227,14 +240,7 @@ class ScriptedModel(LocalServer):
         if self.broken == "500":
             return error(500, "Internal Server Error", kind="InternalServerError")
         if self.broken == "no-tool-parser" and body.get("tools"):
-            vllm = {
-                "object": "error",
-                "message": VLLM_NO_TOOLS,
-                "type": "BadRequestError",
-                "param": None,
-                "code": 400,
-            }
-            return Reply(status=400, body=vllm)
+            return no_tool_parser()
         return None
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:

@@ -1,0 +1,53 @@
+"""An endpoint error as one line for a person, its key (the same error told by the
+harness and by the engine), and its way from a worker to the controller."""
+
+from __future__ import annotations
+
+import pickle
+
+from pytest_harbor.agent_outcomes import EndpointError
+from pytest_harbor.plugin.endpoint_errors import EndpointErrorWarning, episode_of
+
+
+def error(message: str, **more: object) -> EndpointError:
+    values: dict[str, object] = {"scope": "episode", "status": 500, "attempt": 1, "attempts": 3}
+    return EndpointError.model_validate({**values, **more, "message": message})
+
+
+def test_the_harness_and_engine_notes_are_not_part_of_the_error() -> None:
+    told = error(
+        "the endpoint failed (HTTP 500): overloaded (after 6 attempts) "
+        "(the model relay saw HTTP 500)"
+    )
+    assert told.words == "overloaded"
+    assert told.key == error("overloaded").key
+    assert told.key != error("overloaded", status=503).key
+
+
+def test_a_line_says_what_follows() -> None:
+    assert error("x", retry_in_s=30.0).line("word-count__r0") == (
+        "word-count__r0: model endpoint answered 500: x "
+        "(episode attempt 1 of 3, retrying in 30 s in a fresh sandbox)"
+    )
+    assert error("x", attempt=3).line("e") == (
+        "e: model endpoint answered 500: x (episode attempt 3 of 3, no further try)"
+    )
+    request = error("x", scope="request", status=None, retry_in_s=1.5, episode="b__r1")
+    assert request.line("?") == (
+        "b__r1: model endpoint failed: x (request attempt 1 of 3, retrying in 1.5 s)"
+    )
+    assert error("x", scope="request", status=400).line("e").endswith("(request not tried again)")
+
+
+def test_the_warning_is_rebuilt_whole_from_its_argument() -> None:
+    told = error("x", episode="a__r0")
+    sent = EndpointErrorWarning(told.model_dump_json())
+    rebuilt = type(sent)(*pickle.loads(pickle.dumps(sent.args)))  # as xdist rebuilds it
+    assert rebuilt.error == told
+    assert str(rebuilt) == told.line("?")
+    assert EndpointErrorWarning("not json").error is None
+
+
+def test_an_items_episode_is_named_as_the_engine_names_it() -> None:
+    assert episode_of("tasks/word-count::r0::episode") == "word-count__r0"
+    assert episode_of("") == "?"
