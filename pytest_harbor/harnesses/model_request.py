@@ -71,10 +71,13 @@ class SendsModelRequests(Protocol):
     def model_request(self) -> RequestShape | None: ...
 
 
-def preflight_request(model: ModelConfig, shape: RequestShape) -> tuple[str, dict[str, Any]]:
-    """The URL and JSON body of the pre-flight request of `shape` to `model`."""
+def preflight_request(
+    model: ModelConfig, shape: RequestShape, *, cap: str | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The URL and JSON body of the pre-flight request of `shape` to `model`; the answer's
+    length capped by the run's own cap parameter, else by `cap` (else the API's usual)."""
     params = dict(model.params) if shape.with_params else {}
-    caps = [name for name in _LENGTH_CAPS if name in params] or [_default_cap(shape.api)]
+    caps = [name for name in _LENGTH_CAPS if name in params] or [cap or _default_cap(shape.api)]
     message = {"role": "user", "content": _PROMPT}
     if shape.api == "anthropic-messages":
         body: dict[str, Any] = {**params, "messages": [message]}
@@ -104,39 +107,69 @@ def check_request(
 ) -> None:
     """Send the pre-flight request of `shape`; ModelEndpointError quotes the endpoint's own
     words when it fails (an HTTP error, an answer that is not of the API, no answer in
-    `timeout_s`)."""
+    `timeout_s`).
+
+    The cap on the answer's length is the one parameter the agent may not send: when the
+    run gives none and the endpoint refuses the one added (OpenAI's reasoning models take
+    `max_completion_tokens`, not `max_tokens`), the request is sent once more with the
+    other."""
+    url, body = preflight_request(model, shape)
+    try:
+        answer = _post(model, shape, url, body, timeout_s)
+    except _Refused as refused:
+        added = next((cap for cap in _LENGTH_CAPS if cap in body), "")
+        chosen = shape.with_params and any(cap in model.params for cap in _LENGTH_CAPS)
+        if shape.api != "chat-completions" or chosen or added not in refused.words:
+            raise
+        other = "max_completion_tokens" if added == "max_tokens" else "max_tokens"
+        url, body = preflight_request(model, shape, cap=other)
+        answer = _post(model, shape, url, body, timeout_s)
+    problem = _not_an_answer(shape.api, answer)
+    if problem is not None:
+        raise ModelEndpointError(
+            f"{_what(url, shape)} was not answered as the API answers ({problem}): "
+            f"{endpoint_words(answer, model, error_only=False)}"
+        )
+
+
+class _Refused(ModelEndpointError):
+    """The endpoint answered the request with an HTTP error."""
+
+    def __init__(self, message: str, words: str) -> None:
+        super().__init__(message)
+        self.words = words
+
+
+def _post(
+    model: ModelConfig, shape: RequestShape, url: str, body: dict[str, Any], timeout_s: float
+) -> bytes:
+    """The answer's body; _Refused for an HTTP error, ModelEndpointError for no answer."""
     import urllib.error  # only a run whose harness talks to a model asks
     import urllib.request
 
-    url, body = preflight_request(model, shape)
     headers = {**model.headers(), PREFLIGHT_HEADER: "1"}
     if shape.api == "anthropic-messages":
         headers["anthropic-version"] = "2023-06-01"
         if model.api_key is not None:
             headers["x-api-key"] = model.api_key.get_secret_value()
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
-    what = f"POST {url} (the pre-flight request, {_described(shape)})"
+    what = _what(url, shape)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            answer = response.read()
+            return bytes(response.read())
     except urllib.error.HTTPError as error:
         words = endpoint_words(error.read(), model)
-        raise ModelEndpointError(
-            f"{what} answered {error.code} {error.reason}" + (f": {words}" if words else "")
-        ) from None
-    except TimeoutError:
-        raise ModelEndpointError(f"{what} had no answer in {timeout_s:g} s") from None
+        said = f"{what} answered {error.code} {error.reason}" + (f": {words}" if words else "")
+        raise _Refused(said, words) from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         if isinstance(reason, TimeoutError):
             raise ModelEndpointError(f"{what} had no answer in {timeout_s:g} s") from None
         raise ModelEndpointError(f"{what} failed: {endpoint_words(str(reason), model)}") from None
-    problem = _not_an_answer(shape.api, answer)
-    if problem is not None:
-        raise ModelEndpointError(
-            f"{what} was not answered as the API answers ({problem}): "
-            f"{endpoint_words(answer, model, error_only=False)}"
-        )
+
+
+def _what(url: str, shape: RequestShape) -> str:
+    return f"POST {url} (the pre-flight request, {_described(shape)})"
 
 
 def _default_cap(api: str) -> str:

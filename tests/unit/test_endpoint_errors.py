@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
+
 from pytest_harbor.agent_outcomes import EndpointError
 from pytest_harbor.plugin.endpoint_errors import EndpointErrorWarning, episode_of
 
@@ -51,3 +53,13 @@ def test_the_warning_is_rebuilt_whole_from_its_argument() -> None:
 def test_an_items_episode_is_named_as_the_engine_names_it() -> None:
     assert episode_of("tasks/word-count::r0::episode") == "word-count__r0"
     assert episode_of("") == "?"
+
+
+def test_the_pytest_names_the_lines_rely_on_are_there(pytestconfig: pytest.Config) -> None:
+    """The capture manager's suspension (as pytest's live log uses it) and the terminal
+    reporter's writer, current line and warnings (plugin/endpoint_errors.py)."""
+    capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
+    assert callable(capture.global_and_fixture_disabled)
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    assert isinstance(reporter._tw.width_of_current_line, int)
+    assert hasattr(reporter, "currentfspath") and isinstance(reporter.stats, dict)

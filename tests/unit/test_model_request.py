@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
@@ -23,10 +25,19 @@ KEY = "sk-very-secret-key-0123456789"
 
 
 class OneAnswer(LocalServer):
-    """Answers every POST with `status` and `payload` (after `delay_s`)."""
+    """Answers every POST with `status` and `payload` (after `delay_s`), or as `answer`
+    says for the request's body; keeps the bodies."""
 
-    def __init__(self, status: int, payload: bytes, delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        status: int = 200,
+        payload: bytes = b"{}",
+        delay_s: float = 0.0,
+        answer: Callable[[dict[str, Any]], tuple[int, bytes]] | None = None,
+    ) -> None:
         self.status, self.payload, self.delay_s = status, payload, delay_s
+        self.answer = answer
+        self.bodies: list[dict[str, Any]] = []
         super().__init__()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
@@ -34,9 +45,15 @@ class OneAnswer(LocalServer):
 
         class Handler(QuietHandler):
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                server.bodies.append(body)
                 time.sleep(server.delay_s)
-                self.send_payload(server.status, server.payload)
+                status, payload = (
+                    (server.status, server.payload)
+                    if server.answer is None
+                    else server.answer(body)
+                )
+                self.send_payload(status, payload)
 
         return Handler
 
@@ -111,3 +128,33 @@ def test_no_answer_in_time_is_refused() -> None:
         pytest.raises(ModelEndpointError, match=r"had no answer in 0\.5 s"),
     ):
         check_request(model(server.url), RequestShape("responses"), timeout_s=0.5)
+
+
+def test_a_length_cap_the_endpoint_does_not_take_is_swapped_once() -> None:
+    """OpenAI's reasoning models refuse `max_tokens`; the agent sent none, so the check
+    must not fail on it."""
+    completion = {"choices": [{"message": {"role": "assistant", "content": ""}}]}
+
+    def openai(body: dict[str, Any]) -> tuple[int, bytes]:
+        if "max_tokens" in body:
+            said = (
+                "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                "Use 'max_completion_tokens' instead."
+            )
+            return 400, json.dumps({"error": {"message": said}}).encode()
+        return 200, json.dumps(completion).encode()
+
+    with OneAnswer(answer=openai) as server:
+        check_request(model(server.url), RequestShape("chat-completions", with_params=True))
+    assert [
+        sorted(set(body) & {"max_tokens", "max_completion_tokens"}) for body in server.bodies
+    ] == [
+        ["max_tokens"],
+        ["max_completion_tokens"],
+    ]
+    # The run's own cap is the agent's: refused, it is the endpoint's answer to the agent.
+    with OneAnswer(answer=openai) as server, pytest.raises(ModelEndpointError, match="max_tokens"):
+        check_request(
+            model(server.url, max_tokens=100), RequestShape("chat-completions", with_params=True)
+        )
+    assert len(server.bodies) == 1
