@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -66,6 +67,8 @@ class EndpointErrors:
         self.said_same = False
         #: The item this process runs (the sole process): it names an error without one.
         self.running = ""
+        #: In the sole process, errors come from the harness's threads.
+        self._lock = threading.Lock()
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         self.running = nodeid
@@ -87,6 +90,10 @@ class EndpointErrors:
 
     def show(self, error: EndpointError) -> None:
         """The error's line, unless this error was shown SHOWN_PER_ERROR times already."""
+        with self._lock:
+            self._show(error)
+
+    def _show(self, error: EndpointError) -> None:
         episode = error.episode or episode_of(self.running)
         self.counts[error.key] += 1
         count = self.counts[error.key]
