@@ -108,12 +108,13 @@ _HARNESS_WORDS = re.compile(
 
 class EndpointError(BaseModel):
     """A model request the endpoint failed (an HTTP error, or no answer), as it happened:
-    a request a harness tries again (`request`), or an episode's agent that failed for it
-    (`episode`)."""
+    a request a harness tries again (`request`), an episode's agent that failed for it
+    (`episode`), or an answer the model relay passed on to an agent in the sandbox, which
+    retries on its own (`relay`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    scope: Literal["request", "episode"]
+    scope: Literal["request", "episode", "relay"]
     #: The HTTP status (None: no answer, or a broken one).
     status: int | None = None
     #: The endpoint's words as the harness gave them (the secrets masked).
@@ -143,6 +144,8 @@ class EndpointError(BaseModel):
 
     @property
     def _then(self) -> str:
+        if self.scope == "relay":
+            return "passed on to the agent by the model relay"
         if self.scope == "request":
             if self.retry_in_s is None:
                 return "request not tried again"

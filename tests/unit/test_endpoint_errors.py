@@ -3,12 +3,15 @@ harness and by the engine), and its way from a worker to the controller."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 
 import pytest
 
-from pytest_harbor.agent_outcomes import EndpointError
+from pytest_harbor.agent_outcomes import ENDPOINT_ERROR, EndpointError
+from pytest_harbor.engine.relay_errors import RelayErrorWatch
 from pytest_harbor.plugin.endpoint_errors import EndpointErrorWarning, episode_of
+from pytest_harbor.relay import GrantReport
 
 
 def error(message: str, **more: object) -> EndpointError:
@@ -63,3 +66,33 @@ def test_the_pytest_names_the_lines_rely_on_are_there(pytestconfig: pytest.Confi
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
     assert isinstance(reporter._tw.width_of_current_line, int)
     assert hasattr(reporter, "currentfspath") and isinstance(reporter.stats, dict)
+
+
+class Books:
+    """A relay client whose grant's failed answers grow as the test says."""
+
+    def __init__(self) -> None:
+        self.errors: list[tuple[int | None, str]] = []
+
+    def report(self, token: str) -> GrantReport:
+        return GrantReport(errors=tuple(self.errors))
+
+
+def test_the_relays_failed_answers_are_told_once_each(caplog: pytest.LogCaptureFixture) -> None:
+    books = Books()
+    watch = RelayErrorWatch(books, "hbr-token", "alpha__r0")  # type: ignore[arg-type]
+    books.errors.append((500, "overloaded"))
+    with caplog.at_level(logging.WARNING, logger="pytest_harbor"):
+        watch.poll()
+        books.errors.append((None, "the endpoint did not answer: refused"))
+        watch.poll()
+        watch.poll()
+    told = [getattr(record, ENDPOINT_ERROR) for record in caplog.records]
+    assert [(error.status, error.words, error.scope) for error in told] == [
+        (500, "overloaded", "relay"),
+        (None, "the endpoint did not answer: refused", "relay"),
+    ]
+    assert told[0].line("?") == (
+        "alpha__r0: model endpoint answered 500: overloaded "
+        "(passed on to the agent by the model relay)"
+    )
