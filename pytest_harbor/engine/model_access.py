@@ -249,10 +249,11 @@ def _cause(failure: AgentFailure | None, calls: TurnCalls) -> AgentFailure | Non
         return failure
     if calls.causes:
         cause, what = calls.causes[-1]
+        seen = what.removeprefix("HTTP ")
         return AgentFailure(
             cause=cause,  # type: ignore[arg-type]
             message=f"{failure.message} (the model relay saw {what})",
-            status_code=failure.status_code,
+            status_code=failure.status_code or (int(seen) if seen.isdigit() else None),
             claimed=False,
         )
     if failure.cause in _ENDPOINT_CAUSES:
