@@ -22,17 +22,17 @@ def check_model_endpoint(run: HarborRun) -> None:
     harness = run.harness
     shape = harness.model_request if isinstance(harness, SendsModelRequests) else None
     api = harness.model_api if isinstance(harness, SpeaksModelApi) else None
+    where = f"--harbor-model {model.name} at {model.base_url}"
     try:
         check_endpoint(model, api=api or (shape.api if shape else "chat-completions"))
-        if shape is not None and options.preflight_request:
-            check_request(model, shape)
     except ModelEndpointError as error:
-        hint = ""
-        if "pre-flight" in str(error):
-            hint = (
-                "\n(the run's agent would send such requests; fix the endpoint, or "
-                "give --harbor-no-preflight-request to skip this check)"
-            )
+        raise pytest.UsageError(f"{where}: {error}") from None
+    if shape is None or not options.preflight_request:
+        return
+    try:
+        check_request(model, shape)
+    except ModelEndpointError as error:
         raise pytest.UsageError(
-            f"--harbor-model {model.name} at {model.base_url}: {error}{hint}"
+            f"{where}: {error}\n(the run's agent would send such requests: fix the endpoint, "
+            "or give --harbor-no-preflight-request to skip this check)"
         ) from None
