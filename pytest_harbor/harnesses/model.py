@@ -21,6 +21,8 @@ __all__ = [
 #: The environment variable the API key is read from unless another is named.
 DEFAULT_API_KEY_ENV = "HARBOR_MODEL_API_KEY"
 _BODY_EXCERPT = 300
+#: The Anthropic Messages API's version the checks before a run ask with.
+ANTHROPIC_VERSION = "2023-06-01"
 
 
 class ModelConfig(BaseModel):
@@ -64,10 +66,16 @@ class ModelConfig(BaseModel):
     def models_url(self) -> str:
         return f"{self.base_url}/models"
 
-    def headers(self) -> dict[str, str]:
+    def headers(self, api: str = "chat-completions") -> dict[str, str]:
+        """The headers of a request with the key; of the Anthropic Messages API (`api`),
+        with its version and the key as it takes it too."""
         headers = {"Content-Type": "application/json"}
         if self.api_key is not None:
             headers["Authorization"] = f"Bearer {self.api_key.get_secret_value()}"
+        if api == "anthropic-messages":
+            headers["anthropic-version"] = ANTHROPIC_VERSION
+            if self.api_key is not None:
+                headers["x-api-key"] = self.api_key.get_secret_value()
         return headers
 
     def secret_values(self) -> list[str]:
@@ -86,11 +94,7 @@ def check_endpoint(
     import urllib.error  # only a run whose harness talks to a model asks
     import urllib.request
 
-    headers = model.headers()
-    if api == "anthropic-messages":
-        headers["anthropic-version"] = "2023-06-01"
-        if model.api_key is not None:
-            headers["x-api-key"] = model.api_key.get_secret_value()
+    headers = model.headers(api)
     request = urllib.request.Request(model.models_url, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:

@@ -147,11 +147,7 @@ def _post(
     import urllib.error  # only a run whose harness talks to a model asks
     import urllib.request
 
-    headers = {**model.headers(), PREFLIGHT_HEADER: "1"}
-    if shape.api == "anthropic-messages":
-        headers["anthropic-version"] = "2023-06-01"
-        if model.api_key is not None:
-            headers["x-api-key"] = model.api_key.get_secret_value()
+    headers = {**model.headers(shape.api), PREFLIGHT_HEADER: "1"}
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     what = _what(url, shape)
     try:
