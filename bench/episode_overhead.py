@@ -105,7 +105,7 @@ def run(
     wall, code, output = pytest_run(dataset, workers, results, python=python)
     if code != 0:
         sys.exit(f"pytest failed ({code}):\n{output}")
-    rows_file = results / "harbor" / "validation" / dataset.name / "rollouts.jsonl"
+    rows_file = results / "harbor" / "validation" / dataset.name / "latest" / "rollouts.jsonl"
     rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
     timings = [row["timings"] for row in rows]
 

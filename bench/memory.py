@@ -110,7 +110,7 @@ def main() -> None:
             time.sleep(0.05)
         output = run.stdout.read() if run.stdout else ""
         elapsed = time.monotonic() - started
-        rows = (results / "harbor" / "validation" / "big" / "rollouts.jsonl").read_text()
+        rows = (results / "harbor" / "validation" / "big" / "latest" / "rollouts.jsonl").read_text()
         (row,) = [json.loads(line) for line in rows.splitlines()]
     print(
         f"verifier printed {args.gigabytes:g} GB and wrote {args.files} files; "

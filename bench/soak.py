@@ -86,7 +86,7 @@ def main() -> int:
         dataset.mkdir()
         make_dataset(dataset, arguments.tasks)
         results = Path(scratch) / "results"
-        rows = results / "harbor" / "validation" / "soak" / "rollouts.jsonl"
+        rows = results / "harbor" / "validation" / "soak" / "latest" / "rollouts.jsonl"
         failures = rows.with_name("rollouts_failures.jsonl")
         command = [
             sys.executable,

@@ -27,7 +27,7 @@ from episode_overhead import IMAGE, make_dataset, pytest_run
 
 
 def check_files(results: Path, taskset: str, episodes: int) -> None:
-    folder = results / "harbor" / "validation" / taskset
+    folder = results / "harbor" / "validation" / taskset / "latest"
     rows = (folder / "rollouts.jsonl").read_text().splitlines()
     failures = (folder / "rollouts_failures.jsonl").read_text().splitlines()
     summary = json.loads((folder / "rollouts_run_summary.json").read_text())

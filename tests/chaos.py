@@ -300,4 +300,4 @@ def _check_left(client: docker.DockerClient, taskset: str, tally: ChaosTally) ->
 
 
 def _rows_file(results: Path, taskset: str) -> Path:
-    return results / "harbor" / "validation" / taskset / "rollouts.jsonl"
+    return results / "harbor" / "validation" / taskset / "latest" / "rollouts.jsonl"

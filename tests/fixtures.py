@@ -89,8 +89,13 @@ class Dataset:
     def task(self, name: str, **kwargs: object) -> Path:
         return write_task(self.path, name, **kwargs)  # type: ignore[arg-type]
 
-    def results_folder(self, results: Path, validation: bool = True) -> Path:
+    def taskset_folder(self, results: Path, validation: bool = True) -> Path:
+        """The taskset's folder: its runs, `latest`, and what its runs share."""
         return results / "harbor" / ("validation" if validation else "") / self.name
+
+    def results_folder(self, results: Path, validation: bool = True) -> Path:
+        """The latest run's folder."""
+        return self.taskset_folder(results, validation) / "latest"
 
     def rows(self, results: Path, validation: bool = True) -> list[dict[str, object]]:
         rows_file = self.results_folder(results, validation) / "rollouts.jsonl"

@@ -66,6 +66,20 @@ class EpisodeClock:
         has its share (its timeout and grace)."""
         return self.remaining() - turn.verifier_timeout_sec - self._grace_s
 
+    def agent_window(self, turn: Turn, most_grace_s: float) -> tuple[float, float]:
+        """The agent's seconds for `turn` (its timeout, or what is left before the
+        verifier's share when that is less) and the grace an overrunning harness has to wind
+        down in: what the verifier's share leaves, at least 1 s and at most `most_grace_s`.
+        Raises EpisodeError when nothing is left."""
+        room = self.before_verifier(turn)
+        budget = turn.agent_timeout_sec
+        if budget is None or budget > room:
+            if room <= 0:
+                raise self.timed_out("the agent")
+            budget = room
+        spare = room - budget + self._grace_s
+        return budget, min(most_grace_s, max(1.0, spare - self._grace_s))
+
     def verifier_budget(self, turn: Turn) -> float:
         """The verifier's timeout, within what the deadline leaves after its grace."""
         return min(turn.verifier_timeout_sec, self.remaining() - self._grace_s)

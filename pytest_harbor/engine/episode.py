@@ -39,6 +39,7 @@ from pytest_harbor.engine.processes import (
     end_user_processes,
     survey,
 )
+from pytest_harbor.engine.progress import EpisodeProgress
 from pytest_harbor.engine.readiness import start_entrypoint, wait_healthy
 from pytest_harbor.engine.records import TurnOutput, episode_result, turn_result
 from pytest_harbor.engine.results import EpisodeResult, TurnResult, TurnTimings, episode_id
@@ -70,6 +71,9 @@ __all__ = ["Episode", "TurnOutput"]
 
 log = harbor_logger()
 
+#: The timings of a turn that never reached its agent.
+_UNTIMED = TurnTimings(agent_s=0.0, verify_s=0.0)
+
 
 class Episode:
     """Seed, turns, cleanup for one task and repeat.
@@ -85,7 +89,8 @@ class Episode:
     given, a temporary folder removed at cleanup. Values of `redactor` (the run's when not
     given), and MCP header credentials, never reach those files or a failure message.
     With `relay` (the run's model relay), the harness reaches `model` through it alone,
-    with a token of the episode's (engine/model_access.py).
+    with a token of the episode's (engine/model_access.py). `progress` is told each phase
+    the episode enters (engine/progress.py).
     """
 
     def __init__(
@@ -108,6 +113,7 @@ class Episode:
         redactor: Redactor | None = None,
         name: str | None = None,
         relay: RelayClient | None = None,
+        progress: EpisodeProgress | None = None,
     ) -> None:
         settings = settings or HarborSettings()
         task = with_overlay(task, settings)
@@ -146,6 +152,7 @@ class Episode:
         )
         self._early = EarlyStart(self.launcher)
         self._turns: list[TurnResult] = []
+        self.progress = progress or EpisodeProgress()
         self._stopped_after: str | None = None
         self._stop_reason: str | None = None
         self._retries = AgentRetries(settings.agent_outcome_policy, context.id)
@@ -238,6 +245,7 @@ class Episode:
         self._model.begin_attempt()
         if self.launcher.image is None:
             self.prepare()
+        self.progress.enter("seeding")
         image = self.launcher.image
         assert image is not None
         started = self.context.clock.start(budget.deadline_s)
@@ -247,8 +255,7 @@ class Episode:
         sandbox, attempt.survey = early or (self.launcher.start_agent_sandbox(), None)
         attempt.sandbox = sandbox
         if self.task.loose_environment_files:
-            target = self.context.workdir or self.launcher.image_workdir()
-            sandbox.upload(self.task.environment_dir, target)
+            sandbox.upload(self.task.environment_dir, self._workdir_now())
         attempt.entrypoint = start_entrypoint(
             sandbox, self.launcher.image_config(), self.context.workdir
         )
@@ -300,9 +307,7 @@ class Episode:
         sandbox = self._require_sandbox()
         masked = self._attempt.masked(bool(self._turns))
         if masked is not None:
-            return self._record(
-                turn, AgentRun(), VerifierRun(masked), TurnTimings(agent_s=0.0, verify_s=0.0)
-            )
+            return self._record(turn, AgentRun(), VerifierRun(masked), _UNTIMED)
         try:
             if self._turns:
                 clear_for_next_turn(sandbox)
@@ -321,9 +326,8 @@ class Episode:
                 self.seed()
                 return None
             reading = self._fault(sandbox, error, f"preparing the sandbox for turn {turn.name}")
-            return self._record(
-                turn, AgentRun(), VerifierRun(reading), TurnTimings(agent_s=0.0, verify_s=0.0)
-            )
+            return self._record(turn, AgentRun(), VerifierRun(reading), _UNTIMED)
+        self.progress.enter("agent", turn.name)
         if self._attempt.users.agent_id(turn, self._image_user) is None:
             self._attempt.root_had_sandbox = True
         self._agent.root_had_sandbox = self._attempt.root_had_sandbox
@@ -407,22 +411,14 @@ class Episode:
 
     def _work(self, sandbox: Sandbox, turn: Turn) -> AgentRun:
         """The agent's turn, in what the deadline leaves once the verifier has its share."""
-        clock, grace_s = self.context.clock, self.context.settings.verifier_grace_s
-        room = clock.before_verifier(turn)
-        budget = turn.agent_timeout_sec
-        if budget is None or budget > room:
-            if room <= 0:
-                raise clock.timed_out("the agent")
-            budget = room
-        # An overrunning harness winds down in what the verifier's share leaves (>= 1 s).
-        spare = room - budget + grace_s
+        budget, grace_s = self.context.clock.agent_window(turn, HARNESS_GRACE_S)
         return self._agent.run_turn(
             sandbox,
             turn if budget == turn.agent_timeout_sec else replace(turn, agent_timeout_sec=budget),
             index=self._index(turn),
             workdir=self.context.workdir,
             seconds=budget,
-            grace_s=min(HARNESS_GRACE_S, max(1.0, spare - grace_s)),
+            grace_s=grace_s,
         )
 
     def _after_agent(
@@ -431,6 +427,7 @@ class Episode:
         """A non-root agent's processes ended (before a network the verifier has and the
         agent had not, and before the collect hooks), the verifier's network, the collect
         hooks (their failures go to `notes`), then the verification."""
+        self.progress.enter("verifying", turn.name)
         doing = "ending the agent's processes"
         users, survey_, context = self._attempt.users, self._attempt.survey, self.context
         assert survey_ is not None

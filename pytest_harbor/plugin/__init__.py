@@ -21,6 +21,7 @@ from pytest_harbor.plugin.deadlines import pytest_timeout_cancel_timer, pytest_t
 from pytest_harbor.plugin.endpoint_errors import watch_endpoint_errors
 from pytest_harbor.plugin.item_reports import pytest_report_teststatus, pytest_runtest_makereport
 from pytest_harbor.plugin.ledger import trial_of
+from pytest_harbor.plugin.live import LiveView
 from pytest_harbor.plugin.nodes import HarborTaskset, HarborTurnItem, HarborWarning
 from pytest_harbor.plugin.options import add_options, read_options
 from pytest_harbor.plugin.planned import PLANNED_RUN, PlannedRun
@@ -228,6 +229,7 @@ def pytest_configure(config: pytest.Config) -> None:
         watch_endpoint_errors(config, worker=handed is not None, redact=run.redactor.shown)
     if handed is not None:
         run.relay = None if handed.relay is None else RelayClient(handed.relay)
+        run.layout.runs.update(handed.run_folders)
         config.stash[SETTLED_TRIALS] = HandedTrials(
             row_digests=handed.row_digests, done_trials=frozenset(handed.done_trials)
         )
@@ -247,6 +249,7 @@ def _register_reporters(config: pytest.Config, run: HarborRun) -> None:
     config.pluginmanager.register(PreFlight(state), "harbor-preflight")
     config.pluginmanager.register(ResultRecorder(state), "harbor-recorder")
     config.pluginmanager.register(TerminalSummary(state), "harbor-summary")
+    config.pluginmanager.register(LiveView(state), "harbor-live")
 
 
 def _registered_harnesses(config: pytest.Config) -> dict[str, HarnessFactory]:
@@ -384,6 +387,7 @@ def pytest_configure_node(node: Any) -> None:
         run_id=run.run_id,
         row_digests=dict(planned.row_digests),
         done_trials=tuple(sorted(planned.done_trials)),
+        run_folders=dict(run.layout.runs),
         datasets=tuple(run.references.values()),
         relay=None if run.relay is None else run.relay.address,
     )

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from pytest_harbor.agent_outcomes import ENDPOINT_ERROR, EndpointError
 from pytest_harbor.display import harbor_logger
 from pytest_harbor.plugin.ledger import split_trial, trial_of
+from pytest_harbor.plugin.live_terminal import terminal_file
 
 __all__ = ["EndpointErrorWarning", "EndpointErrors", "watch_endpoint_errors"]
 
@@ -130,9 +131,8 @@ class EndpointErrors:
         with _output_shown(self.config):
             # On a line of its own, never glued to the progress dots (write_line ends the
             # line of an item's name itself).
-            writer = getattr(reporter, "_tw", None)
-            glued = writer is not None and writer.width_of_current_line
-            if glued and getattr(reporter, "currentfspath", None) is None:
+            writer, _ = terminal_file(reporter)
+            if writer.width_of_current_line and getattr(reporter, "currentfspath", None) is None:
                 reporter.write("\n")
             for line in lines:
                 reporter.write_line(self.redact(_PREFIX + line), yellow=True)

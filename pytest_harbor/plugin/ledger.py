@@ -55,6 +55,8 @@ class TrialRecord:
     digest: str | None
     selected: bool = False
     started: bool = False
+    #: When its first item began (time.monotonic(), on the controller).
+    began_at: float | None = None
     seeded: bool = False
     step: str | None = None
     result: EpisodeResult | None = None
@@ -171,14 +173,23 @@ class EpisodeLedger:
                 task_id=record.task_id,
                 repeat=record.repeat,
                 digest=record.digest,
-                status=self._status(record),
+                status=self.status(record),
                 result=record.result,
                 failure=record.failure,
                 skip_reason=record.skip_reason,
                 earlier=record.earlier,
             )
 
-    def _status(self, record: TrialRecord) -> EpisodeStatus:
+    def ran_any(self, taskset: str) -> bool:
+        """Whether any trial of `taskset` started, ended or was skipped in this run."""
+        return any(
+            record.started or record.finished or record.skip_reason is not None
+            for record in self.trials.values()
+            if record.taskset == taskset and not record.earlier
+        )
+
+    def status(self, record: TrialRecord) -> EpisodeStatus:
+        """What became of the episode: scored, no result, skipped, or not run (yet)."""
         if record.result is not None:
             return episode_status(
                 record.result, validation=self.validation, pass_reward=self.pass_reward

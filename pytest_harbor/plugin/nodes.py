@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,6 +18,7 @@ from pytest_harbor.engine.admission import model_route_refusal
 from pytest_harbor.engine.budget import backstop_seconds
 from pytest_harbor.engine.failures import EpisodeError, disk_full
 from pytest_harbor.engine.outcomes import nop_check_outcome, probe_check_outcome
+from pytest_harbor.engine.progress import EpisodeProgress
 from pytest_harbor.engine.results import episode_id
 from pytest_harbor.engine.verifiers import verifies_separately
 from pytest_harbor.harnesses import Harness
@@ -318,6 +320,7 @@ class HarborTrial(_HarborNode, pytest.Collector):
                 ),
                 redactor=run.redactor,
                 relay=run.relay,
+                progress=EpisodeProgress(partial(run.phases.post, self.nodeid)),
             )
         return self.episode
 
@@ -334,6 +337,7 @@ class HarborTrial(_HarborNode, pytest.Collector):
     def setup(self) -> None:
         run = _run(self)
         episode = self._episode()
+        episode.progress.enter("building")
         try:
             episode.prepare()
         except EpisodeError as error:

@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 
@@ -19,6 +19,7 @@ from pytest_harbor.datasets import (
 from pytest_harbor.harnesses import harness_names
 from pytest_harbor.harnesses.model import DEFAULT_API_KEY_ENV
 from pytest_harbor.plugin.model_options import ModelOptions
+from pytest_harbor.plugin.option_table import OPTIONS as _OPTIONS
 from pytest_harbor.settings import (
     Assignment,
     HarborSettings,
@@ -41,216 +42,6 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class _Option:
-    name: str
-    help: str
-    kind: Literal["value", "list", "flag"]
-    default: Any
-    metavar: str | None = None
-
-    @property
-    def flag(self) -> str:
-        return f"--harbor-{self.name}"
-
-    @property
-    def dest(self) -> str:
-        return f"harbor_{self.name.replace('-', '_')}"
-
-    @property
-    def ini_type(self) -> str:
-        return {"value": "string", "list": "args", "flag": "bool"}[self.kind]
-
-
-_OPTIONS = {
-    option.name: option
-    for option in (
-        _Option(
-            "dataset",
-            "a task folder, a folder of task folders, harbor:NAME[@VERSION] (a dataset of "
-            "the registry) or git+URL[@REF][#path=FOLDER] (repeatable)",
-            "list",
-            [],
-            "PATH|REF",
-        ),
-        _Option(
-            "registry",
-            "the registry harbor:NAME references are looked up in, a URL or a file in "
-            f"Harbor's registry format (default: {DEFAULT_REGISTRY})",
-            "value",
-            DEFAULT_REGISTRY,
-            "URL|PATH",
-        ),
-        _Option(
-            "cache-dir",
-            "where datasets by reference are fetched to (default: "
-            "$XDG_CACHE_HOME/pytest-harbor/datasets, else ~/.cache/pytest-harbor/datasets)",
-            "value",
-            None,
-            "DIR",
-        ),
-        _Option(
-            "agent", "harness to run: oracle, nop or a registered one", "value", "oracle", "NAME"
-        ),
-        _Option("sandbox", "sandbox provider", "value", "docker", "NAME"),
-        _Option("repeats", "trials per task (default: the dataset's, else 1)", "value", None, "N"),
-        _Option(
-            "results-dir",
-            "results go to DIR/harbor/[validation/]<taskset>/",
-            "value",
-            "results",
-            "DIR",
-        ),
-        _Option(
-            "report",
-            "the HTML report: a file PATH covering every taskset of the run, or none "
-            "(default: report.html beside each taskset's run summary)",
-            "value",
-            None,
-            "PATH|none",
-        ),
-        _Option(
-            "pass-reward",
-            "reward an agent run needs to pass (the oracle needs 1)",
-            "value",
-            "1.0",
-            "R",
-        ),
-        _Option(
-            "only-tasks",
-            "run only these tasks: names or globs, comma-separated",
-            "list",
-            [],
-            "NAMES",
-        ),
-        _Option(
-            "exclude-tasks",
-            "leave out these tasks: names or globs, comma-separated",
-            "list",
-            [],
-            "NAMES",
-        ),
-        _Option(
-            "skip-unloadable",
-            "leave out tasks that do not load or build (listed in skipped.json)",
-            "flag",
-            False,
-        ),
-        _Option(
-            "resume",
-            "keep the rows and terminal failures already in the results folder and run only "
-            "the episodes still missing (the run must match the one resumed)",
-            "flag",
-            False,
-        ),
-        _Option(
-            "allow-unsupported-pairing",
-            "run a harness the dataset's allowed_agents does not admit",
-            "flag",
-            False,
-        ),
-        _Option(
-            "config",
-            "settings file (YAML, Gym's harbor server block; repeatable; the settings: "
-            "docs/options.md)",
-            "list",
-            [],
-            "FILE",
-        ),
-        _Option(
-            "check",
-            "author check: per task, the oracle must score 1 and nop below 1; every problem "
-            "is listed and the run fails when a task has one",
-            "flag",
-            False,
-        ),
-        _Option(
-            "check-repeats",
-            "with --harbor-check: run the oracle N times per task to find flaky verifiers "
-            "(default 1)",
-            "value",
-            None,
-            "N",
-        ),
-        _Option(
-            "set",
-            "one setting, KEY=VALUE (repeatable, last wins; every setting and its default: "
-            "docs/options.md)",
-            "list",
-            [],
-            "KEY=VALUE",
-        ),
-        _Option(
-            "agent-option",
-            "an option of the harness, KEY=VALUE, the value read as JSON where it parses "
-            "(repeatable)",
-            "list",
-            [],
-            "KEY=VALUE",
-        ),
-        _Option("model", "the model a harness talks to", "value", None, "NAME"),
-        _Option(
-            "model-url",
-            "base URL of its OpenAI-compatible endpoint, ending in /v1",
-            "value",
-            None,
-            "URL",
-        ),
-        _Option(
-            "model-param",
-            "a request parameter, KEY=VALUE, the value read as JSON where it parses "
-            "(temperature, max_tokens, seed, top_p, reasoning_effort; repeatable)",
-            "list",
-            [],
-            "KEY=VALUE",
-        ),
-        _Option(
-            "model-api-key-env",
-            f"the environment variable holding the API key (default {DEFAULT_API_KEY_ENV})",
-            "value",
-            DEFAULT_API_KEY_ENV,
-            "VAR",
-        ),
-        _Option(
-            "model-api-key",
-            "the API key itself (other users can read a command line: prefer the variable)",
-            "value",
-            None,
-            "KEY",
-        ),
-        _Option(
-            "model-concurrency",
-            "at most N model requests at once across the run's workers (default 16)",
-            "value",
-            "16",
-            "N",
-        ),
-        _Option(
-            "no-preflight-request",
-            "before the run, ask the endpoint for its model list only, not for one small "
-            "request like the agent's (for an endpoint that bills per request)",
-            "flag",
-            False,
-        ),
-        _Option("max-cost", "serve no model call once the run spent USD", "value", None, "USD"),
-        _Option(
-            "max-tokens", "serve no model call once the run spent N tokens", "value", None, "N"
-        ),
-        _Option(
-            "prices", "the price table (TOML) model calls are priced by", "value", None, "FILE"
-        ),
-        _Option("record", "keep every model request and answer below DIR", "value", None, "DIR"),
-        _Option(
-            "replay",
-            "answer model calls from what --harbor-record kept in DIR",
-            "value",
-            None,
-            "DIR",
-        ),
-    )
-}
-
-
-@dataclass(frozen=True)
 class HarborOptions:
     """The resolved options: command line over ini over defaults."""
 
@@ -264,10 +55,16 @@ class HarborOptions:
     #: taskset's run summary; a path is one file covering every taskset of the run.
     report: bool = True
     report_path: Path | None = None
+    #: `--harbor-live-report`: rewrite the report this often during the run (None: not).
+    live_report_s: float | None = None
+    #: `--harbor-status-every`: a non-terminal's status line at most this often (None: never).
+    status_every_s: float | None = 60.0
     only_tasks: tuple[str, ...] = ()
     exclude_tasks: tuple[str, ...] = ()
     skip_unloadable: bool = False
     resume: bool = False
+    #: `--harbor-resume-or-start`: resume, and start afresh when nothing matches.
+    resume_or_start: bool = False
     allow_unsupported_pairing: bool = False
     settings: HarborSettings = field(default_factory=HarborSettings)
     agent_options: dict[str, Any] = field(default_factory=dict)
@@ -359,10 +156,13 @@ def read_options(config: pytest.Config) -> HarborOptions:
         pass_reward=_number(config, "pass-reward", float, minimum=None),
         report=report,
         report_path=report_path,
+        live_report_s=_seconds(config, "live-report", positive=True),
+        status_every_s=_seconds(config, "status-every", positive=False),
         only_tasks=_names(_raw(config, "only-tasks")),
         exclude_tasks=_names(_raw(config, "exclude-tasks")),
         skip_unloadable=_raw(config, "skip-unloadable"),
-        resume=_raw(config, "resume"),
+        resume=bool(_raw(config, "resume") or _raw(config, "resume-or-start")),
+        resume_or_start=_raw(config, "resume-or-start"),
         allow_unsupported_pairing=_raw(config, "allow-unsupported-pairing"),
         settings=_settings(config, assignments, sources),
         # A secret typed on the command line is in the process list; one in an ini file is not.
@@ -370,7 +170,8 @@ def read_options(config: pytest.Config) -> HarborOptions:
             f"--harbor-set secrets.{name}: a secret on the command line can be read by other "
             "users of this machine; give it as env:VARIABLE or file:PATH instead"
             for name in literal_secrets(assignments if typed else [])
-        ),
+        )
+        + _live_report_warning(config, report),
         agent_options=parse_key_values(_raw(config, "agent-option"), "agent-option"),
         model=ModelOptions(
             name=_text(config, "model"),
@@ -397,6 +198,7 @@ def _check_repeats(config: pytest.Config) -> int:
         "repeats": "the check's repeats are --harbor-check-repeats",
         "resume": "a check runs every selected task afresh (use --lf to run the tasks with "
         "problems again)",
+        "resume-or-start": "a check runs every selected task afresh",
     }
     for name, why in clashes.items():
         if config.getoption(_OPTIONS[name].dest) not in (None, False, "oracle"):
@@ -500,6 +302,33 @@ def _report(config: pytest.Config) -> tuple[bool, Path | None]:
             "name (say report.html), or none to write no report"
         )
     return True, path
+
+
+def _live_report_warning(config: pytest.Config, report: bool) -> tuple[str, ...]:
+    if report or _seconds(config, "live-report", positive=True) is None:
+        return ()
+    return (
+        "--harbor-live-report: --harbor-report=none writes no report, so none is written "
+        "during the run either",
+    )
+
+
+def _seconds(config: pytest.Config, name: str, *, positive: bool) -> float | None:
+    """A number of seconds (more than 0 when `positive`), or None for none or unset."""
+    raw = _raw(config, name)
+    if raw is None or str(raw).strip().lower() in ("", "none"):
+        return None
+    option = _OPTIONS[name]
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0 or (positive and value == 0) or value != value:
+        raise pytest.UsageError(
+            f"{option.flag} / {option.dest}: expected a number of seconds"
+            f"{' above 0' if positive else ''}, got {raw!r}"
+        )
+    return value
 
 
 def _names(values: list[str]) -> tuple[str, ...]:

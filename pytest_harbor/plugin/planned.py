@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 import pytest
 
 from pytest_harbor.run.planning import TasksetPlan
-from pytest_harbor.writers.folder import EarlierRun
 from pytest_harbor.writers.manifest import RunManifest
 from pytest_harbor.writers.run_config import RunRecord
 
@@ -28,9 +27,9 @@ class PlannedRun:
     Made where the controller's plugins are registered (`started_at` with it); every other
     field is written by the pre-flight (`PreFlight`) alone, before any worker starts.
     Read by the scheduler (`trial_ids`, `expected_s`), the item reports and the recorder
-    (`trial_ids`, `done_trials`, and each taskset's `plans`, `manifests`, `earlier_runs`), the
+    (`trial_ids`, `done_trials`, and each taskset's `plans`, `manifests`), the
     builds ahead (`expected_s`), the terminal summary (`expected_s`, `history_tasks`,
-    `reaped`, `plans`, `manifests`, `earlier_runs`), and the workers' start-up data
+    `reaped`, `plans`, `manifests`, `folder_notes`), and the workers' start-up data
     (`row_digests`, `done_trials`: it is the sole process's `SettledTrials`)."""
 
     #: When the run started: its manifest and its results folders' locks say so.
@@ -51,8 +50,9 @@ class PlannedRun:
     manifests: dict[str, RunManifest] = field(default_factory=dict)
     #: What each taskset's run_config_<agent>.yaml records.
     run_records: dict[str, RunRecord] = field(default_factory=dict)
-    #: What each taskset's folder held from an earlier run as this one started.
-    earlier_runs: dict[str, EarlierRun | None] = field(default_factory=dict)
+    #: What the run has to say of each taskset's folder: runs of the old layout moved,
+    #: the run a resume continues.
+    folder_notes: dict[str, list[str]] = field(default_factory=dict)
     #: Each taskset's plan, as the run planned it at its start.
     plans: dict[str, TasksetPlan] = field(default_factory=dict)
 

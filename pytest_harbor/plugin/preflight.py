@@ -25,12 +25,12 @@ from pytest_harbor.run.planning import TasksetPlan
 from pytest_harbor.sandboxes import SandboxStartError
 from pytest_harbor.sandboxes.base import ReadinessCheck
 from pytest_harbor.tasks import TaskLoadError
-from pytest_harbor.writers.folder import earlier_run
 from pytest_harbor.writers.lock import ResultsFolderBusy, ResultsLock
-from pytest_harbor.writers.manifest import ManifestError, RunManifest, secrets_key
+from pytest_harbor.writers.manifest import ManifestError, RunManifest, read_manifest, secrets_key
 from pytest_harbor.writers.materialized import write_task_rows
 from pytest_harbor.writers.resume import ResumePoint, read_resume_point
 from pytest_harbor.writers.run_config import run_config_name
+from pytest_harbor.writers.runs import migrate, run_folder_name, runs_of, unused_name
 
 __all__ = ["PreFlight", "warn_once"]
 
@@ -93,8 +93,17 @@ class PreFlight:
 
     def _start_taskset(self, config: pytest.Config, target: Target, plan: TasksetPlan) -> None:
         run, state, planned, taskset = self.run, self.state, self.planned, plan.taskset
-        folder = run.layout.taskset_dir(taskset)
-        self._lock(folder)
+        layout = run.layout
+        root = layout.root_dir(taskset)
+        self._lock(root)
+        notes = planned.folder_notes.setdefault(taskset, [])
+        try:
+            moved = migrate(root, layout.verifier_home_of(taskset))
+        except OSError as error:
+            raise pytest.UsageError(
+                f"{root}: could not move the runs of the earlier layout into runs/: {error}"
+            ) from None
+        notes.extend(found.message(taskset) for found in moved)
         digests = {task.id: task.digest for task in plan.tasks}
         manifest = RunManifest.describe(
             run_id=run.run_id,
@@ -106,7 +115,7 @@ class PreFlight:
             repeats=plan.repeats,
             settings=run.settings,
             task_digests=digests,
-            secrets_key=secrets_key(folder),
+            secrets_key=secrets_key(root),
             model=None if run.model is None else run.model.identity(),
             agent_options=run.options.agent_options,
             dataset_config=None if target.is_task else target.path / "dataset.toml",
@@ -124,18 +133,21 @@ class PreFlight:
         state.planned.run_records[taskset] = describe_run(run, config, target, manifest)
         planned.trial_ids.update(state.ledger.plan(taskset, plan.repeats, digests))
         point = self._resume(manifest) if run.options.resume else None
+        if taskset not in layout.runs:
+            model = None if run.model is None else run.model.name
+            name = run_folder_name(planned.started_at, run.harness.name, model)
+            layout.use_run(taskset, unused_name(root, name))
         state.planned.manifests[taskset] = manifest
         skipped = {}
         if run.options.skip_unloadable:
             skipped = {path.name: str(error) for path, error in plan.failures.items()}
         state.skipped.start(taskset, skipped)
-        # Nothing is written to the taskset's folder yet (see RolloutsWriter), unless
-        # it holds no earlier results to keep: then it begins now, as the run starts.
+        # A fresh run's folder begins now; a resumed run's once it has something to write
+        # (see RolloutsWriter).
         state.writer.plan(taskset, resume=point, on_begin=self._beginning(plan))
-        state.planned.earlier_runs[taskset] = earlier_run(folder)
-        if state.planned.earlier_runs[taskset] is None:
+        if point is None:
             state.writer.begin(taskset)
-        history = read_history(folder)
+        history = read_history(root)
         planned.history_tasks.update(f"{taskset}/{name}" for name in history)
         for task in plan.tasks:
             for warning in task_warnings(task):
@@ -182,8 +194,33 @@ class PreFlight:
 
         return begin
 
-    def _resume(self, manifest: RunManifest) -> ResumePoint:
+    def _resume(self, manifest: RunManifest) -> ResumePoint | None:
+        """The newest run of the taskset that this one continues (its folder becomes this
+        run's), or None to start afresh under `--harbor-resume-or-start`."""
         layout, taskset = self.run.layout, manifest.taskset
+        root = layout.root_dir(taskset)
+        found, latest_differs = _resumable(root, manifest)
+        if found is None:
+            if self.run.options.resume_or_start:
+                self.planned.folder_notes.setdefault(taskset, []).append(
+                    f"{taskset}: no earlier run in {root} to resume; this one starts afresh"
+                )
+                return None
+            if latest_differs is None:
+                raise pytest.UsageError(
+                    f"--harbor-resume: {root} holds no earlier run of {taskset} to continue "
+                    "(check --harbor-results-dir and --harbor-agent); run without "
+                    "--harbor-resume, or with --harbor-resume-or-start, to start afresh"
+                )
+            folder, differences = latest_differs
+            raise pytest.UsageError(
+                f"--harbor-resume: no run of {taskset} in {root} matches this one; the "
+                f"latest, {folder.name}, differs:\n  "
+                + "\n  ".join(differences)
+                + "\nrun with the same targets, agent and settings, or without "
+                "--harbor-resume to start afresh"
+            )
+        layout.use_run(taskset, found.name)
         try:
             point = read_resume_point(
                 taskset,
@@ -193,24 +230,35 @@ class PreFlight:
             )
         except ManifestError as error:
             raise pytest.UsageError(f"--harbor-resume: {error}") from None
-        if point.manifest is None and point.has_results:
-            raise pytest.UsageError(
-                f"--harbor-resume: {layout.taskset_dir(taskset)} holds results but no "
-                "rollouts_manifest.json, so nothing says which run made them; run without "
-                "--harbor-resume to start afresh"
-            )
-        if point.manifest is not None:
-            differences = point.manifest.differences(manifest)
-            if differences:
-                raise pytest.UsageError(
-                    f"--harbor-resume: this run of {taskset} differs from the one in "
-                    f"{layout.taskset_dir(taskset)}:\n  "
-                    + "\n  ".join(differences)
-                    + "\nrun with the same targets, agent and settings, or without "
-                    "--harbor-resume to start afresh"
-                )
+        self.planned.folder_notes.setdefault(taskset, []).append(
+            f"{taskset}: resuming the run in {found} ({len(point.rows)} row"
+            f"{'s' if len(point.rows) != 1 else ''} kept)"
+        )
         self.planned.done_trials.update(self.state.ledger.keep(point))
         return point
+
+
+def _resumable(
+    root: Path, manifest: RunManifest
+) -> tuple[Path | None, tuple[Path, list[str]] | None]:
+    """The newest run in `root` this run can continue (its manifest differs in nothing),
+    and, when there is none, the newest run with what differs in it (None: no run)."""
+    newest: tuple[Path, list[str]] | None = None
+    for folder in runs_of(root):
+        try:
+            earlier = read_manifest(folder / "rollouts_manifest.json")
+        except ManifestError as error:
+            differences = [str(error)]
+        else:
+            differences = (
+                ["it has no rollouts_manifest.json, so nothing says which run made it"]
+                if earlier is None
+                else earlier.differences(manifest)
+            )
+        if not differences:
+            return folder, None
+        newest = newest or (folder, differences)
+    return None, newest
 
 
 def _selects(config: pytest.Config) -> bool:

@@ -5,6 +5,7 @@ report and the exit status."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,6 +69,8 @@ class ResultRecorder:
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         record = self.state.ledger.get(nodeid)
         if record is not None:
+            if not record.started:
+                record.began_at = time.monotonic()
             record.started = True
             record.step = nodeid.rsplit("::", 1)[1]
 
@@ -208,7 +211,7 @@ class ResultRecorder:
         finished_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         for taskset in state.planned.manifests:
             try:
-                state.writer.finish(taskset)
+                state.writer.finish(taskset, ran=state.ledger.ran_any(taskset))
             except OSError as error:
                 self._unwritable(self.run.layout.taskset_dir(taskset), error)
         summaries = []
@@ -266,7 +269,7 @@ class ResultRecorder:
         # Every row in the file: a resumed run's earlier rows count too.
         rows = [line.row for line in lines if line.row is not None]
         try:
-            record_history(self.run.layout.taskset_dir(taskset), rows)
+            record_history(self.run.layout.root_dir(taskset), rows)
         except OSError as error:
             log.warning("could not record the durations of %s: %s", taskset, error)
 

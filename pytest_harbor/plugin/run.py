@@ -34,6 +34,7 @@ from pytest_harbor.harnesses.probe import ProbeHarness
 from pytest_harbor.labels import OWNER_LABEL, RUN_LABEL, TASK_LABEL, TRIAL_LABEL
 from pytest_harbor.locks import FileLock, Slots
 from pytest_harbor.plugin.options import HarborOptions, ModelOptions
+from pytest_harbor.plugin.phases import PhaseBoard
 from pytest_harbor.reach import reach_openings
 from pytest_harbor.redaction import run_redactor
 from pytest_harbor.relay import RelayClient
@@ -381,6 +382,11 @@ class HarborRun:
     def scratch_dir(self) -> Path:
         """A folder of this run's own, shared by its processes on this machine."""
         return Path(tempfile.gettempdir()) / f"pytest-harbor-{self.run_id}"
+
+    @property
+    def phases(self) -> PhaseBoard:
+        """Each running episode's phase, for the controller's live view (plugin/phases.py)."""
+        return PhaseBoard(self.scratch_dir / "phases")
 
     def release(self, episode: Episode, slot: FileLock | None = None) -> None:
         """Remove the episode's sandbox in the background, so the next episode can start

@@ -3,7 +3,6 @@ the `harbor` section at its end (scores, files, what was left out, kept or cut s
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +11,8 @@ from typing import Any
 import pytest
 
 from pytest_harbor.display import shown_number
+from pytest_harbor.plugin.live import shows_live_block, workers_of
+from pytest_harbor.plugin.progress import run_progress
 from pytest_harbor.plugin.relay import spend_line
 from pytest_harbor.plugin.reporting import RunReport, first_line
 from pytest_harbor.relay import RunSpend
@@ -19,11 +20,9 @@ from pytest_harbor.run.metrics import TasksetScore
 from pytest_harbor.sandboxes.base import NamesBuilder
 from pytest_harbor.tasks import TaskLoadError
 from pytest_harbor.tasks.loader import matches_any
+from pytest_harbor.writers.runs import LATEST, latest_run
 
-__all__ = ["STATUS_EVERY_S", "TerminalSummary", "status_line"]
-
-#: A long run says what it is doing at most this often.
-STATUS_EVERY_S = 30.0
+__all__ = ["TerminalSummary", "status_line"]
 
 #: How many tasks the terminal's pass@k table shows before it says "and N more".
 _PASS_AT_K_ROWS = 20
@@ -50,28 +49,37 @@ class TerminalSummary:
         self.terminal: Any = None
         self.verbosity = 0
         self.workers = 1
+        #: The live view keeps a block in the terminal: no plain status line then.
+        self.live_block = False
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         config = session.config
         self.terminal = config.pluginmanager.get_plugin("terminalreporter")
         self.verbosity = config.get_verbosity()
-        self.workers = _workers(config)
+        self.workers = workers_of(config)
+        self.live_block = shows_live_block(config)
 
+    @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """After the recorder's: the episode whose item ended is counted as ended."""
         self._maybe_status()
 
     def _maybe_status(self) -> None:
-        """For a long run, a compact line now and then (at most every STATUS_EVERY_S): the
-        images being made, the episodes running and waiting, and the time left once the
-        results folder recorded earlier runs. Not with -q."""
-        if not self.state.planned.manifests:
+        """Where the output is no terminal (a CI log), a plain line now and then (at most
+        every `--harbor-status-every` seconds), as an item ends: episodes done of all,
+        images being made, those running with their phase and age, waiting, failed, spend,
+        and the time left once the results folder recorded earlier runs. Not with -q, and
+        not where the live view keeps its block in the terminal (plugin/live.py)."""
+        every = self.run.options.status_every_s
+        if not self.state.planned.manifests or every is None or self.live_block:
             return  # no taskset in this run (pytest-harbor's own tests, say)
         now = time.monotonic()
         if self._status_at is None:
             self._status_at = now
-            return
-        if now - self._status_at < STATUS_EVERY_S or self.verbosity < 0:
+            if every > 0:
+                return
+        if now - self._status_at < every or self.verbosity < 0:
             return
         self._status_at = now
         reporter = self.terminal
@@ -134,15 +142,26 @@ class TerminalSummary:
             write(f"  report: {report}")
 
     def _write_results_folder(self, write: Write, taskset: str) -> None:
-        """What became of the earlier run in the taskset's results folder: set aside for
-        this one, or still there because this run wrote nothing."""
+        """What the run did with the taskset's folder: runs of the earlier layout moved,
+        the run a resume continued, or (writing no result) nothing kept of this one."""
         state = self.state
-        aside = state.writer.set_aside.get(taskset)
-        if aside is not None:
-            write(aside.message(taskset))
-        earlier = state.planned.earlier_runs.get(taskset)
-        if not state.writer.begun(taskset) and earlier is not None:
-            write(earlier.message(taskset, self.run.layout.taskset_dir(taskset)))
+        for note in state.planned.folder_notes.get(taskset, []):
+            write(note)
+        if not state.writer.begun(taskset):
+            layout = self.run.layout
+            if layout.taskset_dir(taskset).is_dir():
+                write(
+                    f"{taskset}: nothing of this run was written; the run it resumed, in "
+                    f"{layout.taskset_dir(taskset)}, is as it was"
+                )
+                return
+            root = layout.root_dir(taskset)
+            latest = latest_run(root)
+            if latest is not None:
+                write(
+                    f"{taskset}: this run wrote no result, so it keeps no folder; "
+                    f"{root / LATEST} still names {latest.name}"
+                )
 
     def _writer(self, reporter: pytest.TerminalReporter) -> Write:
         """The section's one way to the terminal: each line as Redactor.shown renders it
@@ -252,7 +271,8 @@ class TerminalSummary:
         if count > _LEFT_OUT_SHOWN:
             write(f"  ... and {count - _LEFT_OUT_SHOWN} more")
         if self.run.options.skip_unloadable:
-            write(f"  all of them: {self.run.layout.skipped_file(taskset)}")
+            if self.state.writer.begun(taskset):
+                write(f"  all of them: {self.run.layout.skipped_file(taskset)}")
         else:
             write(
                 "  (each is a collection error above; --harbor-skip-unloadable lists them in "
@@ -312,42 +332,16 @@ class TerminalSummary:
 
 
 def status_line(state: RunReport, workers: int = 1) -> str:
-    """`harbor: 2 images being made, 2 episodes running, 14 waiting, about 3 min left`
-    (the time left shared by `workers` processes)."""
-    planned, builds = state.planned, state.builds
-    selected = [record for record in state.ledger.trials.values() if record.selected]
-    running = [r for r in selected if r.started and not r.finished]
-    waiting = [r for r in selected if not r.started and not r.finished]
-    parts = []
-    if builds.building:
-        parts.append(f"{builds.building} image{'s' if builds.building != 1 else ''} being made")
-    parts.append(f"{len(running)} episode{'s' if len(running) != 1 else ''} running")
-    parts.append(f"{len(waiting)} waiting")
-    known = [
-        planned.expected_s.get(f"{r.taskset}/{r.task_id}")
-        for r in running + waiting
-        if f"{r.taskset}/{r.task_id}" in planned.history_tasks
-    ]
-    if known and len(known) == len(running) + len(waiting):
-        left = sum(value or 0.0 for value in known) / max(1, workers)
-        parts.append(f"about {_duration(left)} left")
-    return "harbor: " + ", ".join(parts)
-
-
-def _workers(config: pytest.Config) -> int:
-    """How many processes run episodes (`-n`; 1 without xdist)."""
-    try:
-        return max(1, int(getattr(config.option, "numprocesses", 0) or 1))
-    except (TypeError, ValueError):  # `-n auto` not yet turned into a number
-        return os.cpu_count() or 1
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    """`harbor: 2/40 done, 2 images being made, 2 running (hello::r0 agent 1m03s; ...), 14
+    waiting, about 3 min left` (the time left shared by `workers` processes)."""
+    return run_progress(
+        state.ledger,
+        state.planned,
+        phases=state.run.phases,
+        building=state.builds.building,
+        spend=state.spend,
+        workers=workers,
+    ).plain()
 
 
 def _write_score(write: Write, taskset: str, score: TasksetScore, *, unfinished: bool) -> None:

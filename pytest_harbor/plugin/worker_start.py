@@ -30,6 +30,8 @@ class WorkerStart(BaseModel):
     #: The trials a resumed run finished already, sorted.
     done_trials: tuple[str, ...] = ()
     datasets: tuple[ResolvedDataset, ...] = ()
+    #: Each taskset's run folder (`runs/<name>/`), as the controller settled it.
+    run_folders: dict[str, str] = Field(default_factory=dict)
     #: Where the run's model relay answers (None: the run has none).
     relay: RelayAddress | None = None
 

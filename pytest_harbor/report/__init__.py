@@ -3,11 +3,13 @@ one or more tasksets' results folders."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pytest_harbor.display import escape_controls
+from pytest_harbor.report.live import LiveNote
 from pytest_harbor.report.page import render_page
 from pytest_harbor.report.results import (
     CHECK,
@@ -16,6 +18,7 @@ from pytest_harbor.report.results import (
     TasksetResults,
     find_summaries,
     load_taskset,
+    taskset_results,
 )
 from pytest_harbor.report.transcripts import TOTAL_LIMIT, TRAJECTORY_LIMIT, Budget
 from pytest_harbor.writers.files import write_atomically
@@ -27,11 +30,13 @@ __all__ = [
     "TOTAL_LIMIT",
     "TRAJECTORY_LIMIT",
     "Episode",
+    "LiveNote",
     "ReportError",
     "TasksetResults",
     "find_summaries",
     "load_taskset",
     "render_report",
+    "write_live_report",
     "write_report",
 ]
 
@@ -40,9 +45,28 @@ def render_report(summary_files: Iterable[Path], out: Path) -> str:
     """The report's HTML for the tasksets of `summary_files`, its links relative to `out`.
     Control and format characters anywhere in it (a verifier's output, a file name) are
     escaped as text: a bidi override cannot make a line read otherwise than it is."""
-    tasksets = [load_taskset(path) for path in summary_files]
+    return _render([load_taskset(path) for path in summary_files], out, None)
+
+
+def write_live_report(
+    summaries: Iterable[tuple[Path, Mapping[str, Any]]],
+    out: Path,
+    live: LiveNote,
+    redact: Callable[[str], str] | None = None,
+) -> Path:
+    """Write the report of a run in progress to `out` (atomically): each taskset's summary
+    as it stands, given with the folder it will be written to, and a note of the run's
+    progress; the page refreshes itself (the final report, written over it, does not)."""
+    html = _render([taskset_results(folder, summary) for folder, summary in summaries], out, live)
+    write_atomically(out, redact(html) if redact is not None else html)
+    return out
+
+
+def _render(tasksets: list[TasksetResults], out: Path, live: LiveNote | None) -> str:
     generated_at = datetime.now(UTC).isoformat(timespec="seconds")
-    page = render_page(tasksets, out.absolute(), generated_at=generated_at, budget=Budget())
+    page = render_page(
+        tasksets, out.absolute(), generated_at=generated_at, budget=Budget(), live=live
+    )
     return escape_controls(page)
 
 

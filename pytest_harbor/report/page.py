@@ -18,6 +18,7 @@ from urllib.parse import quote
 from pytest_harbor import strict_json
 from pytest_harbor.display import shown_number
 from pytest_harbor.redaction import clip_head
+from pytest_harbor.report.assets import CSS, SCRIPT
 from pytest_harbor.report.charts import (
     histogram,
     histogram_svg,
@@ -25,6 +26,7 @@ from pytest_harbor.report.charts import (
     timeline,
     timeline_svg,
 )
+from pytest_harbor.report.live import LiveNote, live_banner, live_head
 from pytest_harbor.report.results import Episode, TasksetResults, TurnLogs, as_mapping
 from pytest_harbor.report.spend import spend_table
 from pytest_harbor.report.transcripts import Budget, text_tail_html, transcript_html
@@ -40,9 +42,15 @@ _REASON_LIMIT = 2000
 
 
 def render_page(
-    tasksets: Sequence[TasksetResults], out: Path, *, generated_at: str, budget: Budget
+    tasksets: Sequence[TasksetResults],
+    out: Path,
+    *,
+    generated_at: str,
+    budget: Budget,
+    live: LiveNote | None = None,
 ) -> str:
-    """The whole page, with links relative to `out`'s folder."""
+    """The whole page, with links relative to `out`'s folder; with `live`, the page of a
+    run in progress, which says so and refreshes itself."""
     base = out.parent
     names = ", ".join(taskset.name for taskset in tasksets)
     nav = ""
@@ -67,11 +75,11 @@ def render_page(
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>pytest-harbor report: {escape(names)}</title>"
-        f"<style>{_CSS}</style></head><body>"
+        f"{live_head(live)}<title>pytest-harbor report: {escape(names)}</title>"
+        f"<style>{CSS}</style></head><body>"
         f'<header><h1>pytest-harbor report</h1><p class="meta">{escape(names)} · '
-        f"made {escape(generated_at)}</p></header>{nav}{body}"
-        f"<script>{_SCRIPT}</script></body></html>\n"
+        f"made {escape(generated_at)}</p>{live_banner(live)}</header>{nav}{body}"
+        f"<script>{SCRIPT}</script></body></html>\n"
     )
 
 
@@ -350,18 +358,8 @@ def _failures(anchor: str, taskset: TasksetResults, base: Path) -> str:
     for number, episode in enumerate(taskset.episodes):
         if episode.status in ("passed", "skipped", "not_run") and not episode.failure_kind:
             continue
-        if episode.failure_kind:
-            kind = episode.failure_kind
-        elif episode.status == "failed":
-            # Nothing went wrong but the grade: say so, with the verifier's own words.
-            kind = (
-                "the verifier scored 0"
-                if episode.reward == 0
-                else "the verifier scored below a pass"
-            )
-        else:
-            kind = episode.status.replace("_", " ")
-        groups.setdefault(kind, []).append((number, episode))
+        # Nothing went wrong but the grade: that group shows the verifier's own words.
+        groups.setdefault(episode.failure_name, []).append((number, episode))
     if not groups:
         return '<h3>Failures</h3><p class="empty">No failures.</p>'
     parts = ["<h3>Failures</h3>"]
@@ -528,72 +526,3 @@ def _status(status: str) -> str:
 
 def _cut(text: str, limit: int) -> str:
     return clip_head(text, limit)
-
-
-_CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1400px;padding:0 24px 48px;
-color:#222;background:#fff}
-h1{margin:24px 0 4px}h2{border-bottom:2px solid #ccc;margin-top:40px}h3{margin-top:28px}
-.meta{color:#666;font-size:12px}nav ul{display:flex;gap:16px;list-style:none;padding:0}
-.note{background:#fff6d6;border-left:4px solid #e0b000;padding:6px 10px}
-.empty{color:#777;font-style:italic}
-.figures{display:flex;flex-wrap:wrap;gap:10px}
-.figure{border:1px solid #ddd;border-radius:6px;padding:8px 12px;min-width:90px}
-.figure .value{display:block;font-size:20px;font-weight:600}.figure .label{color:#666}
-table{border-collapse:collapse;margin:8px 0}th,td{border:1px solid #ddd;padding:4px 8px;
-text-align:left;vertical-align:top}th{background:#f3f3f3}
-table.sortable th{cursor:pointer}table.sortable th:hover{background:#e6e6e6}
-td .links,td .meta{font-size:11px}td.reason{max-width:600px;white-space:pre-wrap;
-word-break:break-word}
-.s-passed{background:#e3f4e1}.s-failed{background:#fbe3e1}.s-masked{background:#eee}
-.s-partial{background:#eef}.s-no_result{background:#fde9cc}.s-skipped,.s-not_run{background:#f7f7f7}
-svg.chart{max-width:100%;height:auto;display:block;margin:8px 0}
-.phase-build{fill:#bab0ac}.phase-start{fill:#f58518}.phase-agent{fill:#4c78a8}
-.phase-verify{fill:#54a24b}
-details.episode{border:1px solid #ddd;border-radius:6px;margin:6px 0;padding:4px 10px}
-details.episode>summary{cursor:pointer}details.episode>summary span{padding:0 6px;
-border-radius:4px}
-dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px}dt{color:#666}
-dd{margin:0;white-space:pre-wrap;word-break:break-word}
-.turn{border-top:1px dashed #ccc;padding:4px 0}
-pre{white-space:pre-wrap;word-break:break-word;background:#f8f8f8;padding:6px;margin:4px 0;
-max-height:480px;overflow:auto}
-.step{border-left:3px solid #ccc;padding:2px 8px;margin:6px 0}.step-user{border-color:#f58518}
-.step-agent{border-color:#4c78a8}.step-system{border-color:#999}.who{font-weight:600}
-.tool-call pre{background:#eef3fa}.observation pre{background:#f1f8ef}
-"""
-
-# Sorting by a click on a column's head; the page reads the same without it.
-_SCRIPT = """
-(function () {
-  function key(cell) {
-    var raw = cell.getAttribute("data-sort");
-    if (raw === null) { raw = cell.textContent; }
-    var number = parseFloat(raw);
-    return raw !== "" && !isNaN(number) && isFinite(raw) ? number : raw.toLowerCase();
-  }
-  document.querySelectorAll("table.sortable").forEach(function (table) {
-    table.querySelectorAll("thead th").forEach(function (head, column) {
-      head.addEventListener("click", function () {
-        var body = table.tBodies[0];
-        var rows = Array.prototype.slice.call(body.rows);
-        var up = head.getAttribute("data-order") !== "up";
-        head.setAttribute("data-order", up ? "up" : "down");
-        rows.sort(function (a, b) {
-          var x = key(a.cells[column]), y = key(b.cells[column]);
-          if (x === y) { return 0; }
-          if (typeof x !== typeof y) { return (typeof x === "number" ? -1 : 1); }
-          return (x < y ? -1 : 1) * (up ? 1 : -1);
-        });
-        rows.forEach(function (row) { body.appendChild(row); });
-      });
-    });
-  });
-  function openTarget() {
-    var target = location.hash && document.getElementById(location.hash.slice(1));
-    if (target && target.tagName === "DETAILS") { target.open = true; }
-  }
-  window.addEventListener("hashchange", openTarget);
-  openTarget();
-})();
-"""

@@ -14,9 +14,9 @@ from typing import Any
 
 from pytest_harbor.strict_json import as_float
 from pytest_harbor.untrusted import load_json
-from pytest_harbor.writers.folder import INCOMING, PREVIOUS_SUFFIX
 from pytest_harbor.writers.rollouts import CHECK, FAILURES, ROLLOUTS, SUMMARY
 from pytest_harbor.writers.rows import read_rows
+from pytest_harbor.writers.runs import INCOMING, LATEST, RUNS, latest_run, runs_of
 
 __all__ = [
     "CHECK",
@@ -61,6 +61,8 @@ class Episode:
     #: Where an episode with no result stopped (`queue`, `seed`, `turn`).
     stage: str | None = None
     skip_reason: str | None = None
+    #: The task folder's digest the episode ran (None when the summary names none).
+    digest: str | None = None
     logs: tuple[TurnLogs, ...] = ()
     #: The rollouts.jsonl row, as written (None without one).
     row: Mapping[str, Any] | None = None
@@ -73,8 +75,17 @@ class Episode:
     @property
     def duration_s(self) -> float | None:
         """Seconds from the start of the seed to the end of the last turn (or cleanup)."""
-        total = _timings(self.row).get("total_s")
-        return float(total) if isinstance(total, int | float) else None
+        return as_float(_timings(self.row).get("total_s"))
+
+    @property
+    def failure_name(self) -> str:
+        """What the episode's failure is called: its failure kind; for a plain low score
+        (the verifier ran and scored below a pass), what the report names it."""
+        if self.failure_kind:
+            return self.failure_kind
+        if self.status == "failed":
+            return f"the verifier scored {'0' if self.reward == 0 else 'below a pass'}"
+        return self.status.replace("_", " ")
 
     @property
     def episode_dir(self) -> Path | None:
@@ -113,48 +124,79 @@ class TasksetResults:
 
 
 def find_summaries(root: Path) -> list[Path]:
-    """Every run summary at or under `root` (a taskset's results folder, or above one)."""
+    """The run summaries at or under `root`: a run's folder, a taskset's folder (its latest
+    run), or a folder above tasksets (the latest run of each). Given a taskset's `runs/`
+    folder, every run in it."""
     if not root.is_dir():
         raise ReportError(f"{root} is not a folder")
-    # Earlier runs kept aside (`<taskset>.previous/`) are not this run's: only when `root`
-    # is one of them (or inside one) are they drawn.
     found = sorted(
         path
         for path in root.rglob(SUMMARY)
-        if path.is_file()
-        and not any(
-            part.endswith(PREVIOUS_SUFFIX) or part == INCOMING
-            for part in path.relative_to(root).parts[:-1]
-        )
+        if path.is_file() and _drawn(root, path.relative_to(root).parts[:-1])
     )
     if not found:
         raise ReportError(
-            f"{root} holds no {SUMMARY}: give a taskset's results folder "
+            f"{root} holds no {SUMMARY}: give a run's folder, a taskset's results folder "
             "(results/harbor/<taskset>, or results/harbor/validation/<taskset>) or a folder "
             "above one, after a run has ended"
         )
     return found
 
 
+def _drawn(root: Path, parts: tuple[str, ...]) -> bool:
+    """Whether the summary in `root/<parts>` is drawn: never a staging area's; of a
+    taskset's runs met from above, only its latest (or, without `latest`, its newest)."""
+    if INCOMING in parts or any(part.endswith(".previous") for part in parts):
+        return False
+    for index, part in enumerate(parts[:-1]):
+        if part == RUNS:
+            taskset = root.joinpath(*parts[:index])
+            if _copied_latest(taskset):
+                return False
+            return parts[index + 1] == _shown_run(taskset)
+    return True
+
+
+def _copied_latest(taskset: Path) -> bool:
+    """Whether `latest` is a folder rather than a link (a copy that followed the link):
+    then it is the run drawn, and its twin in runs/ is not."""
+    latest = taskset / LATEST
+    return latest.is_dir() and not latest.is_symlink()
+
+
+def _shown_run(taskset: Path) -> str | None:
+    latest = latest_run(taskset)
+    if latest is not None and (latest / SUMMARY).is_file():
+        return latest.name
+    newest = [folder for folder in runs_of(taskset) if (folder / SUMMARY).is_file()]
+    return newest[0].name if newest else None
+
+
 def load_taskset(summary_file: Path) -> TasksetResults:
     """The taskset whose run summary is `summary_file`. Paths come from the summary
     (relative to its folder, so a moved folder still resolves); rows name their folders
     absolutely, and are used only when the summary has no path."""
-    folder = summary_file.parent
-    notes: list[str] = []
     try:
         summary = _loads(summary_file.read_text(encoding="utf-8"))
         if not isinstance(summary, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as error:
         raise ReportError(f"{summary_file}: cannot read the run summary ({error})") from None
+    return taskset_results(summary_file.parent, summary)
+
+
+def taskset_results(folder: Path, summary: Mapping[str, Any]) -> TasksetResults:
+    """The taskset whose run summary is `summary`, as if written in `folder` (a run in
+    progress has its summary only in memory)."""
+    notes: list[str] = []
     files = as_mapping(summary.get("files"))
     rows = list(_json_lines(_named(folder, files, "rollouts", ROLLOUTS), notes))
     failures = list(_json_lines(_named(folder, files, "failures", FAILURES), notes))
     rows_by_episode = {_key(row): row for row in rows}
     failures_by_episode = {_key(failure): failure for failure in failures}
     episodes = []
-    for entry in summary.get("episodes") or ():
+    entries = summary.get("episodes")
+    for entry in entries if isinstance(entries, list) else ():
         if not isinstance(entry, dict) or "task_id" not in entry:
             continue
         key = (str(entry["task_id"]), _int(entry.get("repeat")))
@@ -165,10 +207,11 @@ def load_taskset(summary_file: Path) -> TasksetResults:
                 repeat=key[1],
                 status=str(entry.get("status") or "unknown"),
                 reward=as_float(entry.get("reward")),
-                failure_kind=entry.get("failure_kind"),
-                failure_reason=entry.get("failure_reason"),
-                stage=entry.get("stage"),
-                skip_reason=entry.get("skip_reason"),
+                failure_kind=_text(entry.get("failure_kind")),
+                failure_reason=_text(entry.get("failure_reason")),
+                stage=_text(entry.get("stage")),
+                skip_reason=_text(entry.get("skip_reason")),
+                digest=_text(entry.get("digest")),
                 logs=_logs(folder, entry, row),
                 row=row,
                 failure=failures_by_episode.get(key),
@@ -252,7 +295,10 @@ def _logs(
     if row is None:
         return ()
     found = []
-    for turn in row.get("turns") or ():
+    turns = row.get("turns")
+    for turn in turns if isinstance(turns, list) else ():
+        if not isinstance(turn, dict):
+            continue
         directory = _existing(folder, turn.get("verifier_logs_dir"))
         found.append(
             TurnLogs(
@@ -282,6 +328,12 @@ def _file(directory: Path | None, name: str) -> Path | None:
 
 def _key(data: Mapping[str, Any]) -> tuple[str, int]:
     return str(data.get("task_id")), _int(data.get("repeat"))
+
+
+def _text(value: object) -> str | None:
+    """A text field of a file a run (or a hostile task) wrote: None stays None, any other
+    value shows as its text, never as an object the page would trip on."""
+    return None if value is None else str(value)
 
 
 def _int(value: object) -> int:

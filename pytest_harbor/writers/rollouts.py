@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_harbor import strict_json
@@ -15,8 +15,8 @@ from pytest_harbor.redaction import Redactor
 from pytest_harbor.tasks.task import SINGLE_STEP_TURN
 from pytest_harbor.writers.failures import FailureRecord
 from pytest_harbor.writers.files import write_atomically
-from pytest_harbor.writers.folder import INCOMING, SetAside, set_aside
 from pytest_harbor.writers.resume import ResumePoint
+from pytest_harbor.writers.runs import INCOMING, RUNS, point_latest
 
 __all__ = ["ResultsLayout", "RolloutsWriter"]
 
@@ -38,20 +38,42 @@ KINDS = (VERIFIER, AGENT, ARTIFACTS)
 
 @dataclass(frozen=True)
 class ResultsLayout:
-    """Where files go: `<results>/harbor/<taskset>/`, or `.../harbor/validation/<taskset>/`.
+    """Where files go: each run of a taskset in a folder of its own,
+    `<results>/harbor/<taskset>/runs/<run>/` (`.../harbor/validation/<taskset>/runs/<run>/`
+    for the oracle), the newest as `<taskset>/latest` (see writers/runs.py).
 
-    `verifier_root` (the `artifacts_dir` setting) moves the verifier folders elsewhere:
-    `<verifier_root>/<taskset>/<episode>/`, or `<verifier_root>/validation/<taskset>/...`
-    for the oracle.
+    `runs` names each taskset's run folder; the controller settles it as the run starts
+    and hands it to the workers. `verifier_root` (the `artifacts_dir` setting) moves the
+    verifier folders elsewhere: `<verifier_root>/[validation/]<taskset>/runs/<run>/<episode>/`.
     """
 
     results_dir: Path
     validation: bool
     verifier_root: Path | None = None
+    runs: dict[str, str] = field(default_factory=dict)
 
-    def taskset_dir(self, taskset: str) -> Path:
+    def root_dir(self, taskset: str) -> Path:
+        """The taskset's folder: its runs, `latest`, and what all its runs share."""
         base = self.results_dir / "harbor"
         return (base / "validation" if self.validation else base) / taskset
+
+    def use_run(self, taskset: str, name: str) -> None:
+        """This run writes `taskset`'s files in `runs/<name>/`."""
+        self.runs[taskset] = name
+
+    def run_name(self, taskset: str) -> str:
+        try:
+            return self.runs[taskset]
+        except KeyError:
+            raise LookupError(f"no run folder was settled for {taskset}") from None
+
+    def taskset_dir(self, taskset: str) -> Path:
+        """This run's folder of `taskset`: `<taskset>/runs/<run>/`."""
+        return self.root_dir(taskset) / RUNS / self.run_name(taskset)
+
+    def point_latest(self, taskset: str) -> None:
+        """`<taskset>/latest` names this run."""
+        point_latest(self.root_dir(taskset), self.run_name(taskset))
 
     def rollouts_file(self, taskset: str) -> Path:
         return self.taskset_dir(taskset) / ROLLOUTS
@@ -77,12 +99,19 @@ class ResultsLayout:
     def skipped_file(self, taskset: str) -> Path:
         return self.taskset_dir(taskset) / SKIPPED
 
+    def verifier_home_of(self, taskset: str) -> Path | None:
+        """The taskset's folder under `verifier_root` (None without one): split like the
+        results folder, so that an agent run and a validation run of one taskset never
+        share each other's folders."""
+        if self.verifier_root is None:
+            return None
+        root = self.verifier_root / "validation" if self.validation else self.verifier_root
+        return root / taskset
+
     def verifier_root_of(self, taskset: str) -> Path:
-        if self.verifier_root is not None:
-            # Split like the results folder, so that an agent run and a validation run of
-            # one taskset never share (or delete) each other's folders.
-            root = self.verifier_root / "validation" if self.validation else self.verifier_root
-            return root / taskset
+        home = self.verifier_home_of(taskset)
+        if home is not None:
+            return home / RUNS / self.run_name(taskset)
         return self.taskset_dir(taskset) / VERIFIER
 
     def verifier_dir(self, taskset: str, episode_id: str, step: str = SINGLE_STEP_TURN) -> Path:
@@ -115,7 +144,7 @@ class ResultsLayout:
     def incoming_dir(self, taskset: str, run_id: str) -> Path:
         """Where the workers of run `run_id` write an episode's folders (`verifier/`,
         `agent/`) until the controller moves them into place with its row."""
-        return self.taskset_dir(taskset) / INCOMING / run_id
+        return self.root_dir(taskset) / INCOMING / run_id
 
     def staged_verifier_dir(self, taskset: str, run_id: str, episode_id: str) -> Path:
         return self.incoming_dir(taskset, run_id) / VERIFIER / episode_id
@@ -140,14 +169,14 @@ class ResultsLayout:
 class RolloutsWriter:
     """The only writer of a run's result files (the xdist controller, or the sole process).
 
-    A taskset's folder is not touched until the run has something of an episode to write
-    there (a row, or an episode's failure other than the run's interruption): a run that
-    selects nothing, stops at a collection error or is interrupted before its first
-    episode ends leaves the earlier results as they were. Then the folder begins: a fresh
-    run sets the earlier run aside whole (`<taskset>.previous/`, see writers/folder.py), a
-    resumed one rewrites the rows it keeps; `on_begin` writes the run's own files (its
-    manifest, say). What workers wrote for an episode in the staging area moves into place
-    with its row or failure.
+    Each run writes a folder of its own (`<taskset>/runs/<run>/`, see writers/runs.py): a
+    fresh run begins it as the run starts; a resumed one begins once it has something of
+    an episode to write (a row, or an episode's failure other than the run's
+    interruption), rewriting the rows it keeps, so that a resume that runs nothing leaves
+    the run as it was. `on_begin` writes the run's own files (its manifest, say). The
+    taskset's `latest` names the run once it has written a result; a fresh run that wrote
+    none is removed at its end. What workers wrote for an episode in the staging area
+    moves into place with its row or failure.
 
     Values the redactor knows (secrets, the model's key) are replaced by `***` in every
     line and file it writes.
@@ -159,8 +188,7 @@ class RolloutsWriter:
         self.run_id = run_id
         self._plans: dict[str, _Planned] = {}
         self._begun: set[str] = set()
-        #: The earlier run each fresh taskset set aside, when there was one.
-        self.set_aside: dict[str, SetAside] = {}
+        self._wrote: set[str] = set()
 
     def plan(
         self,
@@ -175,9 +203,13 @@ class RolloutsWriter:
     def begun(self, taskset: str) -> bool:
         return taskset in self._begun
 
+    def wrote(self, taskset: str) -> bool:
+        """Whether the run wrote a result (a row or a failure) of `taskset`."""
+        return taskset in self._wrote
+
     def begin(self, taskset: str) -> None:
-        """Begin the taskset's folder now (once): set the earlier run aside, or rewrite
-        the kept rows of a resumed one, then write the run's own files."""
+        """Begin the taskset's run folder now (once): empty files for a fresh run, the kept
+        rows of a resumed one; then the run's own files."""
         if taskset in self._begun:
             return
         self._begun.add(taskset)
@@ -187,17 +219,16 @@ class RolloutsWriter:
         if planned.resume is not None:
             self._keep(planned.resume)
         else:
-            elsewhere = self.layout.verifier_root_of(taskset)
-            aside = set_aside(
-                folder, also=elsewhere if self.layout.verifier_root is not None else None
-            )
-            if aside is not None:
-                self.set_aside[taskset] = aside
             (folder / ROLLOUTS).write_text("")
             (folder / FAILURES).write_text("")
         self._forget_stale_staging(taskset)
         if planned.on_begin is not None:
             planned.on_begin()
+
+    def _written(self, taskset: str) -> None:
+        if taskset not in self._wrote:
+            self._wrote.add(taskset)
+            self.layout.point_latest(taskset)
 
     def _keep(self, point: ResumePoint) -> None:
         """Go on from an earlier run: keep its rows and terminal failures (each episode
@@ -219,6 +250,7 @@ class RolloutsWriter:
         self.begin(result.taskset)
         self._place(result.taskset, episode_id(result.task_id, result.repeat))
         self._append(self.layout.rollouts_file(result.taskset), result.row())
+        self._written(result.taskset)
 
     def append_failure(self, failure: FailureRecord, *, begins: bool = True) -> bool:
         """Append an episode that ended with no result to rollouts_failures.jsonl, flushed.
@@ -229,12 +261,15 @@ class RolloutsWriter:
         self.begin(failure.taskset)
         self._place(failure.taskset, episode_id(failure.task_id, failure.repeat))
         self._append(self.layout.failures_file(failure.taskset), failure.model_dump(mode="json"))
+        self._written(failure.taskset)
         return True
 
-    def finish(self, taskset: str) -> None:
+    def finish(self, taskset: str, *, ran: bool = True) -> None:
         """At the end of the run: what is still staged moves into place (files a harness
         wrote while its session closed, say) when the taskset began, and is dropped when
-        it did not."""
+        it did not. A fresh run that ran nothing of the taskset (`ran` false: it selected
+        none of it, or collection stopped) and wrote no result leaves no folder; one that
+        did is the taskset's `latest`."""
         staged = self.layout.incoming_dir(taskset, self.run_id)
         if staged.is_dir() and self.begun(taskset):
             for kind in KINDS:
@@ -243,6 +278,18 @@ class RolloutsWriter:
         shutil.rmtree(staged, ignore_errors=True)
         with contextlib.suppress(OSError):
             staged.parent.rmdir()  # only when empty
+        planned = self._plans.get(taskset, _Planned())
+        if not self.begun(taskset) or self.wrote(taskset) or planned.resume is not None:
+            return
+        if ran:
+            self._written(taskset)
+            return
+        shutil.rmtree(self.layout.taskset_dir(taskset), ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.layout.taskset_dir(taskset).parent.rmdir()  # only when empty
+        if self.layout.verifier_root is not None:
+            shutil.rmtree(self.layout.verifier_root_of(taskset), ignore_errors=True)
+        self._begun.discard(taskset)
 
     def _place(self, taskset: str, episode: str) -> None:
         staged = self.layout.incoming_dir(taskset, self.run_id)

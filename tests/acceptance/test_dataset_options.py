@@ -101,8 +101,9 @@ def test_skip_unloadable_leaves_a_broken_task_out_and_lists_it(pytester: pytest.
     write_task(dataset, "open", solve_sh=None)
     stopped = pytester.runpytest(f"--harbor-dataset={dataset}")
     assert stopped.ret == pytest.ExitCode.INTERRUPTED
-    skipped_file = pytester.path / "results/harbor/validation/tasks/skipped.json"
-    assert json.loads(skipped_file.read_text()) == {}
+    # Stopped at collection, the run ran nothing: it keeps no folder.
+    assert not (pytester.path / "results/harbor/validation/tasks/runs").exists()
+    skipped_file = pytester.path / "results/harbor/validation/tasks/latest/skipped.json"
     going = pytester.runpytest(f"--harbor-dataset={dataset}", "--harbor-skip-unloadable", "-rs")
     going.assert_outcomes(skipped=1)
     assert json.loads(skipped_file.read_text()) == {
@@ -118,7 +119,7 @@ def test_materialized_rows_carry_instruction_and_digest(pytester: pytest.Pyteste
     )
     result = pytester.runpytest(f"--harbor-dataset={dataset}", "--harbor-agent=oracle")
     assert result.ret == pytest.ExitCode.TESTS_FAILED  # nothing had a solution
-    rows_file = pytester.path / "results/harbor/validation/tasks/tasks_oracle.jsonl"
+    rows_file = pytester.path / "results/harbor/validation/tasks/latest/tasks_oracle.jsonl"
     rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
     assert [(row["task_id"], row["repeat"]) for row in rows] == [("open", 0), ("open", 1)]
     assert rows[0]["instruction"] == "Do the thing.\n"

@@ -44,7 +44,9 @@ def test_the_harbor_section_says_each_thing_in_its_place(
     pytester: pytest.Pytester, dataset: Path
 ) -> None:
     out = pytester.path / "out"
-    folder = out / "harbor" / "validation" / "tasks"
+    root = out / "harbor" / "validation" / "tasks"
+    # Each run's own folder, named by its start and agent.
+    folder = root / "runs" / "*-oracle*"
     common = (
         f"--harbor-dataset={dataset}",
         "--harbor-sandbox=fake",
@@ -57,8 +59,8 @@ def test_the_harbor_section_says_each_thing_in_its_place(
     left_out = [
         "tasks: left out 1 task folder (refused, or could not load)",
         "  broken: *",
-        f"  all of them: {folder / 'skipped.json'}",
     ]
+    listed = f"  all of them: {folder / 'skipped.json'}"
     unmatched = "--harbor-only-tasks=gamma: no task matches (the tasks: alpha, beta, broken)"
     first = pytester.runpytest(*common, f"--harbor-report={out / 'run.html'}")
     assert first.ret == pytest.ExitCode.OK
@@ -66,6 +68,7 @@ def test_the_harbor_section_says_each_thing_in_its_place(
         [
             unmatched,
             *left_out,
+            listed,
             "tasks: 1 episode, mean reward 1.000 (1 passed, 0 failed, 0 masked, 0 no result)",
             f"  rows: {folder / 'rollouts.jsonl'}",
             f"  summary: {folder / 'rollouts_run_summary.json'}",
@@ -81,29 +84,36 @@ def test_the_harbor_section_says_each_thing_in_its_place(
         [
             unmatched,
             *left_out,
+            listed,
             "tasks: 1 episode, mean reward 1.000 *",
             f"  rows: {folder / 'rollouts.jsonl'}",
             f"  summary: {folder / 'rollouts_run_summary.json'}",
             f"  report: {folder / 'report.html'}",
-            f"tasks: replaced 1 row of the run of * (kept in {folder.parent / 'tasks.previous'}/*)",
             "images made ahead for 1 task",
         ],
         consecutive=True,
     )
-    assert len(section(again)) == 10
+    assert len(section(again)) == 9
+    # Both runs are kept, each in a folder of its own; latest names the second.
+    first_run, second_run = sorted((root / "runs").iterdir())
+    assert (root / "latest").resolve() == second_run
+    assert f"  rows: {second_run / 'rollouts.jsonl'}" in section(again)
+    assert (first_run / "rollouts.jsonl").read_text().count("\n") == 1
 
-    # Nothing selected: no score, and the folder still holds the run before.
+    # Nothing selected: no score, no folder, and latest still names the run before.
     none = pytester.runpytest(*common, "-k", "nothing")
     pytest.LineMatcher(section(none)).fnmatch_lines(
         [
             unmatched,
             "-k 'nothing': no episode matches (1 planned)",
             *left_out,
-            f"tasks: nothing of this run was written; {folder} still holds the run of * (1 row)",
+            "tasks: this run wrote no result, so it keeps no folder; "
+            f"{root / 'latest'} still names {second_run.name}",
         ],
         consecutive=True,
     )
-    assert len(section(none)) == 6
+    assert len(section(none)) == 5
+    assert sorted((root / "runs").iterdir()) == [first_run, second_run]
 
 
 def test_a_run_with_nothing_to_say_has_no_harbor_section(pytester: pytest.Pytester) -> None:

@@ -54,7 +54,7 @@ def test_an_unreachable_endpoint_stops_the_run_before_any_episode(
         [f"*--harbor-model m at {url}: cannot reach {url}/models: *refused*"]
     )
     assert "passed" not in result.stdout.str()
-    assert not (pytester.path / "out/harbor/tasks/rollouts.jsonl").exists()
+    assert not (pytester.path / "out/harbor/tasks/latest/rollouts.jsonl").exists()
 
 
 def test_a_wrong_key_stops_the_run_naming_the_url_and_status(
@@ -198,10 +198,18 @@ def test_the_manifest_names_the_model_but_not_its_key_and_resume_refuses_another
     pytester: pytest.Pytester, dataset: Path, server: ScriptedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HARBOR_MODEL_API_KEY", server.api_key)
+    # The scripted fake's sandboxes, none of which starts: the run ends with a failure row
+    # and no model call (a run that runs nothing keeps no folder to resume).
+    pytester.makeconftest(
+        "import tests.fake_provider as fake\n"
+        "def pytest_harbor_sandbox_providers():\n"
+        "    return {'broken': lambda *, options, context: fake.FakeProvider("
+        "fake.SandboxScript(start_error='no engine'))}\n"
+    )
     params = ["--harbor-model-param=temperature=0.2", "--harbor-model-param=stop=END"]
-    first = agent_run(pytester, dataset, *server.options()[1:], *params, "-k", "nothing")
-    assert first.ret == pytest.ExitCode.NO_TESTS_COLLECTED
-    manifest_file = pytester.path / "out/harbor/tasks/rollouts_manifest.json"
+    first = agent_run(pytester, dataset, *server.options()[1:], *params, "--harbor-sandbox=broken")
+    assert first.ret == pytest.ExitCode.TESTS_FAILED
+    manifest_file = pytester.path / "out/harbor/tasks/latest/rollouts_manifest.json"
     manifest = json.loads(manifest_file.read_text())
     assert manifest["model"] == {
         "name": MODEL,
@@ -215,6 +223,7 @@ def test_the_manifest_names_the_model_but_not_its_key_and_resume_refuses_another
         dataset,
         *server.options()[1:],
         "--harbor-model-param=temperature=0.7",
+        "--harbor-sandbox=broken",
         "--harbor-resume",
     )
     assert again.ret == pytest.ExitCode.USAGE_ERROR

@@ -95,7 +95,7 @@ def test_materialized_row_has_one_instruction_per_turn(pytester: pytest.Pytester
     pytester.runpytest(f"--harbor-dataset={dataset}")
     (row,) = [
         json.loads(line)
-        for line in (pytester.path / "results/harbor/validation/tasks/tasks_oracle.jsonl")
+        for line in (pytester.path / "results/harbor/validation/tasks/latest/tasks_oracle.jsonl")
         .read_text()
         .splitlines()
     ]

@@ -86,7 +86,7 @@ def test_a_provider_from_the_hook_is_made_with_its_options_and_used(
     result.stdout.fnmatch_lines(["*unstartable sandboxes never start (debian:bookworm-slim)*"])
     made = json.loads((pytester.path / "made.json").read_text())
     manifest = json.loads(
-        (pytester.path / "out/harbor/validation/tasks/rollouts_manifest.json").read_text()
+        (pytester.path / "out/harbor/validation/tasks/latest/rollouts_manifest.json").read_text()
     )
     assert made == {
         "options": {"colour": "blue", "size": 3},
@@ -95,7 +95,9 @@ def test_a_provider_from_the_hook_is_made_with_its_options_and_used(
     }
     assert manifest["sandbox"] == "unstartable"
     # A task needing what the provider's capabilities lack is refused at collection.
-    skipped = json.loads((pytester.path / "out/harbor/validation/tasks/skipped.json").read_text())
+    skipped = json.loads(
+        (pytester.path / "out/harbor/validation/tasks/latest/skipped.json").read_text()
+    )
     assert "the unstartable sandbox has no GPUs to give" in json.dumps(skipped)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
 

@@ -81,7 +81,7 @@ def test_a_reason_quoting_a_sandbox_shows_escaped(pytester: pytest.Pytester) -> 
     for where, text in (("terminal", shown), ("junit XML", xml)):
         assert RAW.findall(text) == [], where
         assert ESCAPED in text, where
-    failures = Path(pytester.path / "out/harbor/validation/tasks/rollouts_failures.jsonl")
+    failures = Path(pytester.path / "out/harbor/validation/tasks/latest/rollouts_failures.jsonl")
     (failure,) = [json.loads(line) for line in failures.read_text().splitlines()]
     assert "\x1b]0;pwned\x07" in failure["failure_reason"]
     assert "\u202eevil" in failure["failure_reason"]

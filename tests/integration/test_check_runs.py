@@ -187,7 +187,13 @@ def test_an_empty_agent_passing_one_step_of_a_multi_step_task(
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     data = json.loads(
         (
-            pytester.path / RESULTS_DIR / "harbor" / "validation" / task.parent.name / "check.json"
+            pytester.path
+            / RESULTS_DIR
+            / "harbor"
+            / "validation"
+            / task.parent.name
+            / "latest"
+            / "check.json"
         ).read_text()
     )
     assert data["tasks"]["two-steps"]["problems"] == [

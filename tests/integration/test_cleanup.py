@@ -108,7 +108,11 @@ def test_results_land_next_to_where_pytest_ran(dataset: Dataset, docker_client: 
     output = finish(run)
     assert run.returncode == 0, output
     assert (
-        Path(dataset.path.parent) / "results/harbor/validation" / dataset.name / "rollouts.jsonl"
+        Path(dataset.path.parent)
+        / "results/harbor/validation"
+        / dataset.name
+        / "latest"
+        / "rollouts.jsonl"
     ).is_file()
 
 

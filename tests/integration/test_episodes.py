@@ -31,7 +31,16 @@ def test_passing_and_failing_reports_and_rows(pytester: pytest.Pytester, dataset
     )
     result = run(pytester, dataset, "-rA")
     result.assert_outcomes(passed=1, failed=1)
-    logs = pytester.path / "out" / "harbor" / "validation" / dataset.name / "verifier" / "wrong__r0"
+    logs = (
+        pytester.path
+        / "out"
+        / "harbor"
+        / "validation"
+        / dataset.name
+        / "latest"
+        / "verifier"
+        / "wrong__r0"
+    ).resolve()
     result.stdout.fnmatch_lines(
         [
             f"*_ {dataset.name}/wrong::r0::episode _*",
@@ -154,7 +163,7 @@ def test_failing_solve_sh_fails_with_its_output(
 def test_the_oracles_output_is_kept_and_linked(pytester: pytest.Pytester, dataset: Dataset) -> None:
     dataset.task("talk", solve_sh="echo 'to stdout'\necho 'to stderr' >&2\necho 1 > /tmp/answer\n")
     run(pytester, dataset).assert_outcomes(passed=1)
-    folder = dataset.results_folder(pytester.path / "out")
+    folder = dataset.results_folder(pytester.path / "out").resolve()
     kept = folder / "agent" / "talk__r0" / "oracle.txt"
     assert kept.read_text() == "to stdout\nto stderr\n"
     (row,) = dataset.rows(pytester.path / "out")

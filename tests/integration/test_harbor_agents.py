@@ -91,7 +91,7 @@ def test_terminus_2_solves_and_fails_tasks_on_our_sandboxes(
         tmp_path, server, f"--harbor-dataset={dataset.path}", "--harbor-agent=harbor:terminus-2"
     )
     assert "1 passed" in done.stdout and "1 failed" in done.stdout, done.stdout[-3000:]
-    rows = _rows(tmp_path / "out" / "harbor" / dataset.name)
+    rows = _rows(tmp_path / "out" / "harbor" / dataset.name / "latest")
     assert (rows["solve"]["reward"], rows["give-up"]["reward"]) == (1.0, 0.0)
     assert rows["solve"]["agent"] == "harbor:terminus-2"
     assert rows["solve"]["usage"]["prompt_tokens"] > 0
@@ -115,7 +115,7 @@ def test_terminus_2_that_never_stops_is_cut_off_and_verified(
         tmp_path, server, f"--harbor-dataset={dataset.path}", "--harbor-agent=harbor:terminus-2"
     )
     assert "1 passed" in done.stdout, done.stdout[-3000:]
-    (row,) = _rows(tmp_path / "out" / "harbor" / dataset.name).values()
+    (row,) = _rows(tmp_path / "out" / "harbor" / dataset.name / "latest").values()
     assert (row["reward"], row["failure_kind"], row["failure_cause"]) == (
         1.0,
         "agent_timeout",
@@ -135,7 +135,7 @@ def _probe_run(tmp_path: Path, dataset: Dataset, server: Any, agent: str) -> dic
         f"--harbor-agent=harbor:harbor_probe_agents:{agent}",
         extra_path=PROBES,
     )
-    folder = tmp_path / "out" / "harbor" / dataset.name
+    folder = tmp_path / "out" / "harbor" / dataset.name / "latest"
     assert (folder / "rollouts.jsonl").is_file(), done.stdout[-3000:] + done.stderr[-2000:]
     (row,) = _rows(folder).values()
     return row
@@ -189,7 +189,7 @@ def test_files_move_through_the_environment_calls(
     dataset.task("hello", toml=_toml() + '[environment]\ndocker_image = "debian:bookworm-slim"\n')
     row = _probe_run(tmp_path, dataset, model_server(lambda r: answer("")), "Uploads")
     assert row["reward"] == 1.0
-    agent = tmp_path / "out" / "harbor" / dataset.name / "agent" / "hello__r0"
+    agent = tmp_path / "out" / "harbor" / dataset.name / "latest" / "agent" / "hello__r0"
     assert (agent / "answer-copy.txt").read_text() == "1\n"
     assert (agent / "round-trip" / "deep" / "b.txt").read_text() == "1\n"
     assert (agent / "round-trip" / "a.txt").read_text() == "from the host\n"
@@ -257,7 +257,7 @@ def test_side_by_side_with_harbor_run(
         tmp_path, ours, f"--harbor-dataset={dataset.path}", "--harbor-agent=harbor:terminus-2"
     )
     ours_s = time.monotonic() - started
-    (row,) = _rows(tmp_path / "out" / "harbor" / dataset.name).values()
+    (row,) = _rows(tmp_path / "out" / "harbor" / dataset.name / "latest").values()
     assert (row["reward"], harbor_reward) == (1.0, 1.0), done.stdout[-2000:]
     assert _screens(ours.requests) == _screens(theirs.requests)
     assert "echo 1 > /tmp/answer" in _screens(ours.requests)[1]
@@ -296,7 +296,7 @@ def test_harbors_claude_code_installed_once_for_two_episodes(
             agent_options=False,
         )
     assert "2 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
-    rows = _rows(tmp_path / "out" / "harbor" / dataset.name)
+    rows = _rows(tmp_path / "out" / "harbor" / dataset.name / "latest")
     assert {row["reward"] for row in rows.values()} == {1.0}
     assert all(row["agent"] == "harbor:claude-code" for row in rows.values())
     # One install image for both episodes: the recipe's layer, labelled with the agent.

@@ -163,7 +163,8 @@ def test_resume_refuses_a_run_with_other_settings_or_changed_tasks(
     assert other.ret == pytest.ExitCode.USAGE_ERROR
     other.stderr.fnmatch_lines(
         [
-            f"ERROR: --harbor-resume: this run of {dataset.name} differs from the one in *",
+            f"ERROR: --harbor-resume: no run of {dataset.name} in * matches this one; the "
+            "latest, *-oracle, differs:",
             "  setting verifier_grace_s: 30.0 then, 5.0 now",
             "run with the same targets, agent and settings, or without --harbor-resume*",
         ]
@@ -197,7 +198,9 @@ def test_resume_refuses_results_without_a_manifest(
     (dataset.results_folder(pytester.path / RESULTS_DIR) / "rollouts_manifest.json").unlink()
     result = run_harbor(pytester, dataset, "--harbor-resume")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*holds results but no rollouts_manifest.json*"])
+    result.stderr.fnmatch_lines(
+        ["*the latest, *, differs:", "  it has no rollouts_manifest.json, so nothing says which*"]
+    )
 
 
 def test_the_backstop_removes_the_sandbox_and_reports_the_item(

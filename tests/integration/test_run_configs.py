@@ -53,7 +53,7 @@ def test_a_run_is_run_again_from_its_run_config(
 
     again = pytester.runpytest(f"--harbor-config={record}", "--harbor-results-dir=again")
     again.assert_outcomes(passed=2)
-    second = pytester.path / "again/harbor/validation" / dataset.name
+    second = pytester.path / "again/harbor/validation" / dataset.name / "latest"
     assert sorted(map(_comparable, _rows(second))) == sorted(map(_comparable, _rows(folder)))
     manifest = json.loads((second / "rollouts_manifest.json").read_text())
     assert manifest["settings"]["verifier_grace_s"] == 10.0
@@ -154,7 +154,7 @@ def test_a_dataset_by_reference_is_run_again_from_its_commits_offline(
             f"--harbor-cache-dir={cache}",
             "--harbor-results-dir=out",
         ).assert_outcomes(passed=1)
-    record = pytester.path / "out/harbor/validation" / name / "run_config_oracle.yaml"
+    record = pytester.path / "out/harbor/validation" / name / "latest" / "run_config_oracle.yaml"
     assert commit in record.read_text()
     # The branch moves, the registry is gone and no server answers: the recorded
     # commits are what runs.
@@ -166,7 +166,9 @@ def test_a_dataset_by_reference_is_run_again_from_its_commits_offline(
     )
     again.assert_outcomes(passed=1)
     manifest = json.loads(
-        (pytester.path / "again/harbor/validation" / name / "rollouts_manifest.json").read_text()
+        (
+            pytester.path / "again/harbor/validation" / name / "latest" / "rollouts_manifest.json"
+        ).read_text()
     )
     assert manifest["reference"]["tasks"][0]["git_commit_id"] == commit
 

@@ -37,7 +37,7 @@ def test_the_longest_trial_goes_out_first_and_the_run_is_recorded(
     for name in ("a-short", "b-short", "c-short"):
         dataset.task(name, solve_sh=sleeping(0.3))
     dataset.task("z-long", solve_sh=sleeping(3))
-    folder = dataset.results_folder(pytester.path / "out")
+    folder = dataset.taskset_folder(pytester.path / "out")
     folder.mkdir(parents=True)
     record = {name: {"episode_s": 0.5} for name in ("a-short", "b-short", "c-short")}
     record["z-long"] = {"episode_s": 3.5}
@@ -189,24 +189,21 @@ def test_a_dockerfile_only_buildkit_reads_builds_with_its_steps_offline(
 
 @pytest.mark.parametrize("quiet", [False, True])
 def test_a_long_run_says_what_it_is_doing_unless_quiet(
-    pytester: pytest.Pytester, dataset: Dataset, monkeypatch: pytest.MonkeyPatch, quiet: bool
+    pytester: pytest.Pytester, dataset: Dataset, quiet: bool
 ) -> None:
-    from pytest_harbor.plugin import summary
-
-    monkeypatch.setattr(summary, "STATUS_EVERY_S", 0.0)
     for name in ("first", "second", "third"):
         dataset.task(name)
-    folder = dataset.results_folder(pytester.path / "out")
+    folder = dataset.taskset_folder(pytester.path / "out")
     folder.mkdir(parents=True)
     record = {name: {"episode_s": 2.0} for name in ("first", "second", "third")}
     (folder / "durations.json").write_text(json.dumps({"tasks": record}))
-    result = run_harbor(pytester, dataset, *(["-q"] if quiet else []))
+    result = run_harbor(pytester, dataset, "--harbor-status-every=0", *(["-q"] if quiet else []))
     result.assert_outcomes(passed=3)
     lines = [line for line in result.outlines if line.startswith("harbor: ")]
     if quiet:
         assert lines == []
     else:
-        assert "harbor: 0 episodes running, 2 waiting, about 4 s left" in lines
+        assert "harbor: 1/3 done, 0 running, 2 waiting, about 4 s left" in lines
         # Each on a line of its own, never after a test's progress mark.
         glued = [line for line in result.outlines if "harbor: " in line[1:]]
         assert glued == []
@@ -222,7 +219,7 @@ def test_even_quiet_the_terminal_names_what_it_left_out(
         (folder / "task.toml").write_text("not = [toml")
     result = run_harbor(pytester, dataset, "-q", "--harbor-skip-unloadable")
     result.assert_outcomes(passed=1)
-    skipped = dataset.results_folder(pytester.path / "out") / "skipped.json"
+    skipped = dataset.results_folder(pytester.path / "out").resolve() / "skipped.json"
     result.stdout.fnmatch_lines(
         [
             f"{dataset.name}: left out 4 task folders (refused, or could not load)",

@@ -121,7 +121,7 @@ def test_the_secrets_fingerprint_is_keyed_by_the_results_folder(
     manifest = json.loads((folder / "rollouts_manifest.json").read_text())
     plain = hashlib.sha256(f"API_TOKEN\0{SECRET}\n".encode()).hexdigest()
     assert manifest["secrets_fingerprint"] != plain  # no guessing at it without the key
-    key_file = folder / ".secrets_key"
+    key_file = folder.parent / ".secrets_key"
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     summary = dataset.summary(pytester.path / "out")
     assert ".secrets_key" not in summary["all_files"]

@@ -231,7 +231,7 @@ def test_secrets_reach_the_verifier_but_not_the_results(
     assert (
         "hunter2"
         not in (pytester.path / "out")
-        .joinpath("harbor/validation", dataset.name, "rollouts.jsonl")
+        .joinpath("harbor/validation", dataset.name, "latest", "rollouts.jsonl")
         .read_text()
     )
 
@@ -244,7 +244,10 @@ def test_artifacts_dir_moves_the_verifier_folders(
         passed=1
     )
     (row,) = dataset.rows(pytester.path / "out")
-    expected = pytester.path / "logs" / "validation" / dataset.name / "moved__r0"
+    run_name = dataset.results_folder(pytester.path / "out").resolve().name
+    expected = (
+        pytester.path / "logs" / "validation" / dataset.name / "runs" / run_name / "moved__r0"
+    )
     assert row["verifier_logs_dir"] == str(expected)
     assert (expected / "reward.txt").read_text() == "1\n"
 

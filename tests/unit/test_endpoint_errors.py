@@ -11,6 +11,7 @@ import pytest
 from pytest_harbor.agent_outcomes import ENDPOINT_ERROR, EndpointError
 from pytest_harbor.engine.relay_errors import RelayErrorWatch
 from pytest_harbor.plugin.endpoint_errors import EndpointErrorWarning, episode_of
+from pytest_harbor.plugin.live_terminal import terminal_file
 from pytest_harbor.relay import GrantReport
 
 
@@ -60,11 +61,13 @@ def test_an_items_episode_is_named_as_the_engine_names_it() -> None:
 
 def test_the_pytest_names_the_lines_rely_on_are_there(pytestconfig: pytest.Config) -> None:
     """The capture manager's suspension (as pytest's live log uses it) and the terminal
-    reporter's writer, current line and warnings (plugin/endpoint_errors.py)."""
+    reporter's current line and warnings (plugin/endpoint_errors.py; its writer is
+    live_terminal.py's, pinned in test_live.py)."""
     capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
     assert callable(capture.global_and_fixture_disabled)
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-    assert isinstance(reporter._tw.width_of_current_line, int)
+    writer, _ = terminal_file(reporter)
+    assert isinstance(writer.width_of_current_line, int)
     assert hasattr(reporter, "currentfspath") and isinstance(reporter.stats, dict)
 
 

@@ -15,6 +15,7 @@ from pytest_harbor.agent_outcomes import AgentOutcomePolicy
 from pytest_harbor.engine import Episode, EpisodeError, EpisodeResult
 from pytest_harbor.engine import episode as episode_module
 from pytest_harbor.engine.afresh import FRESH_STARTS, engine_lost
+from pytest_harbor.engine.progress import EpisodeProgress
 from pytest_harbor.engine.records import TurnOutput
 from pytest_harbor.engine.scripts import TAMPERED
 from pytest_harbor.harnesses.base import (
@@ -417,6 +418,25 @@ def test_the_steps_run_in_order_in_one_sandbox(tmp_path: Path) -> None:
     kinds = [call.kind for call in provider.calls if call.kind in ("verify", "clear")]
     assert kinds == ["verify", "clear", "verify", "clear", "verify"]
     assert [output.verifier_dir.name for output in outputs] == ["one", "two", "three"]
+
+
+def test_the_episode_tells_its_progress_each_phase_and_turn(tmp_path: Path) -> None:
+    told: list[tuple[str, str | None]] = []
+    task = multi_step_task(tmp_path, THREE_STEPS)
+    episode = episode_of(task, tmp_path, FakeProvider(), ScriptedHarness())
+    episode.progress = EpisodeProgress(lambda phase, step: told.append((phase, step)))
+    run_all(episode)
+    assert told == [
+        ("seeding", None),
+        *((phase, step) for step in ("one", "two", "three") for phase in ("agent", "verifying")),
+    ]
+
+
+def test_a_listener_that_fails_costs_the_episode_nothing(tmp_path: Path) -> None:
+    episode = episode_of(single_step_task(tmp_path), tmp_path, FakeProvider(), ScriptedHarness())
+    episode.progress = EpisodeProgress(lambda phase, step: 1 / 0)
+    _, result = run_all(episode)
+    assert result.reward == 1.0
 
 
 def test_a_step_without_a_valid_reward_stops_the_episode(tmp_path: Path) -> None:

@@ -108,7 +108,7 @@ def _episode_row(task: str, repeat: int, *, agent_s: float = 2.0) -> str:
 
 
 def test_resume_counts_every_line_that_is_not_a_row_as_dropped(tmp_path: Path) -> None:
-    layout = ResultsLayout(tmp_path, validation=False)
+    layout = ResultsLayout(tmp_path, validation=False, runs={"ts": "run"})
     lines = [_episode_row("a", 0), "", "[1]", deep(5_000), _episode_row("a", 0)]
     _write(layout.rollouts_file("ts"), "\n".join(lines) + '\n{"task_id": "b", "re')
     _write(layout.failures_file("ts"), "not json\n")
@@ -137,19 +137,19 @@ def test_the_report_counts_lines_that_are_not_rows_in_a_note(tmp_path: Path) -> 
 def test_the_durations_take_every_row_of_the_file_and_pass_other_lines_by(
     tmp_path: Path,
 ) -> None:
-    layout = ResultsLayout(tmp_path, validation=False)
+    layout = ResultsLayout(tmp_path, validation=False, runs={"ts": "run"})
     # A resumed run's file: the earlier run's row of `a` counts with this run's.
     lines = [_episode_row("a", 0, agent_s=2.0), "not json", _episode_row("a", 1, agent_s=6.0)]
     _write(layout.rollouts_file("ts"), "\n".join(lines) + '\n{"task_id": "a", "re')
     recorder = ResultRecorder.__new__(ResultRecorder)
     recorder.run = SimpleNamespace(layout=layout)  # type: ignore[assignment]
     recorder._record_durations("ts")
-    assert read_history(layout.taskset_dir("ts")) == {"a": {"episode_s": 6.0}}
+    assert read_history(layout.root_dir("ts")) == {"a": {"episode_s": 6.0}}
 
 
 def test_the_durations_of_a_taskset_without_rows_file_are_left_alone(tmp_path: Path) -> None:
-    layout = ResultsLayout(tmp_path, validation=False)
+    layout = ResultsLayout(tmp_path, validation=False, runs={"ts": "run"})
     recorder = ResultRecorder.__new__(ResultRecorder)
     recorder.run = SimpleNamespace(layout=layout)  # type: ignore[assignment]
     recorder._record_durations("ts")
-    assert not layout.taskset_dir("ts").exists()
+    assert not layout.root_dir("ts").exists()

@@ -128,7 +128,7 @@ def _write_lines(path: Path, lines: list[str]) -> None:
 
 
 def test_resume_keeps_rows_and_terminal_failures_each_episode_once(tmp_path: Path) -> None:
-    layout = ResultsLayout(tmp_path, validation=True)
+    layout = ResultsLayout(tmp_path, validation=True, runs={"ts": "run"})
     rows = [_row("a", 1.0), _row("b", 0.0), _row("a", 1.0)]  # a second row of a: dropped
     _write_lines(
         layout.rollouts_file("ts"), [json.dumps(row) for row in rows] + ['{"task_id": "c", "re']
@@ -169,16 +169,16 @@ def test_an_unreadable_manifest_is_an_error_naming_the_file(tmp_path: Path) -> N
         read_resume_point("ts", rollouts=tmp_path / "r", failures=tmp_path / "f", manifest=path)
 
 
-def test_a_fresh_start_sets_rows_failures_and_the_old_summary_aside(tmp_path: Path) -> None:
-    layout = ResultsLayout(tmp_path, validation=False)
-    for path in (layout.rollouts_file("ts"), layout.failures_file("ts")):
+def test_a_fresh_run_begins_empty_files_in_its_own_folder(tmp_path: Path) -> None:
+    earlier = ResultsLayout(tmp_path, validation=False, runs={"ts": "earlier"})
+    for path in (earlier.rollouts_file("ts"), earlier.failures_file("ts")):
         _write_lines(path, ['{"old": 1}'])
-    layout.summary_file("ts").write_text("{}")
+    earlier.summary_file("ts").write_text("{}")
+    layout = ResultsLayout(tmp_path, validation=False, runs={"ts": "now"})
     writer = RolloutsWriter(layout, Redactor([]))
     writer.plan("ts")
-    # An interruption alone does not begin the folder.
+    # Not begun: an interruption alone writes nothing.
     assert not writer.append_failure(_failure("y", FailureKind.INTERRUPTED), begins=False)
-    assert layout.summary_file("ts").exists()
     writer.begin("ts")
     assert layout.rollouts_file("ts").read_text() == ""
     assert layout.failures_file("ts").read_text() == ""
@@ -186,10 +186,13 @@ def test_a_fresh_start_sets_rows_failures_and_the_old_summary_aside(tmp_path: Pa
     writer.append_failure(_failure("x", FailureKind.WORKER_DIED))
     (line,) = layout.failures_file("ts").read_text().splitlines()
     assert json.loads(line)["task_id"] == "x"
+    # The earlier run's files are as they were.
+    assert earlier.rollouts_file("ts").read_text() == '{"old": 1}\n'
+    assert earlier.summary_file("ts").read_text() == "{}"
 
 
 def test_summary_paths_resolve_after_the_results_folder_moves(tmp_path: Path) -> None:
-    layout = ResultsLayout(tmp_path / "results", validation=True)
+    layout = ResultsLayout(tmp_path / "results", validation=True, runs={"ts": "run"})
     writer = RolloutsWriter(layout, Redactor([]))
     writer.begin("ts")
     # As a worker leaves them: the verifier's files in the episode's folder.
@@ -232,7 +235,7 @@ def test_summary_paths_resolve_after_the_results_folder_moves(tmp_path: Path) ->
     write_run_summary(layout, "ts", summary, Redactor([]))
 
     shutil.move(tmp_path / "results", tmp_path / "moved")
-    folder = tmp_path / "moved" / "harbor" / "validation" / "ts"
+    folder = tmp_path / "moved" / "harbor" / "validation" / "ts" / "latest"
     data = json.loads((folder / "rollouts_run_summary.json").read_text())
     paths = [*data["files"].values(), *data["all_files"]]
     for episode in data["episodes"]:

@@ -31,7 +31,9 @@ def test_non_finite_floats_become_null_at_any_depth() -> None:
 def test_plain_json_is_not_strict_and_the_rows_writer_is(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         json.loads(json.dumps({"a": math.inf}), parse_constant=refuse)
-    writer = RolloutsWriter(ResultsLayout(tmp_path, validation=True), Redactor([]))
+    writer = RolloutsWriter(
+        ResultsLayout(tmp_path, validation=True, runs={"ts": "run"}), Redactor([])
+    )
     line = writer._line({"task_id": "t", "reward": math.inf, "usage": {"cost_usd": math.nan}})
     assert json.loads(line, parse_constant=refuse) == {
         "task_id": "t",

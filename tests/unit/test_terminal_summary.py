@@ -13,7 +13,6 @@ from pytest_harbor.plugin.summary import TerminalSummary
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.relay import Counts, RunSpend
 from pytest_harbor.run.metrics import TasksetScore
-from pytest_harbor.writers.folder import EarlierRun, SetAside
 
 RESULTS = Path("/results")
 
@@ -39,7 +38,8 @@ def report_of(scores: dict[str, TasksetScore], begun: set[str], **fields: Any) -
         rollouts_file=lambda taskset: RESULTS / taskset / "rollouts.jsonl",
         summary_file=lambda taskset: RESULTS / taskset / "summary.json",
         report_file=lambda taskset: RESULTS / taskset / "report.html",
-        taskset_dir=lambda taskset: RESULTS / taskset,
+        taskset_dir=lambda taskset: RESULTS / taskset / "runs" / "this",
+        root_dir=lambda taskset: RESULTS / taskset,
     )
     run = SimpleNamespace(
         redactor=Redactor(),
@@ -51,7 +51,7 @@ def report_of(scores: dict[str, TasksetScore], begun: set[str], **fields: Any) -
     planned = SimpleNamespace(
         plans={},
         manifests=dict.fromkeys(scores),
-        earlier_runs=fields.pop("earlier_runs", {}),
+        folder_notes=fields.pop("folder_notes", {}),
         reaped=0,
     )
     state = SimpleNamespace(
@@ -60,7 +60,7 @@ def report_of(scores: dict[str, TasksetScore], begun: set[str], **fields: Any) -
         ledger=SimpleNamespace(
             entries=lambda taskset: range(scores[taskset].episodes), score=scores.__getitem__
         ),
-        writer=SimpleNamespace(begun=begun.__contains__, set_aside=fields.pop("set_aside", {})),
+        writer=SimpleNamespace(begun=begun.__contains__),
         reports=fields.pop("reports", []),
         report_errors=fields.pop("report_errors", []),
         check=fields.pop("check", None),
@@ -98,18 +98,13 @@ def test_each_part_of_the_section_comes_in_its_place() -> None:
     state = report_of(
         {"a": scored(2), "b": scored(1), "c": TasksetScore()},
         begun={"a"},
-        set_aside={"a": SetAside(rows=3, started_at="2026-12-01T10:00:00Z", kept_in=Path("/k"))},
-        earlier_runs={
-            "a": EarlierRun(rows=9, started_at="2026-12-01T10:00:00Z"),
-            "b": EarlierRun(rows=1, started_at="2026-12-01T10:00:00Z"),
-        },
+        folder_notes={"a": ["a: the run in /results/a is now in /results/a/runs/old"]},
         reports=[RESULTS / "a" / "report.html", Path("/run.html")],
         report_path=Path("/run.html"),
         report_errors=["could not write the HTML report /x.html: OSError: full"],
         check=SimpleNamespace(repeats=2),
         problems={("a", "t"): [Problem("oracle-failed", "the run (r0): reward 0")]},
     )
-    a, b = state.writer.set_aside["a"], state.planned.earlier_runs["b"]
     assert section_of(state) == [
         "== harbor ==",
         "a: 2 episodes, mean reward 1.000 (2 passed, 0 failed, 0 masked, 0 no result)",
@@ -118,9 +113,7 @@ def test_each_part_of_the_section_comes_in_its_place() -> None:
         "  report: /results/a/report.html",
         # Scored but never written: no files to name.
         "b: 1 episode, mean reward 1.000 (1 passed, 0 failed, 0 masked, 0 no result)",
-        a.message("a"),
-        # An earlier run is named only where this run wrote nothing.
-        b.message("b", RESULTS / "b"),
+        "a: the run in /results/a is now in /results/a/runs/old",
         "report: /run.html",
         "could not write the HTML report /x.html: OSError: full",
         "a: task check (oracle x2, nop and probe per task): 1 task(s), 1 with problems",
