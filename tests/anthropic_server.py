@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from pytest_harbor.harnesses.model_request import PREFLIGHT_HEADER
 from tests.local_server import LocalServer, QuietHandler
 
 __all__ = ["MODEL", "MessagesRequest", "ScriptedMessages", "bash", "text", "use"]
@@ -135,6 +136,8 @@ class ScriptedMessages(LocalServer):
         self.script = script
         self.api_key = api_key
         self.requests: list[MessagesRequest] = []
+        #: The pre-flight requests (marked by their header), kept apart and answered "OK".
+        self.probes: list[MessagesRequest] = []
         self._lock = threading.Lock()
         super().__init__()
 
@@ -175,9 +178,10 @@ class ScriptedMessages(LocalServer):
                     self._error(404, "not_found_error", f"no route {self.path}")
                     return
                 request = MessagesRequest(body, self.path)
+                probe = bool(self.headers.get(PREFLIGHT_HEADER))
                 with server._lock:
-                    server.requests.append(request)
-                blocks, stop = server.script(request)
+                    (server.probes if probe else server.requests).append(request)
+                blocks, stop = text("OK") if probe else server.script(request)
                 model = str(body.get("model") or MODEL)
                 if body.get("stream"):
                     self._send(200, _events(blocks, stop, model), "text/event-stream")

@@ -10,21 +10,33 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import Any, Literal
 
+from pytest_harbor.harnesses.model_request import PREFLIGHT_HEADER
 from tests.local_server import LocalServer, QuietHandler
 
 __all__ = [
+    "VLLM_NO_TOOLS",
     "ChatRequest",
     "Reply",
     "Script",
     "ScriptedModel",
     "answer",
     "error",
+    "no_tool_parser",
     "tool_call",
 ]
 
 MODEL = "scripted-model"
+#: What vLLM answers a request with `tool_choice: "auto"` when it was served without
+#: --enable-auto-tool-choice (its words and the shape of its error body).
+VLLM_NO_TOOLS = (
+    '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+)
+#: Ways the server can be broken, whatever the script says: `no-tool-parser` answers every
+#: request offering tools as vLLM without tool calling does; `500` answers every request
+#: with a server error.
+Broken = Literal["no-tool-parser", "500"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,18 @@ def error(
     return Reply(status=status, body=body, headers=headers)
 
 
+def no_tool_parser() -> Reply:
+    """vLLM's answer to a request offering tools when it was served without tool calling."""
+    body = {
+        "object": "error",
+        "message": VLLM_NO_TOOLS,
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+    return Reply(status=400, body=body)
+
+
 @dataclass(frozen=True)
 class ChatRequest:
     """One Chat Completions request as the server received it."""
@@ -176,13 +200,22 @@ class ScriptedModel(LocalServer):
     """The server: `script(request)` decides every answer; `requests` keeps what came."""
 
     def __init__(
-        self, script: Script, *, api_key: str | None = "sk-scripted-test-key", model: str = MODEL
+        self,
+        script: Script,
+        *,
+        api_key: str | None = "sk-scripted-test-key",
+        model: str = MODEL,
+        broken: Broken | None = None,
     ) -> None:
         self.script = script
         self.api_key = api_key
         #: The one model the server lists.
         self.model = model
+        self.broken = broken
         self.requests: list[ChatRequest] = []
+        #: The pre-flight requests (marked by their header), kept apart and answered "OK"
+        #: unless the server is broken: a test's script sees the agent's requests only.
+        self.probes: list[ChatRequest] = []
         self.model_list_requests = 0
         self._lock = threading.Lock()
         super().__init__()
@@ -201,6 +234,14 @@ class ScriptedModel(LocalServer):
             request = ChatRequest(len(self.requests), body, headers, time.monotonic())
             self.requests.append(request)
         return request
+
+    def breakage(self, body: dict[str, Any]) -> Reply | None:
+        """The answer of a broken server to a request with `body` (None: not broken)."""
+        if self.broken == "500":
+            return error(500, "Internal Server Error", kind="InternalServerError")
+        if self.broken == "no-tool-parser" and body.get("tools"):
+            return no_tool_parser()
+        return None
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -231,8 +272,15 @@ class ScriptedModel(LocalServer):
                     return
                 if not self._authorized():
                     return
-                request = server._record(json.loads(data), dict(self.headers.items()))
-                reply = server.script(request)
+                body = json.loads(data)
+                if self.headers.get(PREFLIGHT_HEADER):
+                    server.probes.append(
+                        ChatRequest(-1, body, dict(self.headers), time.monotonic())
+                    )
+                    self._send(server.breakage(body) or answer("OK", usage=(20, 1)))
+                    return
+                request = server._record(body, dict(self.headers.items()))
+                reply = server.breakage(body) or server.script(request)
                 if request.body.get("stream") and reply.status == 200 and reply.raw is None:
                     self._stream(
                         reply, bool((request.body.get("stream_options") or {}).get("include_usage"))

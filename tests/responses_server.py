@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from pytest_harbor.harnesses.model_request import PREFLIGHT_HEADER
 from tests.local_server import LocalServer, QuietHandler
 
 __all__ = [
@@ -158,6 +159,20 @@ def _events(item: Item, model: str) -> bytes:
     ).encode()
 
 
+def _ok_response(body: dict[str, Any]) -> dict[str, Any]:
+    """A whole (not streamed) response saying OK."""
+    said = {"type": "output_text", "text": "OK", "annotations": []}
+    item = {"type": "message", "id": "msg_ok", "role": "assistant", "content": [said]}
+    return {
+        "id": f"resp_{time.monotonic_ns()}",
+        "object": "response",
+        "status": "completed",
+        "model": body.get("model"),
+        "output": [item],
+        "usage": {"input_tokens": 20, "output_tokens": 1, "total_tokens": 21},
+    }
+
+
 class ScriptedResponses(LocalServer):
     """The server: `script(request)` gives the one output item of each response;
     `requests` keeps what came."""
@@ -166,6 +181,9 @@ class ScriptedResponses(LocalServer):
         self.script = script
         self.api_key = api_key
         self.requests: list[ResponsesRequest] = []
+        #: The pre-flight requests (marked by their header), kept apart and answered "OK"
+        #: (not streamed, as they ask).
+        self.probes: list[ResponsesRequest] = []
         self._lock = threading.Lock()
         super().__init__()
 
@@ -199,6 +217,11 @@ class ScriptedResponses(LocalServer):
                 if not self._authorized():
                     return
                 request = ResponsesRequest(body)
+                if self.headers.get(PREFLIGHT_HEADER):
+                    with server._lock:
+                        server.probes.append(request)
+                    self._send(200, json.dumps(_ok_response(body)).encode())
+                    return
                 with server._lock:
                     server.requests.append(request)
                 item = server.script(request)

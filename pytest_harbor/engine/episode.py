@@ -155,7 +155,7 @@ class Episode:
         self.progress = progress or EpisodeProgress()
         self._stopped_after: str | None = None
         self._stop_reason: str | None = None
-        self._retries = AgentRetries(settings.agent_outcome_policy)
+        self._retries = AgentRetries(settings.agent_outcome_policy, context.id)
         #: Model usage of attempts given up for a retry.
         self._spent: list[Usage] = []
         self._folders = EpisodeFolders(

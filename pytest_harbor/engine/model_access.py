@@ -19,6 +19,7 @@ from pydantic import SecretStr
 from pytest_harbor.agent_outcomes import AgentCause
 from pytest_harbor.display import harbor_logger
 from pytest_harbor.engine.failures import EpisodeError, FailureKind
+from pytest_harbor.engine.relay_errors import RelayErrorWatch
 from pytest_harbor.harnesses.base import AgentFailure, AgentRun, Harness, Usage
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.relay import Counts, GrantReport, GrantRequest, RelayClient, RelayError
@@ -74,6 +75,8 @@ class ModelAccess:
         self._token: str | None = None
         self._seen = GrantReport()
         self._sandbox_url: str | None = None
+        #: While an agent in the sandbox works: its calls' failed answers, told at once.
+        self._watch: RelayErrorWatch | None = None
 
     @property
     def relayed(self) -> bool:
@@ -131,6 +134,7 @@ class ModelAccess:
             self._end()
 
     def _end(self) -> GrantReport:
+        self._stop_watching()
         token, self._token = self._token, None
         assert token is not None and self.relay is not None
         try:
@@ -155,6 +159,11 @@ class ModelAccess:
             raise EpisodeError(FailureKind.RELAY_FAILED, str(error)) from None
         if not self.in_sandbox:
             return None
+        self._stop_watching()
+        self._watch = RelayErrorWatch(
+            self.relay, self._token, self._episode, told=len(self._seen.errors)
+        )
+        self._watch.start()
         try:
             if not isinstance(sandbox, ReachesThisMachine):
                 raise SandboxError(f"sandbox {sandbox.id[:12]} cannot reach this machine")
@@ -204,6 +213,8 @@ class ModelAccess:
             report = self.relay.close(self._token)
         except RelayError as error:
             raise EpisodeError(FailureKind.RELAY_FAILED, str(error)) from None
+        finally:
+            self._stop_watching()
         seen, self._seen = self._seen, report
         return TurnCalls(
             counts=report.counts - seen.counts,
@@ -211,6 +222,11 @@ class ModelAccess:
             refused_for_budget=report.refused_for_budget - seen.refused_for_budget,
             replay_misses=report.replay_misses[len(seen.replay_misses) :],
         )
+
+    def _stop_watching(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.stop()
 
 
 def _usage(counts: Counts, claimed: Usage | None) -> Usage:
@@ -233,10 +249,11 @@ def _cause(failure: AgentFailure | None, calls: TurnCalls) -> AgentFailure | Non
         return failure
     if calls.causes:
         cause, what = calls.causes[-1]
+        seen = what.removeprefix("HTTP ")
         return AgentFailure(
             cause=cause,  # type: ignore[arg-type]
             message=f"{failure.message} (the model relay saw {what})",
-            status_code=failure.status_code,
+            status_code=failure.status_code or (int(seen) if seen.isdigit() else None),
             claimed=False,
         )
     if failure.cause in _ENDPOINT_CAUSES:

@@ -16,7 +16,8 @@ from typing import Any
 
 import httpx
 
-from pytest_harbor.agent_outcomes import AgentCause
+from pytest_harbor.agent_outcomes import ENDPOINT_ERROR, AgentCause, EndpointError
+from pytest_harbor.display import harbor_logger
 from pytest_harbor.harnesses.base import Deadline, ModelGate, Usage
 from pytest_harbor.harnesses.model import ModelConfig
 from pytest_harbor.redaction import Redactor
@@ -33,6 +34,8 @@ _CONTEXT_LENGTH = re.compile(
     re.IGNORECASE,
 )
 _BODY_EXCERPT = 500
+
+log = harbor_logger()
 
 
 class ChatError(Exception):
@@ -130,6 +133,9 @@ class ChatClient:
                 )
             except _Retryable as error:
                 last = error
+            except ChatError as error:
+                _tell(error, attempt + 1, self.retry.attempts, None)
+                raise
             if attempt == self.retry.attempts - 1:
                 break
             wait = self.retry.wait_s(attempt, last.retry_after)
@@ -139,6 +145,7 @@ class ChatClient:
                     f"{last.message}; waiting {wait:g} s to try again would pass the deadline",
                     last.status_code,
                 )
+            _tell(last, attempt + 1, self.retry.attempts, wait)
             if cancel.wait(wait):
                 raise OutOfTime()
         raise ChatError(
@@ -239,6 +246,10 @@ class ChatClient:
         error = _error(response)
         text = error.get("message") if isinstance(error, dict) else error
         if not text:
+            # vLLM's error body holds its message at the top.
+            data = load_json(response.content).value
+            text = data.get("message") if isinstance(data, dict) else None
+        if not text:
             text = response.text
         return self._mask(str(text).strip()[:_BODY_EXCERPT] or response.reason_phrase)
 
@@ -259,6 +270,24 @@ class _Retryable(Exception):
         self.message = message
         self.status_code = status_code
         self.retry_after = retry_after
+
+
+def _tell(error: _Retryable | ChatError, attempt: int, attempts: int, wait: float | None) -> None:
+    """A request the endpoint failed (tried again after `wait`, or not at all), logged as
+    an EndpointError: the run shows it on the terminal at once."""
+    if isinstance(error, ChatError) and (
+        error.status_code is None or error.cause == "context_length_exceeded"
+    ):
+        return  # a failure of its own, or a prompt the model cannot take
+    told = EndpointError(
+        scope="request",
+        status=error.status_code,
+        message=error.message,
+        attempt=attempt,
+        attempts=attempts,
+        retry_in_s=wait,
+    )
+    log.warning("%s", told.line("shell-agent"), extra={ENDPOINT_ERROR: told})
 
 
 def _retry_after(response: httpx.Response) -> float | None:

@@ -39,6 +39,7 @@ from pytest_harbor.harnesses.base import (
 )
 from pytest_harbor.harnesses.converters import ConverterInput, convert
 from pytest_harbor.harnesses.mcp.agent_configs import agent_mcp_config
+from pytest_harbor.harnesses.model_request import RequestShape
 from pytest_harbor.harnesses.recipes import Recipe, render
 from pytest_harbor.labels import AGENT_LABEL, RUN_LABEL
 from pytest_harbor.redaction import clip_head, clip_tail
@@ -96,6 +97,9 @@ class CliAgentHarness(Harness):
         self.name = recipe.name
         #: The API the agent speaks (the model endpoint's preflight asks it that way).
         self.model_api = recipe.api
+        #: The pre-flight request: of the agent's API, offering a tool as agents do (the
+        #: agent's own tools and parameters are its own business).
+        self.model_request = RequestShape(recipe.api)
 
     # ------------------------------------------------------------------------ install
 

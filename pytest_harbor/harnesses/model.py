@@ -7,13 +7,22 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from pytest_harbor.redaction import Redactor, clip_head
 from pytest_harbor.untrusted import load_json
 
-__all__ = ["DEFAULT_API_KEY_ENV", "ModelConfig", "ModelEndpointError", "check_endpoint"]
+__all__ = [
+    "DEFAULT_API_KEY_ENV",
+    "ModelConfig",
+    "ModelEndpointError",
+    "check_endpoint",
+    "endpoint_words",
+]
 
 #: The environment variable the API key is read from unless another is named.
 DEFAULT_API_KEY_ENV = "HARBOR_MODEL_API_KEY"
 _BODY_EXCERPT = 300
+#: The Anthropic Messages API's version the checks before a run ask with.
+ANTHROPIC_VERSION = "2023-06-01"
 
 
 class ModelConfig(BaseModel):
@@ -57,10 +66,16 @@ class ModelConfig(BaseModel):
     def models_url(self) -> str:
         return f"{self.base_url}/models"
 
-    def headers(self) -> dict[str, str]:
+    def headers(self, api: str = "chat-completions") -> dict[str, str]:
+        """The headers of a request with the key; of the Anthropic Messages API (`api`),
+        with its version and the key as it takes it too."""
         headers = {"Content-Type": "application/json"}
         if self.api_key is not None:
             headers["Authorization"] = f"Bearer {self.api_key.get_secret_value()}"
+        if api == "anthropic-messages":
+            headers["anthropic-version"] = ANTHROPIC_VERSION
+            if self.api_key is not None:
+                headers["x-api-key"] = self.api_key.get_secret_value()
         return headers
 
     def secret_values(self) -> list[str]:
@@ -79,17 +94,13 @@ def check_endpoint(
     import urllib.error  # only a run whose harness talks to a model asks
     import urllib.request
 
-    headers = model.headers()
-    if api == "anthropic-messages":
-        headers["anthropic-version"] = "2023-06-01"
-        if model.api_key is not None:
-            headers["x-api-key"] = model.api_key.get_secret_value()
+    headers = model.headers(api)
     request = urllib.request.Request(model.models_url, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             body = response.read()
     except urllib.error.HTTPError as error:
-        excerpt = _excerpt(error.read(), model)
+        excerpt = endpoint_words(error.read(), model)
         raise ModelEndpointError(
             f"GET {model.models_url} answered {error.code} {error.reason}"
             + (f": {excerpt}" if excerpt else "")
@@ -103,7 +114,8 @@ def check_endpoint(
     except (ValueError, KeyError, TypeError):
         raise ModelEndpointError(
             f"GET {model.models_url} did not answer with a model list "
-            f'(expected {{"data": [{{"id": ...}}]}}): {_excerpt(body, model)}'
+            f'(expected {{"data": [{{"id": ...}}]}}): '
+            f"{endpoint_words(body, model, error_only=False)}"
         ) from None
     if model.name not in listed:
         shown = ", ".join(listed[:20]) + (" ..." if len(listed) > 20 else "")
@@ -113,17 +125,23 @@ def check_endpoint(
         )
 
 
-def _excerpt(body: bytes, model: ModelConfig) -> str:
-    """The endpoint's own words: an OpenAI-style error's message, else the body's start."""
-    text = body.decode("utf-8", errors="replace").strip()
-    found = load_json(text).value
-    error = found.get("error") if isinstance(found, dict) else None
-    message = error.get("message") if isinstance(error, dict) else error
-    if isinstance(message, str) and message:
-        text = message
-    for secret in model.secret_values():
-        text = text.replace(secret, "***")
-    return text[:_BODY_EXCERPT]
+def endpoint_words(body: bytes | str, model: ModelConfig, *, error_only: bool = True) -> str:
+    """The endpoint's own words, fit for one line of a message: an error body's message
+    (OpenAI's and Anthropic's `error.message`, vLLM's `message`), else the body's start
+    (`error_only=False`: the body's start whatever it holds); the key masked, control
+    characters and line breaks escaped, at most _BODY_EXCERPT characters."""
+    text = (body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body).strip()
+    found = load_json(text).value if error_only else None
+    if isinstance(found, dict):
+        error = found.get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+        if not isinstance(message, str) or not message:
+            message = found.get("message")
+        if isinstance(message, str) and message:
+            text = message
+    redactor = Redactor(model.secret_values())
+    shown = redactor.shown(text).replace("\n", "\\n").replace("\t", "\\t")
+    return redactor.text(clip_head(shown, _BODY_EXCERPT))
 
 
 def _hint(status: int) -> str:

@@ -14,7 +14,7 @@ import shlex
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -22,6 +22,7 @@ from pytest_harbor.agent_outcomes import AGENT_CAUSES
 from pytest_harbor.harnesses import BUILT_IN_RECIPES, RECIPE_ENTRY_POINT_GROUP, RECIPES
 from pytest_harbor.harnesses.base import RecipeError
 from pytest_harbor.harnesses.mcp.agent_configs import McpFormat
+from pytest_harbor.harnesses.model_request import ModelApi
 
 __all__ = [
     "BUILT_IN_RECIPES",
@@ -34,10 +35,6 @@ __all__ = [
     "recipe_names",
     "render",
 ]
-
-
-#: The APIs a recipe's agent can speak to its model.
-ModelApi = Literal["chat-completions", "responses", "anthropic-messages"]
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 #: What a run command may name; the environment may name these and `api_key` too.

@@ -46,6 +46,7 @@ from pytest_harbor.harnesses.chat import (
     UsageMeter,
 )
 from pytest_harbor.harnesses.model import ModelConfig
+from pytest_harbor.harnesses.model_request import RequestShape
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.sandboxes.base import SandboxError
 from pytest_harbor.sandboxes.pipes import OpensPipes, Pipe
@@ -138,6 +139,10 @@ class ShellAgentHarness(Harness):
     name = "shell-agent"
     can_continue: ClassVar[bool] = True
     needs_model: ClassVar[bool] = True
+    #: What the run's pre-flight sends: a request as _Turn._ask() makes them.
+    model_request: ClassVar[RequestShape] = RequestShape(
+        "chat-completions", tools=(BASH_TOOL,), with_params=True
+    )
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         self.options = parse_options(ShellAgentOptions, "shell-agent", options)

@@ -18,6 +18,7 @@ import pytest
 from pytest_harbor.datasets import ResolvedDataset, default_cache_dir, is_reference
 from pytest_harbor.harnesses import HARNESSES, HarnessFactory
 from pytest_harbor.plugin.deadlines import pytest_timeout_cancel_timer, pytest_timeout_set_timer
+from pytest_harbor.plugin.endpoint_errors import watch_endpoint_errors
 from pytest_harbor.plugin.item_reports import pytest_report_teststatus, pytest_runtest_makereport
 from pytest_harbor.plugin.ledger import trial_of
 from pytest_harbor.plugin.live import LiveView
@@ -224,6 +225,8 @@ def pytest_configure(config: pytest.Config) -> None:
         for text in said:
             config.issue_config_time_warning(HarborWarning(text), stacklevel=2)
     config.stash[HARBOR_RUN] = run
+    if run.model is not None and targets:
+        watch_endpoint_errors(config, worker=handed is not None, redact=run.redactor.shown)
     if handed is not None:
         run.relay = None if handed.relay is None else RelayClient(handed.relay)
         run.layout.runs.update(handed.run_folders)

@@ -218,6 +218,13 @@ OPTIONS = {
             "16",
             "N",
         ),
+        Option(
+            "no-preflight-request",
+            "before the run, ask the endpoint for its model list only, not for one small "
+            "request like the agent's (for an endpoint that bills per request)",
+            "flag",
+            False,
+        ),
         Option("max-cost", "serve no model call once the run spent USD", "value", None, "USD"),
         Option("max-tokens", "serve no model call once the run spent N tokens", "value", None, "N"),
         Option("prices", "the price table (TOML) model calls are priced by", "value", None, "FILE"),

@@ -18,6 +18,7 @@ from pytest_harbor.datasets import (
 )
 from pytest_harbor.harnesses import harness_names
 from pytest_harbor.harnesses.model import DEFAULT_API_KEY_ENV
+from pytest_harbor.plugin.model_options import ModelOptions
 from pytest_harbor.plugin.option_table import OPTIONS as _OPTIONS
 from pytest_harbor.settings import (
     Assignment,
@@ -38,34 +39,6 @@ __all__ = [
     "parse_key_values",
     "read_options",
 ]
-
-
-@dataclass(frozen=True)
-class ModelOptions:
-    """The model options as given; the run makes a ModelConfig of them when its harness
-    talks to a model."""
-
-    name: str | None = None
-    url: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-    api_key_env: str = DEFAULT_API_KEY_ENV
-    #: Given as `--harbor-model-api-key` (or its ini key): a warning says why not to.
-    api_key: str | None = None
-    concurrency: int = 16
-    #: The run's budget (the relay serves no call past it), its price table, and where
-    #: model calls are recorded or replayed from (docs/cost-and-replay.md).
-    max_cost_usd: float | None = None
-    max_tokens: int | None = None
-    prices: Path | None = None
-    record: Path | None = None
-    replay: Path | None = None
-
-    @property
-    def given(self) -> bool:
-        spend = (self.max_cost_usd, self.max_tokens, self.prices, self.record, self.replay)
-        return bool(self.name or self.url or self.params or self.api_key) or any(
-            value is not None for value in spend
-        )
 
 
 @dataclass(frozen=True)
@@ -207,6 +180,7 @@ def read_options(config: pytest.Config) -> HarborOptions:
             api_key_env=_text(config, "model-api-key-env") or DEFAULT_API_KEY_ENV,
             api_key=_text(config, "model-api-key"),
             concurrency=_number(config, "model-concurrency", int, minimum=1),
+            preflight_request=not _raw(config, "no-preflight-request"),
             max_cost_usd=_number(config, "max-cost", float, minimum=0),
             max_tokens=_number(config, "max-tokens", int, minimum=1),
             prices=_path(config, invocation_dir, "prices"),

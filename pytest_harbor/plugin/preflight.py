@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_harbor.harnesses.base import SpeaksModelApi
-from pytest_harbor.harnesses.model import ModelEndpointError, check_endpoint
+from pytest_harbor.plugin.endpoint_check import check_model_endpoint
 from pytest_harbor.plugin.ledger import trial_id
 from pytest_harbor.plugin.nodes import task_warnings
 from pytest_harbor.plugin.recorded import describe_run, recorded_differences
@@ -80,14 +79,7 @@ class PreFlight:
     def _check_services(self) -> None:
         """The model endpoint answers, and the engine is ready (else a usage error)."""
         run = self.run
-        if run.model is not None and run.options.model.replay is None:
-            api = run.harness.model_api if isinstance(run.harness, SpeaksModelApi) else None
-            try:
-                check_endpoint(run.model, api=api or "chat-completions")
-            except ModelEndpointError as error:
-                raise pytest.UsageError(
-                    f"--harbor-model {run.model.name} at {run.model.base_url}: {error}"
-                ) from None
+        check_model_endpoint(run)
         for provider, where in zip(
             run.providers, ("--harbor-sandbox", "setting gpu_sandbox_provider"), strict=False
         ):

@@ -17,7 +17,14 @@ from pytest_harbor.relay.ledger import Grant, Ledger
 from pytest_harbor.relay.prices import PriceTable
 from pytest_harbor.relay.reports import Counts, RelayStart
 from pytest_harbor.relay.upstream import Connection, Upstream
-from pytest_harbor.relay.usage import Api, CallUsage, StreamUsage, usage_of_body, verdict
+from pytest_harbor.relay.usage import (
+    Api,
+    CallUsage,
+    StreamUsage,
+    error_words,
+    usage_of_body,
+    verdict,
+)
 from pytest_harbor.relay.wire import (
     BODY_CAP,
     Head,
@@ -43,6 +50,8 @@ SEND_S = 30.0
 _LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 #: Bytes to a token, when an answer gave no counts and they are reckoned from its size.
 _BYTES_PER_TOKEN = 4
+#: The most of an endpoint's error text a grant keeps.
+_WORDS = 300
 _EXCHANGE_ERRORS = (OSError, WireError, TimeoutError, asyncio.IncompleteReadError)
 
 
@@ -115,6 +124,7 @@ class Exchanges:
                 return False
             what = f"the endpoint did not answer: {error or type(error).__name__}"
             grant.saw("api_error", what)
+            grant.failed(None, self.redactor.text(what)[:_WORDS])
             self._cut_short(grant, call, b"")
             refusal = refusal_body("api_error", self.redactor.text(what))
             write_head(writer, Head(status=502, headers=_JSON), length=len(refusal))
@@ -219,6 +229,8 @@ class Exchanges:
             stream = StreamUsage(api)
             stream.feed(body)
         cause = verdict(status, body[:65536])
+        if status >= 400:
+            grant.failed(status, self.redactor.text(error_words(body[:65536]))[:_WORDS])
         if cause is None and stream is not None:
             cause = stream.error_cause
         if cause is not None:

@@ -29,6 +29,7 @@ class Grant:
     request: GrantRequest
     counts: Counts = field(default_factory=Counts)
     causes: list[tuple[str, str]] = field(default_factory=list)
+    errors: list[tuple[int | None, str]] = field(default_factory=list)
     refused_for_budget: int = 0
     replay_misses: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
@@ -39,6 +40,11 @@ class Grant:
         if len(self.causes) < _MOST_NOTES:
             self.causes.append((cause, what))
 
+    def failed(self, status: int | None, words: str) -> None:
+        """An answer of the endpoint's that failed (status None: no answer)."""
+        if len(self.errors) < _MOST_NOTES:
+            self.errors.append((status, words))
+
     def note(self, notes: list[str], text: str) -> None:
         if len(notes) < _MOST_NOTES:
             notes.append(text)
@@ -47,6 +53,7 @@ class Grant:
         return GrantReport(
             counts=self.counts,
             causes=tuple(self.causes),
+            errors=tuple(self.errors),
             refused_for_budget=self.refused_for_budget,
             replay_misses=tuple(self.replay_misses),
             refused=tuple(self.refused),

@@ -107,6 +107,9 @@ class GrantReport(BaseModel):
     #: The causes the endpoint's answers showed, in order (rate_limited, api_error,
     #: context_length_exceeded), each with what showed it.
     causes: tuple[tuple[str, str], ...] = ()
+    #: The endpoint's failed answers, in order: each one's status (None: no answer) and
+    #: its words (masked, cut short), so that the run can show them as they happen.
+    errors: tuple[tuple[int | None, str], ...] = ()
     #: Calls refused because the run's budget was spent.
     refused_for_budget: int = 0
     #: Requests a replay had no answer for, named by method, path and key.

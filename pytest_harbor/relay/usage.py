@@ -23,6 +23,7 @@ __all__ = [
     "Cause",
     "StreamUsage",
     "api_of",
+    "error_words",
     "include_usage_in_stream",
     "model_of_request",
     "usage_of_body",
@@ -88,6 +89,8 @@ _TOO_LONG_PHRASES = (
 )
 
 #: The Responses stream events that end the answer and carry its `response` object.
+#: The most of a failed answer's body its words are taken from, when it holds no message.
+_WORDS_SHOWN = 300
 _RESPONSE_ENDS = ("response.completed", "response.incomplete", "response.failed")
 
 
@@ -374,6 +377,14 @@ def _cause_of_error(value: Any) -> Cause | None:
     if named:
         return named[0]
     return "context_length_exceeded" if _says_too_long(value) else None
+
+
+def error_words(body_head: bytes) -> str:
+    """What a failed answer says: its error's message, else the start of its body."""
+    _, messages = _error_words(load_json(body_head).value)
+    if messages:
+        return messages[0]
+    return body_head[:_WORDS_SHOWN].decode("utf-8", errors="replace").strip()
 
 
 def _says_too_long(value: Any) -> bool:

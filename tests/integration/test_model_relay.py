@@ -232,12 +232,22 @@ def test_a_rate_limit_the_relay_saw_is_retried_and_a_claimed_one_is_scored(
         return solving(request)
 
     server = model_server(script)
-    run_harbor(
+    result = run_harbor(
         pytester,
         dataset,
         *agent_args(server, recipe),
         "--harbor-set=agent_outcome_policy.rate_limited={action: retry, backoff_s: 0}",
-    ).assert_outcomes(passed=1)
+    )
+    result.assert_outcomes(passed=1)
+    # Shown as it happened: the answer the relay passed on, then the episode's retry.
+    result.stdout.fnmatch_lines(
+        [
+            "harbor: limited__r0: model endpoint answered 429: slow down "
+            "(passed on to the agent by the model relay)",
+            "harbor: limited__r0: model endpoint answered 429: *(episode attempt 1 of 3, "
+            "retrying in 0 s in a fresh sandbox)",
+        ]
+    )
     row = rows(pytester, dataset)["limited"]
     assert row["attempts"] == 2 and row["reward"] == 1.0
     assert row["usage"]["requests"] == 1

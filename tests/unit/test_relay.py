@@ -168,6 +168,8 @@ def test_the_cause_of_a_failed_call_is_what_the_relay_saw(
         assert chat(client, token).status_code == reply.status
         report = client.report(token)
     assert [seen for seen, _ in report.causes] == [cause]
+    # What the endpoint said, kept so that the run can show it as it happens.
+    assert report.errors == ((reply.status, reply.body["error"]["message"]),)
 
 
 def test_an_endpoint_that_does_not_answer_is_an_api_error(relay: Start) -> None:
@@ -176,7 +178,10 @@ def test_an_endpoint_that_does_not_answer_is_an_api_error(relay: Start) -> None:
     reply = chat(client, token)
     assert reply.status_code == 502
     assert KEY not in reply.text
-    assert [seen for seen, _ in client.report(token).causes] == ["api_error"]
+    report = client.report(token)
+    assert [seen for seen, _ in report.causes] == ["api_error"]
+    [(status, words)] = report.errors
+    assert status is None and words.startswith("the endpoint did not answer") and KEY not in words
 
 
 def test_the_budget_stops_every_further_call(relay: Start) -> None:

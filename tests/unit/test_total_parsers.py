@@ -24,7 +24,8 @@ from pytest_harbor.harnesses.base import Usage
 from pytest_harbor.harnesses.chat import ChatClient, ChatError, RetryPolicy, UsageMeter
 from pytest_harbor.harnesses.converters import BUILT_IN_CONVERTERS, ConverterInput, convert
 from pytest_harbor.harnesses.harbor_agents.harness import _trajectory
-from pytest_harbor.harnesses.model import ModelConfig, _excerpt
+from pytest_harbor.harnesses.model import ModelConfig, endpoint_words
+from pytest_harbor.harnesses.model_request import _not_an_answer
 from pytest_harbor.harnesses.shell_agent import _arguments
 from pytest_harbor.redaction import Redactor
 from pytest_harbor.report import load_taskset, render_report
@@ -198,7 +199,11 @@ def test_a_model_endpoint_body_is_a_reply_or_a_classified_error(data: bytes, sta
         pass
     except Exception as error:  # the retryable kind is private
         assert type(error).__name__ == "_Retryable"
-    assert isinstance(_excerpt(data, MODEL), str)
+    assert isinstance(endpoint_words(data, MODEL), str)
+    assert isinstance(endpoint_words(data, MODEL, error_only=False), str)
+    for api in ("chat-completions", "responses", "anthropic-messages"):
+        problem = _not_an_answer(api, data)
+        assert problem is None or isinstance(problem, str)
 
 
 @fast
