@@ -53,7 +53,8 @@ def test_settings_set_one_cause_and_keep_the_other_defaults() -> None:
         (
             "agent_outcome_policy.overheated=fail",
             "setting agent_outcome_policy.overheated (from --harbor-set "
-            "agent_outcome_policy.overheated=fail): Extra inputs are not permitted",
+            "agent_outcome_policy.overheated=fail): no such key (it takes agent_crashed, "
+            "api_error, context_length_exceeded, rate_limited, timeout, tools_unavailable)",
         ),
         (
             "agent_outcome_policy.timeout=ignore",
