@@ -11,6 +11,7 @@ this machine. Before test.sh starts, no process of a non-root agent's user is le
 
 from __future__ import annotations
 
+import os
 import shutil
 import tarfile
 import time
@@ -173,9 +174,17 @@ def keep_transcript(verification: Verification, transcript: bytes) -> None:
     tools made for the earlier layout, for one release more) in the verifier's folder;
     a file the harness or the verifier wrote under that name is kept as it is."""
     for folder in (verification.agent_into, verification.into):
-        if folder is not None and not (folder / TRAJECTORY_FILE).exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / TRAJECTORY_FILE).write_bytes(transcript)
+        if folder is None:
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / TRAJECTORY_FILE
+        if path.is_symlink():
+            path.unlink()  # never written through: a link could point anywhere here
+        if path.exists():
+            continue
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(transcript)
 
 
 def verifier_environment(turn: Turn, settings: HarborSettings) -> dict[str, str]:
