@@ -11,10 +11,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 
 from pytest_harbor.agent_outcomes import ENDPOINT_ERROR, EndpointError
 from pytest_harbor.engine.relay_errors import RelayErrorWatch
+from pytest_harbor.harnesses import chat
 from pytest_harbor.harnesses.model import endpoint_words
 from pytest_harbor.plugin.endpoint_errors import EndpointErrors
 from pytest_harbor.plugin.phases import PhaseBoard
@@ -106,6 +108,29 @@ def test_the_closing_counts_of_endpoint_errors_stay_one_line_each(
     reporter.lines.clear()
     errors.pytest_terminal_summary(reporter)  # type: ignore[arg-type]
     assert all("\n" not in line for line in reporter.lines)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="shell-agent's own request: an endpoint's error message with a line break "
+    "writes a forged line of its own on the terminal as the harness retries",
+)
+def test_a_harness_requests_endpoint_error_cannot_forge_a_terminal_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = object.__new__(chat.ChatClient)
+    client.redactor = Redactor(["sk-secret"])
+    answer = httpx.Response(500, json={"error": {"message": f"overloaded\n{FORGED}"}})
+    with pytest.raises(chat._Retryable) as raised:
+        client._read(answer, chat.UsageMeter())
+    with caplog.at_level(logging.WARNING, logger="pytest_harbor"):
+        chat._tell(raised.value, 1, 3, 1.0)
+    (record,) = [r for r in caplog.records if hasattr(r, ENDPOINT_ERROR)]
+    reporter = _Reporter()
+    errors = EndpointErrors(_config(reporter), Redactor(["sk-secret"]).shown)
+    errors.show(getattr(record, ENDPOINT_ERROR))
+    written = "".join(line + "\n" for line in reporter.lines)
+    assert not any(line.startswith(FORGED) for line in written.splitlines())
 
 
 def test_a_relayed_endpoint_error_cannot_send_escapes_or_the_key(
