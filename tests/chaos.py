@@ -20,6 +20,7 @@ from pathlib import Path
 import docker
 
 from pytest_harbor.labels import TASK_LABEL
+from pytest_harbor.writers.runs import runs_of
 
 __all__ = ["ChaosTally", "chaos_dataset", "chaos_round", "children", "leftovers"]
 
@@ -99,7 +100,9 @@ def _start(dataset: Path, results: Path, workers: int, resume: bool) -> subproce
         str(workers),
     ]
     if resume:
-        command.append("--harbor-resume")
+        # A run killed before it wrote its manifest left nothing to continue: then the
+        # resume starts afresh, as a script that resumes until done would have it.
+        command.append("--harbor-resume-or-start")
     return subprocess.Popen(
         command,
         cwd=dataset.parent,
@@ -300,4 +303,6 @@ def _check_left(client: docker.DockerClient, taskset: str, tally: ChaosTally) ->
 
 
 def _rows_file(results: Path, taskset: str) -> Path:
-    return results / "harbor" / "validation" / taskset / "latest" / "rollouts.jsonl"
+    """The rows of the run a resume continues: the newest with a manifest."""
+    runs = runs_of(results / "harbor" / "validation" / taskset)
+    return (runs[0] if runs else results / "none") / "rollouts.jsonl"

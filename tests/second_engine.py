@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
@@ -384,3 +385,10 @@ def _certificates(server: Path, client: Path) -> Path:
         )
     shutil.copy(ca, client / "ca.pem")
     return server
+
+
+def image_archive(client: docker.DockerClient, name: str) -> Iterator[bytes]:
+    """The image `name` of `client`'s engine as `docker save` writes it, under that name
+    (not under whichever of its tags comes first: a test may have added another)."""
+    tag = name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+    return client.images.get(tag).save(named=tag)

@@ -250,6 +250,8 @@ def _resumable(
         except ManifestError as error:
             differences = [str(error)]
         else:
+            if earlier is None and not _holds_results(folder):
+                continue  # a run killed before it wrote anything: nothing to continue
             differences = (
                 ["it has no rollouts_manifest.json, so nothing says which run made it"]
                 if earlier is None
@@ -259,6 +261,14 @@ def _resumable(
             return folder, None
         newest = newest or (folder, differences)
     return None, newest
+
+
+def _holds_results(folder: Path) -> bool:
+    """Whether a run folder holds a row or a failure."""
+    return any(
+        (folder / name).is_file() and (folder / name).stat().st_size > 0
+        for name in ("rollouts.jsonl", "rollouts_failures.jsonl")
+    )
 
 
 def _selects(config: pytest.Config) -> bool:

@@ -28,7 +28,7 @@ from pytest_harbor.sandboxes.docker.networks import ISOLATED_NETWORK, IsolatedNe
 from pytest_harbor.sandboxes.docker.watchdog import prepare_helper_image
 from pytest_harbor.sandboxes.opensandbox.images import RegistryImages
 from tests.fixtures import BASE_IMAGE, Dataset, run_harbor
-from tests.second_engine import SecondEngine
+from tests.second_engine import SecondEngine, image_archive
 
 pytestmark = pytest.mark.docker
 
@@ -160,7 +160,7 @@ def targets(docker_client: docker.DockerClient) -> Iterator[Targets]:
     try:
         second = engine.client()
         for tag in (helper, BASE_IMAGE, TOOLS_IMAGE):
-            second.images.load(docker_client.images.get(tag).save(named=True))
+            second.images.load(image_archive(docker_client, tag))
         gateways = {}
         for endpoint in (None, Endpoint(engine.url)):
             IsolatedNetwork(endpoint).name()

@@ -27,7 +27,7 @@ from pytest_harbor.sandboxes.opensandbox.images import RegistryImages
 from tests.fixtures import BASE_IMAGE
 from tests.integration.test_border import SERVE, TARGET_PORT, LineServer
 from tests.integration.test_border_attacks import HostTarget
-from tests.second_engine import SecondEngine
+from tests.second_engine import SecondEngine, image_archive
 
 pytestmark = pytest.mark.docker
 
@@ -106,7 +106,7 @@ def test_on_a_second_engine_a_sandbox_reaches_no_other_sandbox(
     engine = SecondEngine().start()
     try:
         second = engine.client()
-        second.images.load(docker_client.images.get(helper).save(named=True))
+        second.images.load(image_archive(docker_client, helper))
         provider = DockerProvider(endpoint=Endpoint(engine.url))
         try:
             network = provider._guarded_network()  # what _network_of() gives a sandbox

@@ -30,7 +30,7 @@ from tests.fixtures import (
     start_run,
     wait_for_sandboxes,
 )
-from tests.second_engine import SecondEngine
+from tests.second_engine import SecondEngine, image_archive
 
 pytestmark = pytest.mark.docker
 
@@ -122,7 +122,7 @@ def lone_engine(docker_client: docker.DockerClient) -> Iterator[SecondEngine]:
     try:
         client = engine.client()
         for image in (BASE_IMAGE, "busybox:musl", prepare_helper_image()):
-            client.images.load(b"".join(docker_client.images.get(image).save(named=True)))
+            client.images.load(b"".join(image_archive(docker_client, image)))
         yield engine
     finally:
         engine.stop()
@@ -256,7 +256,7 @@ def test_a_full_engine_disk_ends_the_episodes_it_cannot_start(
     try:
         client = engine.client()
         for image in (BASE_IMAGE, "busybox:musl", prepare_helper_image()):
-            client.images.load(b"".join(docker_client.images.get(image).save(named=True)))
+            client.images.load(b"".join(image_archive(docker_client, image)))
         # What is left of the engine's disk is filled from this machine.
         with (engine.root / "data" / "fill").open("wb") as fill, contextlib.suppress(OSError):
             while True:

@@ -33,7 +33,7 @@ from tests.fixtures import (
 )
 from tests.integration.test_model_relay import relay_recipe
 from tests.model_server import ScriptedModel, answer
-from tests.second_engine import FIRST_ENGINE, SecondEngine
+from tests.second_engine import FIRST_ENGINE, SecondEngine, image_archive
 from tests.ssh_server import SshServer
 
 pytestmark = pytest.mark.docker
@@ -133,7 +133,7 @@ def test_a_run_spreads_its_episodes_over_two_engines(
     owner = owner_of_this_process().split(":")
     owner[1] = "999999"
     # (No registry here: the image the leftover needs comes from the first engine.)
-    second.images.load(b"".join(docker_client.images.get("busybox:musl").save(named=True)))
+    second.images.load(b"".join(image_archive(docker_client, "busybox:musl")))
     leftover = second.containers.create(
         "busybox:musl", "true", labels={RUN_LABEL: "gone", OWNER_LABEL: ":".join(owner)}
     )
@@ -305,7 +305,7 @@ def test_a_killed_runs_sandboxes_on_a_remote_engine_go_with_its_watchdog(
     assert tls_engine.tcp_url is not None
     remote = tls_engine.client()
     for image in (BASE_IMAGE, "busybox:musl", prepare_helper_image()):
-        remote.images.load(b"".join(docker_client.images.get(image).save(named=True)))
+        remote.images.load(b"".join(image_archive(docker_client, image)))
     for number in range(2):
         harbor_dataset.task(f"hold{number}", solve_sh="sleep 300\n")
     engine = {

@@ -67,5 +67,5 @@ def test_a_harness_from_an_installed_package_runs_end_to_end(
     assert trajectory["steps"][1]["tool_calls"][0]["arguments"] == {
         "command": "echo 1 > /tmp/answer\n"
     }
-    log = tmp_path / "results/harbor/fenced/agent/hello__r0/fenced-bash.log"
+    log = tmp_path / "results/harbor/fenced/latest/agent/hello__r0/fenced-bash.log"
     assert log.read_text() == "$ block 1 exited 0\n"
