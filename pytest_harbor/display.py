@@ -29,6 +29,11 @@ def escape_controls(text: str) -> str:
     return _CANDIDATES.sub(_escape_run, text)
 
 
+def one_line(text: str) -> str:
+    """`text` as one line: escape_controls(), with newlines and tabs escaped too."""
+    return escape_controls(text).replace("\n", "\\n").replace("\t", "\\t")
+
+
 def unshowable(text: str) -> str:
     """The characters of `text` that escape_controls() writes as escapes (newlines and
     tabs among them, which no name may hold either), each once, in order."""

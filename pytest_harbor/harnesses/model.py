@@ -102,12 +102,13 @@ def check_endpoint(
     except urllib.error.HTTPError as error:
         excerpt = endpoint_words(error.read(), model)
         raise ModelEndpointError(
-            f"GET {model.models_url} answered {error.code} {error.reason}"
+            f"GET {model.models_url} answered {error.code} "
+            f"{endpoint_words(str(error.reason), model, error_only=False)}"
             + (f": {excerpt}" if excerpt else "")
             + _hint(error.code)
         ) from None
     except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
+        reason = endpoint_words(str(getattr(error, "reason", error)), model, error_only=False)
         raise ModelEndpointError(f"cannot reach {model.models_url}: {reason}") from None
     try:
         listed = [str(entry["id"]) for entry in load_json(body).value["data"]]

@@ -155,7 +155,8 @@ def _post(
             return bytes(response.read())
     except urllib.error.HTTPError as error:
         words = endpoint_words(error.read(), model)
-        said = f"{what} answered {error.code} {error.reason}" + (f": {words}" if words else "")
+        phrase = endpoint_words(str(error.reason), model, error_only=False)
+        said = f"{what} answered {error.code} {phrase}" + (f": {words}" if words else "")
         raise _Refused(said, words) from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)

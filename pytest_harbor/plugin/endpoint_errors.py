@@ -23,7 +23,7 @@ import pytest
 from pydantic import ValidationError
 
 from pytest_harbor.agent_outcomes import ENDPOINT_ERROR, EndpointError
-from pytest_harbor.display import harbor_logger
+from pytest_harbor.display import harbor_logger, one_line
 from pytest_harbor.plugin.ledger import split_trial, trial_of
 from pytest_harbor.plugin.live_terminal import terminal_file
 
@@ -121,7 +121,7 @@ class EndpointErrors:
         terminalreporter.write_line(f"{_PREFIX}the model endpoint's errors during the run:")
         for (status, words), count in self.counts.most_common():
             answered = "no answer" if status is None else str(status)
-            shown = self.redact(f"  {count} x {answered}: {words}")
+            shown = one_line(self.redact(f"  {count} x {answered}: {words}"))
             terminalreporter.write_line(shown, yellow=True)
 
     def _write(self, lines: list[str]) -> None:
@@ -135,7 +135,7 @@ class EndpointErrors:
             if writer.width_of_current_line and getattr(reporter, "currentfspath", None) is None:
                 reporter.write("\n")
             for line in lines:
-                reporter.write_line(self.redact(_PREFIX + line), yellow=True)
+                reporter.write_line(one_line(self.redact(_PREFIX + line)), yellow=True)
 
 
 def episode_of(nodeid: str) -> str:

@@ -16,6 +16,8 @@ from typing import Any, TextIO
 
 import pytest
 
+from pytest_harbor.plugin.progress import cut
+
 __all__ = ["LiveBlock", "replace_terminal_file", "terminal_file"]
 
 #: The most lines the block takes (headline included): it must fit the screen, whose
@@ -114,7 +116,7 @@ class LiveBlock:
         if not self._lines:
             return ""
         room = max(1, min(MAX_LINES, _screen_lines() - 2))
-        lines = [line[: self.width] for line in self._lines[:room]]
+        lines = [cut(line, self.width) for line in self._lines[:room]]
         self._column = int(self._writer.width_of_current_line) % max(1, self.width + 1)
         self._shown = len(lines)
         return ("\n" if self._column else "\r") + "\n".join(lines)

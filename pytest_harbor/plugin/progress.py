@@ -5,6 +5,7 @@ shows of it (a block of lines rewritten in place, or one plain line)."""
 from __future__ import annotations
 
 import time
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -178,5 +179,23 @@ def duration_words(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def columns(char: str) -> int:
+    """The screen columns a character takes: two for a wide (East Asian) one, none for a
+    combining mark, one otherwise."""
+    if unicodedata.combining(char):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
 def cut(line: str, width: int) -> str:
-    return line if len(line) <= width else line[: max(0, width - 3)] + "..."
+    """`line` in at most `width` screen columns (a wide character takes two), `...` at
+    its end when it was cut."""
+    if sum(columns(char) for char in line) <= width:
+        return line
+    room, kept = max(0, width - 3), []
+    for char in line:
+        room -= columns(char)
+        if room < 0:
+            break
+        kept.append(char)
+    return "".join(kept) + "..."

@@ -8,6 +8,7 @@ type-checked as it is read, and what cannot be read is a ReportError that names 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_harbor import strict_json
+from pytest_harbor.display import one_line
 from pytest_harbor.report.results import (
     Episode,
     ReportError,
@@ -44,6 +46,8 @@ RUNS = "runs"
 BAD = frozenset({"failed", "no_result"})
 #: How many changed tasks the header names (each is marked in the tasks too).
 _NAMED = 10
+#: A name shown as it is in prose; any other is quoted.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9._/-]+")
 
 
 class Change(Enum):
@@ -272,7 +276,9 @@ def _differences(
 ) -> list[str]:
     found = []
     if old.name != new.name:
-        found.append(f"different datasets: OLD is {old.name!r}, NEW is {new.name!r}")
+        found.append(
+            f"different datasets: OLD is {one_line(old.name)!r}, NEW is {one_line(new.name)!r}"
+        )
     old_digest = _text(old.summary.get("dataset_digest"))
     new_digest = _text(new.summary.get("dataset_digest"))
     if old_digest and new_digest and old_digest != new_digest:
@@ -281,12 +287,19 @@ def _differences(
         )
     changed = [task.task_id for task in tasks if task.task_changed]
     if changed:
-        named = ", ".join(changed[:_NAMED])
+        named = ", ".join(_quoted(task) for task in changed[:_NAMED])
         more = f" and {len(changed) - _NAMED} more" if len(changed) > _NAMED else ""
         found.append(
             f"{len(changed)} task(s) changed between the runs (another digest): {named}{more}"
         )
     return found
+
+
+def _quoted(name: str) -> str:
+    """A name from the files for a line of prose: one line, and quoted unless it is a
+    plain name (a comma or a space in it could read as two names)."""
+    shown = one_line(name)
+    return shown if _PLAIN_NAME.fullmatch(shown) else repr(shown)
 
 
 def pass_at_k(summary: Mapping[str, Any], task_id: str | None = None) -> dict[int, float]:

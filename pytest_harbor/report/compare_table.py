@@ -4,6 +4,7 @@ are counted, not listed, unless asked for. Colour only on a terminal."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 
 from pytest_harbor import strict_json
@@ -213,7 +214,11 @@ def _one_line(text: str) -> str:
 def _name(text: str, width: int = NAME_WIDTH) -> str:
     """A name from the files, on one line and at most `width` characters."""
     shown = _one_line(text)
-    return shown if len(shown) <= width else shown[: width - 1] + "…"
+    if len(shown) <= width:
+        return shown
+    # Two long names alike in their first characters stay apart: a mark of the whole.
+    mark = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:6]
+    return f"{shown[: width - 8]}…~{mark}"
 
 
 def _count(value: object) -> str:

@@ -49,6 +49,22 @@ _PREVIOUS = ".previous"
 #: What belongs to the taskset's folder rather than to one run.
 _STAYS = frozenset({RUNS, LATEST, INCOMING, ".run.lock", ".secrets_key", "durations.json"})
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+#: What the earlier layout wrote of a run, and what shows one was there.
+_RUN_MARKS = ("rollouts.jsonl", "rollouts_failures.jsonl", "rollouts_manifest.json")
+_RUN_FILES = frozenset(
+    {
+        *_RUN_MARKS,
+        "rollouts_run_summary.json",
+        "report.html",
+        "check.json",
+        "skipped.json",
+        "compare.html",
+    }
+)
+_RUN_FOLDERS = frozenset({"verifier", "agent", "artifacts"})
+_RUN_PATTERNS = ("tasks_*.jsonl", "run_config_*.yaml")
+#: How the earlier layout named a run set aside: its start, `-2` when taken.
+_STAMPED = re.compile(r"(\d{8}T\d{6}|\d{1,14}|unknown)(-\d+)?")
 _NAME_PART = 48
 
 
@@ -125,8 +141,9 @@ def migrate(root: Path, elsewhere: Path | None = None) -> list[Migrated]:
     runs move the same way. Nothing is deleted; the rows' folders are rewritten to match."""
     moved: list[Migrated] = []
     previous = root.parent / f"{root.name}{_PREVIOUS}"
-    if previous.is_dir():
-        for old in sorted(path for path in previous.iterdir() if path.is_dir()):
+    earlier = _earlier_runs(previous)
+    if earlier:
+        for old in earlier:
             apart = None if elsewhere is None else _previous_of(elsewhere) / old.name
             moved.append(_move_run(root, old, list(old.iterdir()), elsewhere, apart))
         with contextlib.suppress(OSError):
@@ -149,12 +166,35 @@ def _previous_of(folder: Path) -> Path:
 
 
 def _flat_files(root: Path) -> list[Path]:
-    if not root.is_dir():
+    """The files of a run the earlier layout kept in the taskset's folder itself: only
+    names that layout wrote, and only when its rows or manifest are there (a folder of
+    another kind, another taskset's say, is never taken for one)."""
+    if not root.is_dir() or not any((root / name).is_file() for name in _RUN_MARKS):
+        return []
+    return sorted(path for path in root.iterdir() if _of_a_run(path))
+
+
+def _of_a_run(path: Path) -> bool:
+    if path.is_symlink():
+        return False
+    if path.is_dir():
+        return path.name in _RUN_FOLDERS
+    return path.name in _RUN_FILES or any(path.match(pattern) for pattern in _RUN_PATTERNS)
+
+
+def _earlier_runs(previous: Path) -> list[Path]:
+    """The earlier layout's runs set aside in `<taskset>.previous/`: folders named by a
+    start that hold a run. Nothing when the folder is a taskset's of this layout (a
+    dataset named `<taskset>.previous`)."""
+    if not previous.is_dir() or (previous / RUNS).exists() or (previous / LATEST).exists():
         return []
     return sorted(
         path
-        for path in root.iterdir()
-        if path.name not in _STAYS and not path.name.startswith(f".{LATEST}.")
+        for path in previous.iterdir()
+        if path.is_dir()
+        and not path.is_symlink()
+        and _STAMPED.fullmatch(path.name)
+        and any((path / name).is_file() for name in _RUN_MARKS)
     )
 
 

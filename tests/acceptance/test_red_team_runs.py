@@ -1,6 +1,6 @@
 """Hostile dataset names against the run folders, in whole runs on the scripted fake
-sandboxes (tests/fake_provider.py): no engine is needed. Each xfail(strict) test is an
-attack that works today."""
+sandboxes (tests/fake_provider.py): no engine is needed. Each test is an attack the
+product refuses."""
 
 from __future__ import annotations
 
@@ -38,12 +38,6 @@ def _runs(folder: Path) -> list[str]:
     return sorted(path.name for path in runs.iterdir()) if runs.is_dir() else []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a dataset named `validation` is given <results>/harbor/validation/ as its "
-    "folder, where the oracle's runs of every taskset are: its first run moves them all "
-    "into a run of its own (writers/runs.py:migrate)",
-)
 def test_a_dataset_named_validation_leaves_the_oracles_runs_in_place(
     pytester: pytest.Pytester,
 ) -> None:
@@ -61,11 +55,6 @@ def test_a_dataset_named_validation_leaves_the_oracles_runs_in_place(
     assert _runs(validated) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a dataset named `<other>.previous` is taken for the earlier layout's folder "
-    "of <other>'s runs: <other>'s next run moves its runs away (writers/runs.py:migrate)",
-)
 def test_a_dataset_named_like_the_earlier_layouts_folder_keeps_its_runs(
     pytester: pytest.Pytester,
 ) -> None:
@@ -118,12 +107,6 @@ class _HostileStatusLine:
         self.server.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the endpoint's HTTP reason phrase reaches the terminal raw in the pre-flight "
-    "check's usage error: escape sequences act on the user's terminal "
-    "(harnesses/model.py:check_endpoint, harnesses/model_request.py:_post)",
-)
 def test_the_endpoints_reason_phrase_cannot_send_escapes_to_the_terminal(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,6 +1,6 @@
 """Hostile inputs against the run folders, their migration, the comparison of two runs,
-the live terminal block and the endpoint errors shown as they happen. Each xfail(strict)
-test is an attack that works today: the product lets it through."""
+the live terminal block and the endpoint errors shown as they happen. Each test is an attack
+the product refuses."""
 
 from __future__ import annotations
 
@@ -78,11 +78,6 @@ def _relayed(body: bytes, caplog: pytest.LogCaptureFixture) -> EndpointError:
     return getattr(record, ENDPOINT_ERROR)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an endpoint's error body with a line break, passed on by the model relay, "
-    "writes a forged line of its own on the terminal",
-)
 def test_a_relayed_endpoint_error_cannot_forge_a_terminal_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -94,10 +89,6 @@ def test_a_relayed_endpoint_error_cannot_forge_a_terminal_line(
     assert not any(line.startswith(FORGED) for line in written.splitlines())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the run's closing counts of endpoint errors keep a relayed error's line breaks",
-)
 def test_the_closing_counts_of_endpoint_errors_stay_one_line_each(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -110,11 +101,6 @@ def test_the_closing_counts_of_endpoint_errors_stay_one_line_each(
     assert all("\n" not in line for line in reporter.lines)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="shell-agent's own request: an endpoint's error message with a line break "
-    "writes a forged line of its own on the terminal as the harness retries",
-)
 def test_a_harness_requests_endpoint_error_cannot_forge_a_terminal_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -158,11 +144,6 @@ def test_the_preflight_endpoint_words_are_one_line() -> None:
 # ---------------------------------------------------------------- the live block
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a task named in wide (CJK) characters overflows the live block's width (cut "
-    "by characters, not columns): the line wraps and the block cannot erase itself",
-)
 def test_a_task_named_in_wide_characters_stays_within_the_live_blocks_width() -> None:
     wide = "\u4efb\u52a1" * 30  # 60 characters, 120 columns
     progress = RunProgress(
@@ -195,11 +176,6 @@ def test_a_phase_file_of_another_trial_is_not_read_as_this_ones(tmp_path: Path) 
 # ---------------------------------------------------------------- comparing two runs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a changed task's name with a line break forges a line in the comparison's "
-    "header (the differences are escaped with line breaks kept)",
-)
 def test_a_changed_tasks_name_cannot_forge_a_line_of_the_comparison(tmp_path: Path) -> None:
     name = "t\nNEW: /elsewhere · taskset demo · agent oracle"
     old = write_run(tmp_path / "old", [Ep(name, "passed", 1.0, digest="sha256:1")])
@@ -208,11 +184,6 @@ def test_a_changed_tasks_name_cannot_forge_a_line_of_the_comparison(tmp_path: Pa
     assert sum(line.startswith("NEW:") for line in text.splitlines()) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two tasks whose names share their first 47 characters show as the same name "
-    "in the comparison table: a regression reads as the other task's",
-)
 def test_two_tasks_never_show_under_one_name_in_the_comparison(tmp_path: Path) -> None:
     stem = "a-long-task-name-shared-by-two-tasks-of-the-set-"
     old = write_run(
@@ -227,11 +198,6 @@ def test_two_tasks_never_show_under_one_name_in_the_comparison(tmp_path: Path) -
     assert rows[0] != rows[1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the header's list of changed tasks joins names with `, `: one task named "
-    "`fast, slow` reads as two tasks, `fast` and `slow`, changed",
-)
 def test_a_task_name_with_a_comma_reads_as_one_changed_task(tmp_path: Path) -> None:
     name = "fast, slow"
     old = write_run(tmp_path / "old", [Ep(name, "passed", 1.0, digest="sha256:1")])
@@ -239,7 +205,8 @@ def test_a_task_name_with_a_comma_reads_as_one_changed_task(tmp_path: Path) -> N
     text = comparison_table(compare_runs(old, new), show_all=True)
     (header,) = [line for line in text.splitlines() if "task(s) changed" in line]
     named = header.split(": ", 1)[1]
-    assert named.split(", ") == [name]
+    # Quoted, as every name that is not plain: one task, not `fast` and `slow`.
+    assert named == "'fast, slow'"
 
 
 def test_a_hostile_task_name_is_one_line_in_the_tables_rows(tmp_path: Path) -> None:
@@ -267,11 +234,6 @@ def _new_layout_taskset(root: Path, run: str) -> Path:
     return folder
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a taskset named `<other>.previous` is taken for the earlier layout's folder of "
-    "<other>'s runs: its runs are moved into <other>'s",
-)
 def test_a_taskset_named_like_the_earlier_layouts_folder_keeps_its_runs(tmp_path: Path) -> None:
     harbor = tmp_path / "results" / "harbor"
     theirs = _new_layout_taskset(harbor / "demo.previous", "20261201T000000-oracle")
@@ -280,11 +242,6 @@ def test_a_taskset_named_like_the_earlier_layouts_folder_keeps_its_runs(tmp_path
     assert not (harbor / "demo" / RUNS).exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a taskset named `validation` takes every validation taskset's folder for a "
-    "flat file of its own earlier run and moves them all into its runs/",
-)
 def test_a_taskset_named_validation_keeps_the_validation_runs_apart(tmp_path: Path) -> None:
     harbor = tmp_path / "results" / "harbor"
     theirs = _new_layout_taskset(harbor / "validation" / "demo", "20261201T000000-oracle")
