@@ -23,6 +23,12 @@ def pytest_harbor_sandbox_providers():
 ONE_RETRY = "--harbor-set=agent_outcome_policy.api_error={action: retry, retries: 1, backoff_s: 0}"
 
 
+@pytest.fixture(autouse=True)
+def _tests_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs' xdist workers import the conftest's fake sandboxes from this checkout."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+
+
 def dataset(pytester: pytest.Pytester, *names: str) -> Path:
     folder = pytester.path / "tasks"
     for name in names:
