@@ -25,7 +25,7 @@ ONE_RETRY = "--harbor-set=agent_outcome_policy.api_error={action: retry, retries
 
 @pytest.fixture(autouse=True)
 def _tests_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runs' xdist workers import the conftest's fake sandboxes from this checkout."""
+    """A run's xdist workers import the conftest's fake sandboxes from this checkout."""
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
 
 
@@ -40,13 +40,18 @@ def dataset(pytester: pytest.Pytester, *names: str) -> Path:
 def run(
     pytester: pytest.Pytester, folder: Path, server: ScriptedModel, *more: str
 ) -> pytest.RunResult:
-    return pytester.runpytest(
+    arguments = (
         f"--harbor-dataset={folder}",
         "--harbor-sandbox=fake",
         f"--harbor-results-dir={pytester.path / 'out'}",
         *server.options(),
         *more,
     )
+    if "-n" in more:
+        # A process of its own: xdist gives its workers the import path their controller
+        # started with, which in this process (itself maybe a worker) lacks the checkout.
+        return pytester.runpytest_subprocess(*arguments)
+    return pytester.runpytest(*arguments)
 
 
 def index_of(lines: list[str], part: str) -> int:
